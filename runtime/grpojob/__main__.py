@@ -1,0 +1,3 @@
+from grpojob.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,71 @@
+"""GRPOJob status: what the operator writes and `kubectl get grpo` shows."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from .base import Model, field
+
+Phase = Literal["Pending", "Initializing", "Running", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
+
+CONDITION_TYPES = ("Created", "TrainerReady", "RolloutReady", "WeightsInSync", "Running",
+                   "Suspended", "Succeeded", "Failed", "InvalidSpec")
+
+# What the trainer leader's /status reports (the contract between trainer and operator).
+TRAINER_PHASES = ("starting", "running", "checkpointing", "completed", "failed", "suspended")
+
+
+class Condition(Model):
+    type: str = field(description="Condition type: " + ", ".join(CONDITION_TYPES) + ".")
+    status: Literal["True", "False", "Unknown"] = field(description="True, False or Unknown.")
+    reason: str = field("", description="CamelCase reason for the last transition.")
+    message: str = field("", description="Human-readable detail.")
+    last_transition_time: Optional[str] = field(None, description="RFC 3339 time of the last status change.")
+    observed_generation: Optional[int] = field(None, description="Spec generation this condition reflects.")
+
+
+class Progress(Model):
+    step: int = field(0, description="Optimizer steps completed.")
+    total_steps: int = field(0, description="Steps the job will run.")
+    policy_version: int = field(0, description="Version of the newest policy weights.")
+    reward_mean: Optional[float] = field(None, description="Mean reward of the last step.")
+    kl: Optional[float] = field(None, description="KL to the reference policy at the last step.")
+    tokens_per_second: Optional[float] = field(None, description="Training throughput at the last step.")
+    last_checkpoint_step: Optional[int] = field(None, description="Step of the newest checkpoint.")
+    weights_in_sync: Optional[bool] = field(None, description="All rollout servers serve the newest policy.")
+
+
+class ReplicaStatus(Model):
+    desired: int = field(0, description="Pods wanted.")
+    ready: int = field(0, description="Pods ready.")
+
+
+class GRPOJobStatus(Model):
+    """Observed state of a GRPOJob, written by the operator."""
+
+    phase: Phase = field("Pending", description="Pending, Initializing, Running, Suspended, Succeeded "
+                         "or Failed.")
+    message: str = field("", description="Why the job is in this phase.")
+    conditions: list[Condition] = field(default_factory=list, description="Kubernetes-style conditions.")
+    observed_generation: Optional[int] = field(None, description="Spec generation last reconciled.")
+    start_time: Optional[str] = field(None, description="When the trainer first ran.")
+    completion_time: Optional[str] = field(None, description="When the job succeeded or failed.")
+    progress: Progress = field(default_factory=Progress, description="Training progress.")
+    trainer: ReplicaStatus = field(default_factory=ReplicaStatus, description="Trainer pods.")
+    rollout: ReplicaStatus = field(default_factory=ReplicaStatus, description="Rollout pods.")
+    restarts: int = field(0, description="Trainer restarts counted against runPolicy.backoffLimit.")
+
+
+class TrainerStatus(Model):
+    """JSON served at the trainer leader's /status."""
+    phase: Literal["starting", "running", "checkpointing", "completed", "failed", "suspended"] = field(
+        "starting", description="Trainer phase.")
+    step: int = field(0, description="Steps completed.")
+    total_steps: int = field(0, description="Steps to run.")
+    policy_version: int = field(0, description="Newest policy version.")
+    reward_mean: Optional[float] = field(None, description="Mean reward of the last step.")
+    kl: Optional[float] = field(None, description="KL at the last step.")
+    tokens_per_second: Optional[float] = field(None, description="Training tokens/s at the last step.")
+    last_checkpoint_step: Optional[int] = field(None, description="Newest checkpoint step.")
+    weights_in_sync: Optional[bool] = field(None, description="Every rollout serves policyVersion.")
+    message: str = field("", description="Detail (the error on failure).")

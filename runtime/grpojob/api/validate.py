@@ -1,0 +1,163 @@
+"""Validate GRPOJob manifests into field-path errors: one function for the CLI, operator and runtime."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import yaml
+from pydantic import ValidationError
+
+from . import plugins
+from .spec import GRPOJob
+
+
+@dataclass(frozen=True)
+class FieldError:
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}" if self.path else self.message
+
+
+class InvalidSpec(ValueError):
+    def __init__(self, errors: list[FieldError]):
+        self.errors = errors
+        super().__init__("\n".join(str(e) for e in errors))
+
+
+def _path(loc: Iterable[Any]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).startswith(("function-after", "function-before", "function-wrap")):
+            continue  # pydantic's validator wrappers are not part of the user's path
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+_OPS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
+
+
+def _message(err: dict[str, Any]) -> str:
+    kind, ctx = err["type"], err.get("ctx") or {}
+    for key, op in _OPS.items():
+        if kind == key:
+            return f"must be {op} {next(iter(ctx.values()))}"
+    if kind == "extra_forbidden":
+        return "unknown field"
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "literal_error":
+        return f"must be one of {ctx.get('expected', '')}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return "must be an integer"
+    if kind in ("float_type", "float_parsing"):
+        return "must be a number"
+    if kind in ("bool_type", "bool_parsing"):
+        return "must be true or false"
+    if kind == "string_type":
+        return "must be a string"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return "must be an object"
+    if kind == "list_type":
+        return "must be a list"
+    if kind == "too_short":
+        return f"must have at least {ctx.get('min_length')} item(s)"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_too_long":
+        return f"must be at most {ctx.get('max_length')} characters"
+    if kind == "string_pattern_mismatch":
+        return f"must match {ctx.get('pattern')}"
+    msg = err["msg"]
+    return msg.removeprefix("Value error, ")
+
+
+_UNION_TAGS = {"int", "str", "float", "bool"}
+
+
+def errors_of(exc: ValidationError) -> list[FieldError]:
+    out: list[FieldError] = []
+    for err in exc.errors():
+        loc = list(err["loc"])
+        if loc and loc[-1] in _UNION_TAGS:  # int|str quantities: one error per field, not per branch
+            loc.pop()
+            if out and out[-1].path == _path(loc):
+                continue
+            out.append(FieldError(_path(loc), "must be a number or a quantity string"))
+            continue
+        path, msg = _path(loc), _message(err)
+        # Cross-field messages already name their fields relative to spec.
+        if msg.startswith(("training.", "weightSync.", "rollout.", "dataset.")) and path in ("spec", ""):
+            path, msg = "spec." + msg.split(" ", 1)[0], msg.split(" ", 1)[1]
+        out.append(FieldError(path, msg))
+    return out
+
+
+def _plugin_refs(job: GRPOJob) -> list[tuple[str, str]]:
+    spec = job.spec
+    refs = [("spec.algorithm.name", spec.algorithm.name), ("spec.rollout.workflow", spec.rollout.workflow)]
+    refs += [(f"spec.rewards[{i}].name", r.name) for i, r in enumerate(spec.rewards)]
+    if spec.dataset.factory:
+        refs.append(("spec.dataset.factory", spec.dataset.factory))
+    return [(p, n) for p, n in refs if plugins.is_reference(n)]
+
+
+def check(doc: Any, resolve_plugins: bool = False) -> tuple[Optional[GRPOJob], list[FieldError]]:
+    """Validate a manifest dict. With resolve_plugins, `module:attr` references are imported too
+    (the runtime and CLI do this; the operator cannot import users' code)."""
+    if not isinstance(doc, dict):
+        return None, [FieldError("", "a GRPOJob manifest must be a YAML mapping")]
+    try:
+        job = GRPOJob.model_validate(doc)
+    except ValidationError as e:
+        return None, errors_of(e)
+    errors = []
+    if resolve_plugins:
+        for path, name in _plugin_refs(job):
+            try:
+                plugins.resolve(name)
+            except (ImportError, AttributeError) as e:
+                errors.append(FieldError(path, str(e)))
+    return (None if errors else job), errors
+
+
+def parse(doc: Any, resolve_plugins: bool = False) -> GRPOJob:
+    job, errors = check(doc, resolve_plugins)
+    if errors:
+        raise InvalidSpec(errors)
+    assert job is not None
+    return job
+
+
+def load_file(path: str | Path) -> Any:
+    """Read the GRPOJob document of a YAML file (the first document of kind GRPOJob)."""
+    text = Path(path).read_text()
+    try:
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+    except yaml.YAMLError as e:
+        raise InvalidSpec([FieldError("", f"{path}: not valid YAML: {e}")]) from None
+    for d in docs:
+        if isinstance(d, dict) and d.get("kind") == "GRPOJob":
+            return d
+    if len(docs) == 1:
+        return docs[0]
+    raise InvalidSpec([FieldError("kind", f"{path}: no document of kind GRPOJob")])
+
+
+def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
+    """Apply a `--set a.b.c=value` override (the path is relative to spec unless it starts with a
+    top-level key); the value is parsed as YAML so numbers and booleans keep their types."""
+    keys = dotted.split(".")
+    if keys[0] not in ("spec", "metadata"):
+        keys = ["spec", *keys]
+    node = doc
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise InvalidSpec([FieldError(dotted, "cannot set a field inside a non-object")])
+    node[keys[-1]] = yaml.safe_load(value) if isinstance(value, str) else value

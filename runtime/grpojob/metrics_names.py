@@ -1,0 +1,94 @@
+"""Every metric grpojob exports, listed once.
+
+Exporters build their prometheus-client objects from these tables (grpojob.prom.build), and the
+Grafana dashboard test checks that every name it uses is here. Histograms expose the usual
+_bucket/_sum/_count series.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MetricDef:
+    name: str
+    kind: str  # gauge | counter | histogram
+    help: str
+    labels: tuple[str, ...] = ()
+    buckets: tuple[float, ...] = ()
+
+
+_STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+# Served by trainer rank 0 on trainer.port at /metrics.
+TRAINER = (
+    MetricDef("grpojob_trainer_step", "gauge", "Optimizer steps completed."),
+    MetricDef("grpojob_trainer_total_steps", "gauge", "Steps the run will do."),
+    MetricDef("grpojob_policy_version", "gauge", "Version of the newest policy weights."),
+    MetricDef("grpojob_reward_mean", "gauge", "Mean reward of the last step, per reward function "
+              "(reward=\"total\" for the weighted sum).", ("reward",)),
+    MetricDef("grpojob_reward_std", "gauge", "Reward standard deviation of the last step.", ("reward",)),
+    MetricDef("grpojob_advantage_mean", "gauge", "Mean advantage of the last step."),
+    MetricDef("grpojob_advantage_std", "gauge", "Advantage standard deviation of the last step."),
+    MetricDef("grpojob_loss", "gauge", "Policy loss of the last step."),
+    MetricDef("grpojob_kl", "gauge", "KL to the reference policy at the last step."),
+    MetricDef("grpojob_entropy", "gauge", "Mean token entropy of the policy at the last step."),
+    MetricDef("grpojob_clip_fraction", "gauge", "Fraction of tokens whose ratio was clipped."),
+    MetricDef("grpojob_importance_weight_mean", "gauge", "Mean truncated importance weight "
+              "(rollout vs. training policy)."),
+    MetricDef("grpojob_importance_weight_max", "gauge", "Largest importance weight before truncation."),
+    MetricDef("grpojob_completion_length_mean", "gauge", "Mean completion length in tokens."),
+    MetricDef("grpojob_truncated_fraction", "gauge", "Fraction of completions cut at maxTokens."),
+    MetricDef("grpojob_zero_std_group_fraction", "gauge", "Fraction of groups whose rewards were all equal."),
+    MetricDef("grpojob_grad_norm", "gauge", "Global gradient norm before clipping."),
+    MetricDef("grpojob_learning_rate", "gauge", "Current learning rate."),
+    MetricDef("grpojob_tokens_per_second", "gauge", "Training tokens per second at the last step."),
+    MetricDef("grpojob_policy_staleness", "gauge", "Mean policy-version lag of the last step's samples."),
+    MetricDef("grpojob_stage_seconds", "histogram", "Time per step stage "
+              "(generate, score, train, sync, checkpoint).", ("stage",), _STAGE_BUCKETS),
+    MetricDef("grpojob_step_seconds", "histogram", "Wall time per step.", (), _STAGE_BUCKETS),
+    MetricDef("grpojob_weight_sync_seconds", "histogram", "Duration of a weight push to all rollout servers.",
+              (), _STAGE_BUCKETS),
+    MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group."),
+)
+
+# Served by every rollout server on rollout.port at /metrics.
+ROLLOUT = (
+    MetricDef("grpojob_rollout_queue_depth", "gauge", "Requests waiting for the engine."),
+    MetricDef("grpojob_rollout_running_requests", "gauge", "Requests being generated."),
+    MetricDef("grpojob_rollout_generated_tokens_total", "counter", "Completion tokens generated."),
+    MetricDef("grpojob_rollout_tokens_per_second", "gauge", "Generation throughput over the last request."),
+    MetricDef("grpojob_rollout_requests_total", "counter", "Generate requests by result.", ("result",)),
+    MetricDef("grpojob_rollout_weight_version", "gauge", "Policy version the server is serving."),
+    MetricDef("grpojob_rollout_last_sync_seconds", "gauge", "Duration of the last weight load."),
+)
+
+# Served by the operator on its metrics port.
+OPERATOR = (
+    MetricDef("grpojob_operator_reconciles_total", "counter", "Reconciles by result.", ("result",)),
+    MetricDef("grpojob_operator_reconcile_seconds", "histogram", "Reconcile duration.", (),
+              (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)),
+    MetricDef("grpojob_operator_jobs", "gauge", "GRPOJobs by phase.", ("phase",)),
+    MetricDef("grpojob_operator_child_errors_total", "counter", "Failed child-object operations.", ("kind",)),
+    MetricDef("grpojob_job_step", "gauge", "Step of each job.", ("namespace", "job")),
+    MetricDef("grpojob_job_total_steps", "gauge", "Total steps of each job.", ("namespace", "job")),
+    MetricDef("grpojob_job_reward_mean", "gauge", "Mean reward of each job's last step.", ("namespace", "job")),
+    MetricDef("grpojob_job_policy_lag", "gauge", "Policy versions the rollouts are behind the trainer.",
+              ("namespace", "job")),
+    MetricDef("grpojob_job_trainer_ready", "gauge", "Ready trainer pods of each job.", ("namespace", "job")),
+    MetricDef("grpojob_job_rollout_ready", "gauge", "Ready rollout pods of each job.", ("namespace", "job")),
+    MetricDef("grpojob_job_restarts", "gauge", "Trainer restarts of each job.", ("namespace", "job")),
+)
+
+ALL = TRAINER + ROLLOUT + OPERATOR
+BY_NAME = {m.name: m for m in ALL}
+
+
+def series_names() -> set[str]:
+    """Every series name Prometheus will see (histograms expand, counters keep _total)."""
+    out = set()
+    for m in ALL:
+        out.add(m.name)
+        if m.kind == "histogram":
+            out.update({m.name + "_bucket", m.name + "_sum", m.name + "_count"})
+    return out

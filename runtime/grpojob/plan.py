@@ -1,0 +1,114 @@
+"""The one renderer: a GRPOJob becomes the processes to start.
+
+The operator puts each Role into pods (StatefulSet / Deployment); `grpojob run` starts the same
+commands with the same environment as local processes. The only input that differs is `Placement`:
+where things run and which ports are free.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
+
+# Environment contract read by the runtime processes.
+ENV_CONFIG = "GRPOJOB_CONFIG"  # path of the runtime config (the job's JSON)
+ENV_JOB = "GRPOJOB_JOB"
+ENV_NAMESPACE = "GRPOJOB_NAMESPACE"
+ENV_ROLE = "GRPOJOB_ROLE"
+ENV_RUN_DIR = "GRPOJOB_RUN_DIR"  # run-local files: metrics.jsonl, final model
+ENV_CHECKPOINT_DIR = "GRPOJOB_CHECKPOINT_DIR"
+ENV_TRAINER_PORT = "GRPOJOB_TRAINER_PORT"  # trainer leader HTTP: /status /metrics /healthz
+ENV_SYNC_ADDR = "GRPOJOB_SYNC_ADDR"  # host:port of the weight-sync TCPStore on trainer rank 0
+ENV_ROLLOUT_PORT = "GRPOJOB_ROLLOUT_PORT"
+ENV_ADVERTISE_HOST = "GRPOJOB_ADVERTISE_HOST"  # address the rollout server registers under
+ENV_REPLICA_ID = "GRPOJOB_REPLICA_ID"
+ENV_BACKEND = "GRPOJOB_ROLLOUT_BACKEND"
+ENV_LOG_FORMAT = "GRPOJOB_LOG_FORMAT"
+
+# Per-replica values: the operator fills them from the downward API, `grpojob run` from its index.
+REPLICA_INDEX = "index"  # trainer: StatefulSet pod ordinal
+REPLICA_HOST = "host"  # rollout: pod IP
+REPLICA_NAME = "name"  # rollout: pod name
+
+CONFIG_FILE = "grpojob.json"  # file name inside the ConfigMap / run dir
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the job's processes run."""
+    trainer_host: str  # address of trainer replica 0 (rendezvous and weight-sync store)
+    config_path: str
+    checkpoint_dir: str
+    run_dir: str
+    rendezvous_port: int = RENDEZVOUS_PORT
+    sync_port: int = SYNC_STORE_PORT
+    trainer_port: Optional[int] = None  # default: spec.trainer.port
+    rollout_port: Optional[int] = None  # default: spec.rollout.port
+
+
+@dataclass(frozen=True)
+class Role:
+    name: str  # trainer | rollout
+    replicas: int
+    command: list[str]
+    env: dict[str, str]
+    ports: dict[str, int]
+    per_replica_env: dict[str, str] = field(default_factory=dict)  # ENV name -> REPLICA_* value
+
+
+def trainer_command() -> list[str]:
+    # torchrun takes --nnodes/--nproc-per-node/--node-rank/--master-* from PET_* variables,
+    # so the command is the same on every pod and locally.
+    return ["torchrun", "-m", "grpojob", "trainer"]
+
+
+def rollout_command() -> list[str]:
+    return ["grpojob", "rollout"]
+
+
+def roles(job: GRPOJob, where: Placement) -> list[Role]:
+    spec = job.spec
+    trainer_port = where.trainer_port or spec.trainer.port
+    rollout_port = where.rollout_port or spec.rollout.port
+    common = {
+        ENV_CONFIG: where.config_path,
+        ENV_JOB: job.metadata.name,
+        ENV_NAMESPACE: job.metadata.namespace or "default",
+        ENV_RUN_DIR: where.run_dir,
+        ENV_CHECKPOINT_DIR: where.checkpoint_dir,
+        ENV_SYNC_ADDR: f"{where.trainer_host}:{where.sync_port}",
+        ENV_TRAINER_PORT: str(trainer_port),
+        ENV_LOG_FORMAT: spec.monitoring.log_format,
+        "PYTHONUNBUFFERED": "1",
+    }
+    trainer = Role(
+        name="trainer",
+        replicas=spec.trainer.replicas,
+        command=trainer_command(),
+        env={**common, ENV_ROLE: "trainer",
+             "PET_NNODES": str(spec.trainer.replicas),
+             "PET_NPROC_PER_NODE": str(spec.trainer.processes_per_replica),
+             "PET_MASTER_ADDR": where.trainer_host,
+             "PET_MASTER_PORT": str(where.rendezvous_port),
+             "PET_MAX_RESTARTS": "0"},
+        ports={"rendezvous": where.rendezvous_port, "sync": where.sync_port, "http": trainer_port},
+        per_replica_env={"PET_NODE_RANK": REPLICA_INDEX},
+    )
+    rollout = Role(
+        name="rollout",
+        replicas=spec.rollout.replicas,
+        command=rollout_command(),
+        env={**common, ENV_ROLE: "rollout", ENV_ROLLOUT_PORT: str(rollout_port),
+             ENV_BACKEND: spec.rollout.backend},
+        ports={"http": rollout_port},
+        per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
+    )
+    return [trainer, rollout]
+
+
+def render_config(job: GRPOJob) -> str:
+    """The runtime config every process reads: the job with all defaults filled in."""
+    doc = job.model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"status"})
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

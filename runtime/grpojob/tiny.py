@@ -1,0 +1,80 @@
+"""Build a tiny Qwen2-style model with random weights and a BPE tokenizer trained on the in-repo
+corpus, saved with save_pretrained. Nothing comes from a hub: tests, benchmarks and the local demo
+load it from disk like any Hugging Face model (transformers and vLLM alike)."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+log = logging.getLogger("grpojob.tiny")
+
+CORPUS = Path(__file__).parent / "assets" / "corpus.txt"
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Sizes: "tiny" is for tests and the local demo, "small" (about 17M parameters) for benchmarks.
+SIZES = {
+    "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, vocab_size=512),
+    "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=8, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=2048),
+}
+
+
+def build_tokenizer(vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size - 0, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train([str(CORPUS)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", bos_token=None,
+                                   additional_special_tokens=SPECIALS[1:])
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build(output: str | Path, size: str = "tiny", tie_embeddings: bool = False, seed: int = 0) -> Path:
+    """Write a model directory at `output` (returns it). Deterministic for a given seed."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    output = Path(output)
+    dims = dict(SIZES[size])
+    tokenizer = build_tokenizer(dims.pop("vocab_size"))
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer), max_position_embeddings=1024, tie_word_embeddings=tie_embeddings,
+        bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, torch_dtype="float32", **dims)
+    model = Qwen2ForCausalLM(config)
+    output.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output, safe_serialization=True)
+    tokenizer.save_pretrained(output)
+    (output / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}))
+    return output
+
+
+def ensure(path: str | Path, **kw) -> bool:
+    """Build the model at `path` unless one is there; True when it was built."""
+    path = Path(path)
+    if (path / "config.json").exists():
+        return False
+    build(path, **kw)
+    return True
+
+
+def cli(args: argparse.Namespace) -> int:
+    out = build(args.output, tie_embeddings=args.tie_embeddings)
+    print(f"tiny model written to {out}")
+    return 0
