@@ -59,4 +59,5 @@ def crd_schema(crd_path: Path = ROOT / "crds" / "grpojob.yaml") -> dict[str, Any
 
 def validate_grpojob(obj: dict[str, Any], schema: dict[str, Any] | None = None) -> None:
     """Raise jsonschema.ValidationError when the object would be refused by the API server."""
-    jsonschema.validate(obj, schema or crd_schema())
+    # OpenAPI 3.0 schemas follow JSON Schema draft 4 (boolean exclusiveMinimum and all).
+    jsonschema.validate(obj, schema or crd_schema(), cls=jsonschema.Draft4Validator)

@@ -70,6 +70,8 @@ class DatasetSpec(Model):
 
 
 class RewardSpec(Model):
+    """One reward function and its weight."""
+
     name: str = field(description="A built-in reward (math_exact, format, countdown, exact_match) or "
                       "'module:function' with signature (prompt, completion, **row) -> float, sync or async.")
     weight: float = field(1.0, description="Weight of this reward in the summed reward.")
@@ -132,6 +134,8 @@ class TrainingSpec(Model):
 
 
 class EnvVar(Model):
+    """An environment variable of the pods."""
+
     name: str = field(description="Environment variable name.", min_length=1)
     value: Optional[str] = field(None, description="Literal value.")
     value_from: Optional[FreeForm] = field(None, description="A Kubernetes EnvVarSource (secretKeyRef...).")

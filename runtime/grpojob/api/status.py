@@ -16,6 +16,8 @@ TRAINER_PHASES = ("starting", "running", "checkpointing", "completed", "failed",
 
 
 class Condition(Model):
+    """A Kubernetes-style condition."""
+
     type: str = field(description="Condition type: " + ", ".join(CONDITION_TYPES) + ".")
     status: Literal["True", "False", "Unknown"] = field(description="True, False or Unknown.")
     reason: str = field("", description="CamelCase reason for the last transition.")
