@@ -9,7 +9,7 @@ import importlib
 import re
 
 BUILTIN_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
-BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match")
+BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match", "toy")
 BUILTIN_DATASETS = ("toy", "countdown")
 BUILTIN_WORKFLOWS = ("single-turn", "greedy-baseline")
 

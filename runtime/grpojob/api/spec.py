@@ -72,7 +72,7 @@ class DatasetSpec(Model):
 class RewardSpec(Model):
     """One reward function and its weight."""
 
-    name: str = field(description="A built-in reward (math_exact, format, countdown, exact_match) or "
+    name: str = field(description="A built-in reward (math_exact, format, countdown, exact_match, toy) or "
                       "'module:function' with signature (prompt, completion, **row) -> float, sync or async.")
     weight: float = field(1.0, description="Weight of this reward in the summed reward.")
     args: FreeForm = field(default_factory=dict, description="Keyword arguments bound to the reward function.")
