@@ -47,6 +47,9 @@ def build(output: str | Path, size: str = "tiny", tie_embeddings: bool = False, 
     """Write a model directory at `output` (returns it). Deterministic for a given seed."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
 
     output = Path(output)
     dims = dict(SIZES[size])

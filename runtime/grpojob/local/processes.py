@@ -1,0 +1,88 @@
+"""Child processes of a local run: started in their own process groups (so a whole torchrun tree
+can be signalled), logs to files, and a tail of those logs for error messages."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Child:
+    name: str  # e.g. trainer-0, rollout-1
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path
+    proc: Optional[subprocess.Popen] = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def poll(self) -> Optional[int]:
+        return self.proc.poll() if self.proc else None
+
+    def signal(self, sig: int) -> None:
+        """Signal the child's whole process group (torchrun and its ranks alike)."""
+        if self.proc and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace: float = 10.0) -> Optional[int]:
+        """SIGTERM, then SIGKILL after `grace` seconds; reap the group's leader."""
+        if not self.proc:
+            return None
+        self.signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return self.proc.wait(timeout=10)
+
+    def kill(self) -> None:
+        if self.proc:
+            try:  # the leader may be gone while ranks linger in its group
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def tail(self, lines: int = 20) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                return b"".join(deque(f, maxlen=lines)).decode(errors="replace").rstrip()
+        except OSError:
+            return "(no log)"
+
+
+def wait_any(children: list[Child], timeout: float) -> Optional[Child]:
+    """The first child that has exited within `timeout` seconds, or None."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for c in children:
+            if c.poll() is not None:
+                return c
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)

@@ -1,0 +1,104 @@
+"""The live view of a local run: a progress bar fed by the trainer's metrics.jsonl, and the
+reward/KL curves drawn at the end."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON lines of metrics.jsonl (a line being written is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def newest_checkpoint(directory: Path) -> Optional[Path]:
+    if not directory.is_dir():
+        return None
+    steps = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return max(steps)[1] if steps else None
+
+
+def _fmt(record: dict[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, label, fmt in (("reward_mean", "reward", "{:.3f}"), ("kl", "kl", "{:.4f}"),
+                            ("tokens_per_second", "tok/s", "{:.0f}")):
+        if record.get(key) is not None:
+            out[label] = fmt.format(record[key])
+    stages = record.get("stage_seconds") or {}
+    if stages:
+        out["stages"] = " ".join(f"{k[:3]}={v:.2f}s" for k, v in stages.items())
+    return out
+
+
+class Progress:
+    def __init__(self, metrics: Path, total: int, enabled: bool = True, out=None):
+        self.metrics, self.total, self.enabled, self.out = metrics, total, enabled, out
+        self.offset = metrics.stat().st_size if metrics.exists() else 0  # resumed runs: only new steps
+        self.bar = None
+        self.last_step = len(read_records(metrics))
+        self.buffer = ""
+
+    def _new_records(self) -> list[dict[str, Any]]:
+        if not self.metrics.exists():
+            return []
+        with open(self.metrics) as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        self.offset += len(chunk.encode())
+        self.buffer += chunk
+        *lines, self.buffer = self.buffer.split("\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def update(self) -> None:
+        for record in self._new_records():
+            step = int(record.get("step", self.last_step + 1))
+            if self.enabled:
+                if self.bar is None:
+                    from tqdm import tqdm
+
+                    self.bar = tqdm(total=self.total, initial=self.last_step, unit="step", file=self.out,
+                                    dynamic_ncols=True)
+                self.bar.update(max(0, step - self.last_step))
+                self.bar.set_postfix(_fmt(record), refresh=True)
+            elif self.out is not None:
+                print(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in _fmt(record).items()),
+                      file=self.out, flush=True)
+            self.last_step = step
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r.get("step") for r in records]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [r.get("reward_mean") for r in records], label="reward mean", color="tab:blue")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    if any(r.get("kl") is not None for r in records):
+        ax2 = ax.twinx()
+        ax2.plot(steps, [r.get("kl") for r in records], label="kl", color="tab:red", alpha=0.6)
+        ax2.set_ylabel("kl")
+    ax.set_title("grpojob: reward and KL")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

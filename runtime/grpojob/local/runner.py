@@ -1,0 +1,202 @@
+"""`grpojob run FILE`: the processes the operator puts in pods, started on this machine.
+
+Everything comes from `grpojob.plan.roles`, like on the cluster; the only local decisions are
+where files go (the run directory) and which ports are free.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from ..api import GRPOJob, InvalidSpec, check
+from ..cli import load_manifest
+from ..plan import CONFIG_FILE, REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles
+from .processes import Child, free_port, wait_any
+from .progress import Progress, newest_checkpoint, plot, read_records
+
+log = logging.getLogger("grpojob.local")
+
+BUILD_TINY = "grpojob.io/build-tiny-model"  # annotation: build a tiny random model if model.path is missing
+EXIT_INTERRUPTED = 130
+
+
+class RunError(RuntimeError):
+    pass
+
+
+def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
+    """Relative model/dataset paths are relative to where `grpojob run` is started; checkpoints
+    always live in the run directory (the cluster's absolute mount path means nothing here)."""
+    spec = doc["spec"]
+    for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path")):
+        value = (spec.get(section) or {}).get(key)
+        if value:
+            spec[section][key] = str(Path(value).expanduser().resolve())
+    ckpt = spec.setdefault("checkpoint", {})
+    ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))
+
+
+def _ensure_model(job: GRPOJob, out) -> None:
+    path = Path(job.spec.model.path)
+    if (path / "config.json").exists():
+        return
+    annotations = (job.metadata.model_extra or {}).get("annotations") or {}
+    if str(annotations.get(BUILD_TINY, "")).lower() != "true":
+        raise RunError(f"spec.model.path: '{path}' has no model (config.json); "
+                       f"set annotation {BUILD_TINY}: \"true\" to build a tiny random one there")
+    from ..tiny import build
+
+    print(f"model {path} not found: building a tiny random model there (annotation {BUILD_TINY})", file=out)
+    build(path)
+
+
+def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
+    host = "127.0.0.1"
+    where = Placement(trainer_host=host, config_path=str(run_dir / CONFIG_FILE),
+                      checkpoint_dir=job.spec.checkpoint.path, run_dir=str(run_dir),
+                      rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port())
+    bin_dir = str(Path(sys.executable).parent)
+    base_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    out: list[Child] = []
+    for role in roles(job, where):
+        for i in range(role.replicas):
+            env = {**base_env, **role.env, **_per_replica(role, i, host)}
+            if role.name == "rollout":
+                env["GRPOJOB_ROLLOUT_PORT"] = str(free_port())  # replicas share this host
+                if backend:
+                    env["GRPOJOB_ROLLOUT_BACKEND"] = backend
+            exe = shutil.which(role.command[0], path=env["PATH"])
+            if not exe:
+                raise RunError(f"'{role.command[0]}' is not installed in this environment")
+            out.append(Child(f"{role.name}-{i}", [exe, *role.command[1:]], env,
+                             run_dir / "logs" / f"{role.name}-{i}.log"))
+    return out
+
+
+def _per_replica(role: Role, index: int, host: str) -> dict[str, str]:
+    values = {REPLICA_INDEX: str(index), REPLICA_HOST: host, REPLICA_NAME: f"{role.name}-{index}"}
+    return {env: values[kind] for env, kind in role.per_replica_env.items()}
+
+
+class Run:
+    def __init__(self, job: GRPOJob, run_dir: Path, backend: Optional[str], progress: bool, out=sys.stderr):
+        self.job, self.run_dir, self.out = job, run_dir, out
+        self.children = _children(job, run_dir, backend)
+        self.trainers = [c for c in self.children if c.name.startswith("trainer")]
+        self.progress = Progress(run_dir / "metrics.jsonl", job.spec.training.steps, enabled=progress, out=out)
+        self.interrupted: Optional[int] = None
+
+    def _on_signal(self, signum, _frame) -> None:
+        if self.interrupted is not None:  # second Ctrl-C: no more patience
+            for c in self.children:
+                c.kill()
+        self.interrupted = signum
+
+    def run(self) -> int:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            for c in self.children:
+                c.start()
+            return self._watch()
+        finally:
+            for c in self.children:
+                c.stop(grace=5)
+            for s, h in old.items():
+                signal.signal(s, h)
+            self.progress.close()
+            self._finish()
+
+    def _watch(self) -> int:
+        while True:
+            self.progress.update()
+            if self.interrupted is not None:
+                return self._interrupt()
+            dead = wait_any(self.children, timeout=0.5)
+            if dead is None:
+                continue
+            code = dead.poll()
+            if dead in self.trainers and code == 0 and all(t.poll() == 0 for t in self.trainers):
+                self.progress.update()
+                return 0
+            if dead in self.trainers and code == 0:
+                continue  # other trainer replicas are finishing
+            raise RunError(f"{dead.name} exited with code {code} (log: {dead.log_path}); last lines:\n"
+                           + _indent(dead.tail()))
+
+    def _interrupt(self) -> int:
+        print("\ninterrupted: asking the trainer to checkpoint and stop ...", file=self.out)
+        for t in self.trainers:
+            t.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and any(t.poll() is None for t in self.trainers):
+            if self.interrupted is None:
+                break
+            time.sleep(0.2)
+        ckpt = newest_checkpoint(Path(self.job.spec.checkpoint.path))
+        where = f"checkpoint {ckpt}" if ckpt else "no checkpoint was written"
+        print(f"stopped: {where}; run the same command again to resume", file=self.out)
+        return EXIT_INTERRUPTED
+
+    def _finish(self) -> None:
+        records = read_records(self.run_dir / "metrics.jsonl")
+        if records:
+            plot(records, self.run_dir / "reward.png")
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING)
+    out = sys.stderr
+    try:
+        doc = load_manifest(args.file, args.set)
+        if args.backend:
+            doc.setdefault("spec", {}).setdefault("rollout", {})["backend"] = args.backend
+        name = (doc.get("metadata") or {}).get("name", "grpojob")
+        run_dir = Path(args.run_dir or Path("runs") / str(name)).resolve()
+        if isinstance(doc.get("spec"), dict):
+            _resolve_paths(doc, run_dir)
+        job, errors = check(doc, resolve_plugins=True)
+        if errors:
+            raise InvalidSpec(errors)
+        assert job is not None
+        run_dir.mkdir(parents=True, exist_ok=True)
+        _ensure_model(job, out)
+        (run_dir / CONFIG_FILE).write_text(render_config(job))
+        done = len(read_records(run_dir / "metrics.jsonl"))
+        print(f"grpojob run: {job.metadata.name} in {run_dir} ({job.spec.rollout.replicas} x "
+              f"{job.spec.rollout.backend} rollout, trainer {job.spec.trainer.replicas} x "
+              f"{job.spec.trainer.processes_per_replica})" + (f", resuming after step {done}" if done else ""),
+              file=out)
+        code = Run(job, run_dir, args.backend, progress=not args.no_progress, out=out).run()
+    except InvalidSpec as e:
+        print(f"{args.file}: invalid GRPOJob", file=out)
+        for err in e.errors:
+            print(f"  {err}", file=out)
+        return 1
+    except RunError as e:
+        print(f"grpojob run failed: {e}", file=out)
+        return 1
+    if code == 0:
+        _summary(run_dir, out)
+    return code
+
+
+def _summary(run_dir: Path, out) -> None:
+    records = read_records(run_dir / "metrics.jsonl")
+    if not records:
+        print("done (no steps recorded)", file=out)
+        return
+    first, last = records[0], records[-1]
+    print(f"done: {last.get('step')} steps; reward {first.get('reward_mean', float('nan')):.3f} -> "
+          f"{last.get('reward_mean', float('nan')):.3f}; final model {run_dir / 'final-model'}; "
+          f"curves {run_dir / 'reward.png'}; metrics {run_dir / 'metrics.jsonl'}", file=out)
