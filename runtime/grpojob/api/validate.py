@@ -136,7 +136,10 @@ def parse(doc: Any, resolve_plugins: bool = False) -> GRPOJob:
 
 def load_file(path: str | Path) -> Any:
     """Read the GRPOJob document of a YAML file (the first document of kind GRPOJob)."""
-    text = Path(path).read_text()
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise InvalidSpec([FieldError("", f"cannot read {path}: {e.strerror}")]) from None
     try:
         docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as e:

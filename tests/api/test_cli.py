@@ -1,0 +1,64 @@
+"""The CLI as a user meets it: exit codes and messages with field paths, no tracebacks."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BAD = """apiVersion: grpojob.io/v1alpha1
+kind: GRPOJob
+metadata: {name: bad}
+spec:
+  model: {path: /nonexistent}
+  dataset: {factory: toy}
+  rewards: [{name: toy}]
+  algorithm: {groupSize: 1, lossAggregation: mean}
+"""
+
+
+def grpojob(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "grpojob", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_validate_ok_prints_a_summary():
+    r = grpojob("validate", str(ROOT / "examples" / "tiny-local.yaml"))
+    assert r.returncode == 0 and "valid GRPOJob 'tiny-local'" in r.stdout
+
+
+def test_validate_lists_every_error_with_its_path(tmp_path):
+    (tmp_path / "bad.yaml").write_text(BAD)
+    r = grpojob("validate", str(tmp_path / "bad.yaml"))
+    assert r.returncode == 1
+    assert "spec.algorithm.groupSize: must be >= 2" in r.stderr
+    assert "spec.algorithm.lossAggregation: must be one of" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_set_overrides_are_validated_too():
+    r = grpojob("validate", str(ROOT / "examples" / "tiny-local.yaml"), "--set", "training.steps=0")
+    assert r.returncode == 1 and "spec.training.steps: must be >= 1" in r.stderr
+    r = grpojob("validate", str(ROOT / "examples" / "tiny-local.yaml"), "--set", "training.steps")
+    assert r.returncode == 1 and "KEY=VALUE" in r.stderr
+
+
+def test_not_yaml_and_missing_file(tmp_path):
+    (tmp_path / "x.yaml").write_text("spec: [unclosed")
+    r = grpojob("validate", str(tmp_path / "x.yaml"))
+    assert r.returncode == 1 and "not valid YAML" in r.stderr and "Traceback" not in r.stderr
+    r = grpojob("validate", str(tmp_path / "missing.yaml"))
+    assert r.returncode == 1 and "cannot read" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_refuses_an_invalid_manifest_before_starting_anything(tmp_path):
+    (tmp_path / "bad.yaml").write_text(BAD)
+    r = grpojob("run", str(tmp_path / "bad.yaml"), "--run-dir", str(tmp_path / "run"))
+    assert r.returncode == 1 and "spec.algorithm.groupSize" in r.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_run_without_model_says_which_field(tmp_path):
+    r = grpojob("run", str(ROOT / "examples" / "tiny-local.yaml"), "--set", "metadata.annotations={}",
+                "--set", "model.path=nothing-here", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    assert r.returncode == 1 and "spec.model.path" in r.stderr and "Traceback" not in r.stderr
