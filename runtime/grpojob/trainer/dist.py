@@ -1,0 +1,178 @@
+"""torch.distributed for the trainer: process group from the torchrun environment, data-parallel
+wrapping (FSDP2 `fully_shard` or DDP), and the few collectives the loop needs. With one process
+and no torchrun environment everything degrades to local no-ops."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+log = logging.getLogger("grpojob.trainer.dist")
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+    initialized: bool = False  # a process group exists
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def init(timeout_seconds: float = 600) -> DistEnv:
+    """Join the torchrun process group (gloo on CPU, nccl on GPU); single process without torchrun."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return DistEnv(device=_device(0))
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = _device(local_rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds))
+        log.info("process group up", extra={"backend": backend, "rank": rank, "world": world})
+    return DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, initialized=True)
+
+
+def _device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def shutdown(env: DistEnv) -> None:
+    if env.initialized and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def strategy(requested: str, env: DistEnv) -> str:
+    """none (one rank), fsdp or ddp. auto: FSDP2 on GPU, DDP on CPU (gloo has no reduce-scatter
+    fast path and the models trained on CPU are small enough to replicate)."""
+    if env.world == 1 or not env.initialized:
+        return "none"
+    if requested == "auto":
+        return "fsdp" if env.device.type == "cuda" else "ddp"
+    return requested
+
+
+def wrap(module: nn.Module, kind: str, env: DistEnv, layers: Optional[list[nn.Module]] = None) -> nn.Module:
+    """Data-parallel wrapper. fsdp: each decoder layer and then the root are sharded."""
+    if kind == "none":
+        return module
+    if kind == "ddp":
+        ids = [env.device.index] if env.device.type == "cuda" else None
+        return nn.parallel.DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False)
+    if kind == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = init_device_mesh(env.device.type, (env.world,))
+        for layer in layers or []:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(module, mesh=mesh)
+        return module
+    raise ValueError(f"training.strategy: unknown '{kind}'")
+
+
+@contextlib.contextmanager
+def no_grad_sync(module: nn.Module, skip: bool) -> Iterator[None]:
+    """Accumulate gradients locally (no all-reduce / reduce-scatter) while `skip`."""
+    if not skip:
+        yield
+        return
+    if isinstance(module, nn.parallel.DistributedDataParallel):
+        with module.no_sync():
+            yield
+        return
+    setter = getattr(module, "set_requires_gradient_sync", None)  # FSDP2
+    if setter is not None:
+        setter(False)
+        try:
+            yield
+        finally:
+            setter(True)
+        return
+    yield
+
+
+def unwrap(module: nn.Module) -> nn.Module:
+    return module.module if isinstance(module, nn.parallel.DistributedDataParallel) else module
+
+
+def all_sum(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.initialized and env.world > 1:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_max(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.initialized and env.world > 1:
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def barrier(env: DistEnv) -> None:
+    if env.initialized and env.world > 1:
+        dist.barrier()
+
+
+def broadcast_object(obj: Any, env: DistEnv) -> Any:
+    """Rank 0's object on every rank."""
+    if not (env.initialized and env.world > 1):
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def gather_objects(obj: Any, env: DistEnv) -> Optional[list[Any]]:
+    """Every rank's object on rank 0 (None elsewhere)."""
+    if not (env.initialized and env.world > 1):
+        return [obj]
+    out = [None] * env.world if env.is_leader else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], env: DistEnv,
+               everywhere: bool = False) -> tuple[dict[str, torch.Tensor], Optional[dict]]:
+    """Unsharded model (and optimizer) state keyed by parameter names (the same for any world
+    size and wrapper, so a checkpoint resumes under another strategy). Collective. Rank 0 always
+    gets it; other ranks only when `everywhere` (else {})."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    multi = env.initialized and env.world > 1
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=multi and not everywhere)
+    msd = get_model_state_dict(model, options=opts)
+    osd = None
+    if optimizer is not None:
+        osd = get_optimizer_state_dict(model, optimizer,
+                                       options=StateDictOptions(full_state_dict=True, cpu_offload=multi))
+    return msd, osd
+
+
+def load_full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], env: DistEnv,
+                    msd: Optional[dict], osd: Optional[dict]) -> None:
+    """Load a full state (needed on rank 0 only; broadcast from there) into the wrapped model and
+    optimizer. Collective."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                         set_optimizer_state_dict)
+    multi = env.initialized and env.world > 1
+    opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=multi)
+    set_model_state_dict(model, (msd or {}) if (env.is_leader or not multi) else {}, options=opts)
+    if optimizer is not None and (osd is not None or multi):
+        set_optimizer_state_dict(model, optimizer, (osd or {}) if env.is_leader else {}, options=opts)

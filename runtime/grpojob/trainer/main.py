@@ -1,0 +1,106 @@
+"""`grpojob trainer`: one rank under torchrun (or a lone process). Reads the job from
+GRPOJOB_CONFIG, joins the process group, serves the leader endpoint on rank 0, trains, and exits
+0 when completed or suspended (POST /suspend or SIGTERM), non-zero on failure."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any, Optional
+
+from ..api import GRPOJob
+from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT
+
+log = logging.getLogger("grpojob.trainer")
+
+PET_MASTER_ADDR = "PET_MASTER_ADDR"  # torchrun's rendezvous host, set by the plan
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class _JsonFormatter(logging.Formatter):
+    _skip = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {"time": self.formatTime(record), "level": record.levelname,
+                               "logger": record.name, "message": record.getMessage()}
+        doc.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
+        if record.exc_info:
+            doc["exception"] = self.formatException(record.exc_info)
+        return json.dumps(doc, default=str)
+
+
+def setup_logging(rank: int) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if os.environ.get(ENV_LOG_FORMAT, "text") == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [rank {rank}] %(message)s"))
+    root = logging.getLogger("grpojob")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+    root.propagate = False
+
+
+def make_source(job: GRPOJob, trainer) -> Any:
+    """The group source (and weight publisher) for this rank: a GroupSource, or a
+    (GroupSource, WeightPublisher) pair. For now every rank samples in-process."""
+    from .sources import InProcessSource
+
+    return InProcessSource.for_trainer(trainer)
+
+
+def _listen_host() -> str:
+    # Local runs put every process on loopback; in a pod the operator's Service must reach us.
+    return "127.0.0.1" if os.environ.get(PET_MASTER_ADDR, "127.0.0.1") in _LOOPBACK else "0.0.0.0"
+
+
+def main(args: Optional[argparse.Namespace] = None) -> int:
+    from .. import config
+    from . import dist
+    from .loop import Trainer
+    from .server import LeaderServer, StatusBoard
+
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(rank)
+    suspend = threading.Event()
+
+    def on_sigterm(signum, frame) -> None:
+        log.info("SIGTERM: finishing the step, then checkpoint and stop")
+        suspend.set()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    board: Optional[StatusBoard] = None
+    server: Optional[LeaderServer] = None
+    env = None
+    try:
+        job = config.load()
+        env = dist.init(timeout_seconds=max(1800, job.spec.weight_sync.timeout_seconds))
+        if env.is_leader:
+            board = StatusBoard(job.spec.training.steps)
+            board.suspend_requested = suspend
+            port = int(os.environ.get(ENV_TRAINER_PORT) or job.spec.trainer.port)
+            server = LeaderServer(board, _listen_host(), port).start()
+        trainer = Trainer(job, env=env, source=lambda tr: make_source(job, tr), board=board, suspend_event=suspend)
+        phase = trainer.run()
+        log.info("trainer %s", phase, extra={"step": trainer.step_count})
+        return 0
+    except BaseException as e:  # noqa: BLE001 - report every failure in /status and the exit code
+        if isinstance(e, KeyboardInterrupt):
+            msg = "interrupted"
+        elif isinstance(e, SystemExit):
+            msg = str(e.code)
+        else:
+            msg = f"{type(e).__name__}: {e}"
+        log.error("trainer failed: %s", msg, exc_info=not isinstance(e, (SystemExit, KeyboardInterrupt)))
+        if board is not None:
+            board.update(phase="failed", message=msg)
+        return 1
+    finally:
+        if env is not None:
+            dist.shutdown(env)
+        if server is not None:
+            server.stop()
