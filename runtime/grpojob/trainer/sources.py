@@ -15,18 +15,48 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Iterable, Optional, Protocol, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import torch
 from torch import Tensor
 
 from ..rollout import hf_generate
-from ..rollout.types import Group, Sample, SamplingParams
+from ..rollout.types import Completion, Group, Sample, SamplingParams
 
 log = logging.getLogger("grpojob.trainer.sources")
 
 
 class GroupSource(Protocol):
+    def next_groups(self, samples: Sequence[Sample], policy_version: int) -> list[Group]:
+        ...
+
+
+class WeightPublisher(Protocol):
+    def publish(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
+        ...
+
+
+class InProcessSource:
+    """Samples `group_size` completions per prompt with hf_generate from a private weight copy.
+
+    per_prompt_seed: sample each prompt in its own call seeded by (seed, version, prompt index),
+    so what a prompt gets does not depend on how prompts are sharded over ranks (the
+    distributed-equivalence test needs that); slower than one batched call."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, sampling: SamplingParams, group_size: int,
+                 seed: int = 0, rank: int = 0, version: int = 0, per_prompt_seed: bool = False):
+        self.model = copy.deepcopy(model).eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.sampling = sampling
+        self.group_size = group_size
+        self.seed, self.rank = seed, rank
+        self.version = version
+        self.per_prompt_seed = per_prompt_seed
+        self.eos = tokenizer.eos_token_id
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
+
     @classmethod
     def for_trainer(cls, trainer, **kw) -> "InProcessSource":
         """Built from a Trainer's current model (after any resume), sampling settings and rank."""
@@ -49,7 +79,7 @@ class GroupSource(Protocol):
         # an uninterrupted one would.
         return (self.seed * 1_000_003 + self.version * 7919 + rank * 104_729 + index) % (2 ** 31)
 
-    def _generate(self, samples: Sequence[Sample], seed: int):
+    def _generate(self, samples: Sequence[Sample], seed: int) -> list[list[Completion]]:
         sampling = SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
                                   top_k=self.sampling.top_k, max_tokens=self.sampling.max_tokens, seed=seed)
         device = next(self.model.parameters()).device
@@ -58,46 +88,6 @@ class GroupSource(Protocol):
             return hf_generate.generate(self.model, [s.prompt_ids for s in samples], self.group_size, sampling,
                                         eos_token_id=self.eos, pad_token_id=self.pad,
                                         policy_version=self.version)
-
-    def publish(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
-        ...
-
-
-class InProcessSource:
-    """Samples `group_size` completions per prompt with hf_generate from a private weight copy.
-
-    per_prompt_seed: sample each prompt in its own call seeded by (seed, version, prompt index),
-    so what a prompt gets does not depend on how prompts are sharded over ranks (the
-    distributed-equivalence tests need that); slower than one batched call."""
-
-    def __init__(self, model: torch.nn.Module, tokenizer, sampling: SamplingParams, group_size: int,
-                 seed: int = 0, rank: int = 0, version: int = 0, per_prompt_seed: bool = False):
-        self.model = copy.deepcopy(model).eval()
-        for p in self.model.parameters():
-            p.requires_grad_(False)
-        self.tokenizer = tokenizer
-        self.sampling = sampling
-        self.group_size = group_size
-        self.seed, self.rank = seed, rank
-        self.version = version
-        self.per_prompt_seed = per_prompt_seed
-        self.eos = tokenizer.eos_token_id
-        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos
-
-    def next_groups(self, samples: Sequence[Sample], policy_version: int) -> list[Group]:
-        if not samples:
-            return []
-        # Seeded by what the step is (not by RNG history), so a resumed run samples exactly what
-        # an uninterrupted one would; fork_rng keeps the trainer's own RNG stream untouched.
-        seed = (self.seed * 1_000_003 + self.version * 7919 + self.rank * 104_729 + samples[0].index) % (2 ** 31)
-        sampling = SamplingParams(temperature=self.sampling.temperature, top_p=self.sampling.top_p,
-                                  top_k=self.sampling.top_k, max_tokens=self.sampling.max_tokens, seed=seed)
-        device = next(self.model.parameters()).device
-        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
-            outs = hf_generate.generate(self.model, [s.prompt_ids for s in samples], self.group_size, sampling,
-                                        eos_token_id=self.eos, pad_token_id=self.pad,
-                                        policy_version=self.version)
-        return [Group(sample=s, completions=cs) for s, cs in zip(samples, outs)]
 
     def publish(self, named_tensors: Iterable[tuple[str, Tensor]], version: int) -> None:
         state = dict(named_tensors)
