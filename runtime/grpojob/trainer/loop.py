@@ -81,7 +81,7 @@ class Trainer:
                  stream=None, scorer=None, checkpoint_dir: Optional[str] = None, run_dir: Optional[str] = None,
                  on_step: Optional[Callable[[dict], None]] = None, board: Optional[StatusBoard] = None,
                  suspend_event: Optional[threading.Event] = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         self.job, self.spec = job, job.spec
         self.env = env or dist.DistEnv()
@@ -102,12 +102,7 @@ class Trainer:
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or spec.model.path,
                                                        trust_remote_code=spec.model.trust_remote_code)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        dtype = resolve_dtype(spec.model.dtype, env.device)
-        load = dict(dtype=dtype, attn_implementation="sdpa", trust_remote_code=spec.model.trust_remote_code)
-        try:
-            self.model = AutoModelForCausalLM.from_pretrained(spec.model.path, **load).to(env.device)
-        except (OSError, ValueError) as e:
-            raise TrainerError(f"spec.model.path: cannot load a causal LM from '{spec.model.path}': {e}") from e
+        self.model = self.load_model()
         self.model.config.use_cache = False
         if spec.training.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -117,7 +112,7 @@ class Trainer:
         self.policy = dist.wrap(PolicyLogprobs(self.model), self.strategy, env, list(layers or []))
         self.ref = None
         if spec.algorithm.kl_beta > 0:  # with beta 0 no reference model is loaded at all
-            ref = AutoModelForCausalLM.from_pretrained(spec.model.path, **load).to(env.device).eval()
+            ref = self.load_model().eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
             self.ref = PolicyLogprobs(ref)
@@ -150,6 +145,19 @@ class Trainer:
         self.publisher = publisher if publisher is not None else (source if hasattr(source, "publish") else None)
         self._set_status(phase="starting", step=self.step_count, policy_version=self.version,
                          last_checkpoint_step=self.last_checkpoint_step)
+
+    def load_model(self) -> torch.nn.Module:
+        """A fresh copy of spec.model.path on this rank's device (policy, reference, rollout copy)."""
+        from transformers import AutoModelForCausalLM
+
+        spec = self.spec
+        dtype = resolve_dtype(spec.model.dtype, self.env.device)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(spec.model.path, dtype=dtype, attn_implementation="sdpa",
+                                                         trust_remote_code=spec.model.trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise TrainerError(f"spec.model.path: cannot load a causal LM from '{spec.model.path}': {e}") from e
+        return model.to(self.env.device)
 
     # ---- status ---------------------------------------------------------------------------
     def _set_status(self, **fields: Any) -> None:
@@ -358,7 +366,7 @@ class Trainer:
     def run(self) -> str:
         """Train to training.steps (or until suspended). Returns the final phase."""
         spec = self.spec
-        if self.resumed_from is not None:  # the rollout side must serve the resumed policy
+        if self.version > 0:  # resumed: the rollout side must serve the resumed policy
             self._publish()
         self._set_status(phase="running", step=self.step_count, policy_version=self.version)
         while self.step_count < spec.training.steps:

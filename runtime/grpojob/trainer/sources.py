@@ -44,8 +44,9 @@ class InProcessSource:
     distributed-equivalence test needs that); slower than one batched call."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, sampling: SamplingParams, group_size: int,
-                 seed: int = 0, rank: int = 0, version: int = 0, per_prompt_seed: bool = False):
-        self.model = copy.deepcopy(model).eval()
+                 seed: int = 0, rank: int = 0, version: int = 0, per_prompt_seed: bool = False,
+                 copy_model: bool = True):
+        self.model = (copy.deepcopy(model) if copy_model else model).eval()
         for p in self.model.parameters():
             p.requires_grad_(False)
         self.tokenizer = tokenizer
@@ -59,11 +60,13 @@ class InProcessSource:
 
     @classmethod
     def for_trainer(cls, trainer, **kw) -> "InProcessSource":
-        """Built from a Trainer's current model (after any resume), sampling settings and rank."""
+        """For a Trainer: its own copy of the model loaded from spec.model.path (a sharded policy
+        cannot be copied), at version 0; a resumed trainer publishes its weights before step one."""
         spec = trainer.spec
-        return cls(trainer.model, trainer.tokenizer, SamplingParams.from_spec(spec.rollout.sampling),
+        model = trainer.load_model()
+        return cls(model, trainer.tokenizer, SamplingParams.from_spec(spec.rollout.sampling),
                    spec.algorithm.group_size, seed=spec.training.seed, rank=trainer.env.rank,
-                   version=trainer.version, **kw)
+                   version=0, copy_model=False, **kw)
 
     def next_groups(self, samples: Sequence[Sample], policy_version: int) -> list[Group]:
         if not samples:

@@ -1,0 +1,67 @@
+"""Data parallelism: 2 gloo ranks under torchrun end with the parameters of 1 rank trained on the
+same global batch (packing, loss normalisation and the gradient all-reduce are global)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpojob.plan import CONFIG_FILE, ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_RUN_DIR, render_config
+from grpojob.trainer.loop import Trainer
+from grpojob.trainer.sources import InProcessSource
+
+from .conftest import make_job
+
+ROOT = Path(__file__).resolve().parents[2]
+OVER = dict(training={"steps": 2, "promptsPerStep": 8, "microBatchTokens": 128},
+            algorithm={"name": "grpo", "groupSize": 4, "lossAggregation": "seq-mean-token-mean"})
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tiny_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("one")
+    tr = Trainer(make_job(tiny_dir, **OVER), checkpoint_dir=str(out / "ck"), run_dir=str(out),
+                 source=lambda t: InProcessSource.for_trainer(t, per_prompt_seed=True))
+    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
+    tr.run()
+    return before, load_file(str(out / "final-model" / "model.safetensors"))
+
+
+def _torchrun(job, tmp: Path, nproc: int) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / CONFIG_FILE).write_text(render_config(job))
+    env = {**os.environ, ENV_CONFIG: str(tmp / CONFIG_FILE), ENV_RUN_DIR: str(tmp),
+           ENV_CHECKPOINT_DIR: str(tmp / "ck"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", "tests.trainer.dist_worker"]
+    try:
+        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired as e:  # torchrun kills its workers when it is killed
+        pytest.fail(f"torchrun timed out: {e.stdout}\n{e.stderr}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return load_file(str(tmp / "final-model" / "model.safetensors")), proc.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_gloo_ranks_match_one_rank(tiny_dir, tmp_path, one_rank, strategy):
+    before, single = one_rank
+    job = make_job(tiny_dir, **{**OVER, "trainer": {"processesPerReplica": 2},
+                               "training": {**OVER["training"], "strategy": strategy}})
+    double, out = _torchrun(job, tmp_path, 2)
+    assert f"rank 1/2 strategy {strategy}" in out
+    assert single.keys() == double.keys()
+    moved = max((single[k] - before[k]).abs().max().item() for k in single)
+    assert moved > 1e-3, "the step changed nothing: the comparison would be vacuous"
+    for k in single:
+        torch.testing.assert_close(double[k], single[k], atol=2e-5, rtol=1e-4, msg=k)
