@@ -58,6 +58,9 @@ class Group:
     completions: list[Completion]
     rewards: Optional[list[float]] = None
     reward_parts: dict[str, list[float]] = field(default_factory=dict)  # per reward function
+    # greedy-baseline workflow (ReMax): one greedy completion of the same prompt, sampled with
+    # the same policy version; the reward scorer scores it and subtracts its reward as baseline.
+    baseline: Optional[Completion] = None
 
 
 class Generator(Protocol):

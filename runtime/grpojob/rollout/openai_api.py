@@ -1,0 +1,159 @@
+"""OpenAI-compatible `/v1/completions`, `/v1/chat/completions` and `/v1/models` over an engine.
+
+So a user's multi-turn or tool-using workflow can drive the policy with any OpenAI client. The
+`model` field of requests is not checked (one model is served; `/v1/models` names it).
+Supported: n, max_tokens (max_completion_tokens), temperature, top_p, top_k, seed, stop
+(applied to the finished text), logprobs (the sampled tokens' log-probs only). Extensions:
+`return_token_ids: true` adds `prompt_token_ids` and `token_ids` to each choice, and every
+response carries `policy_version`. Not supported (a 400 that says so): stream, echo, tools.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .types import Completion, SamplingParams
+
+
+class _Common(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: Optional[str] = None
+    n: int = Field(1, ge=1, le=256)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
+    stream: bool = False
+    return_token_ids: bool = False
+
+    def unsupported(self) -> Optional[str]:
+        if self.stream:
+            return "stream: streaming responses are not supported; send stream=false"
+        return None
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                              max_tokens=self.max_tokens or default_max_tokens, seed=self.seed)
+
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else [s for s in (self.stop or []) if s]
+
+
+class CompletionRequest(_Common):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    logprobs: Optional[int] = Field(None, ge=0, le=20)
+    echo: bool = False
+
+    def unsupported(self) -> Optional[str]:
+        if self.echo:
+            return "echo: echoing the prompt is not supported"
+        return super().unsupported()
+
+    def prompts(self, tokenizer) -> list[list[int]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [tokenizer.encode(p, add_special_tokens=False)]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]
+        return [tokenizer.encode(x, add_special_tokens=False) if isinstance(x, str) else list(x) for x in p]
+
+
+class ChatRequest(_Common):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    tools: Optional[list] = None
+
+    def unsupported(self) -> Optional[str]:
+        if self.tools:
+            return ("tools: tool calling is not parsed by this server; describe the tools in the "
+                    "messages and parse the assistant's text")
+        return super().unsupported()
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        s = super().sampling(default_max_tokens)
+        if self.max_completion_tokens and not self.max_tokens:
+            s = SamplingParams(s.temperature, s.top_p, s.top_k, self.max_completion_tokens, s.seed)
+        return s
+
+    def prompt_ids(self, tokenizer) -> list[int]:
+        messages = [{k: v for k, v in m.items() if k in ("role", "content")} for m in self.messages]
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "input_ids"):  # a BatchEncoding
+            out = out["input_ids"]
+        return list(out)
+
+
+def apply_stop(c: Completion, stops: list[str], tokenizer) -> tuple[str, list[int], list[float], str]:
+    """Cut a finished completion at its first stop string: (text, ids, logprobs, finish_reason).
+    The ids keep the token in which the stop string begins."""
+    text = c.text
+    hits = [text.find(s) for s in stops if s in text]
+    if not hits:
+        return text, c.completion_ids, c.logprobs, c.finish_reason
+    cut = min(hits)
+    for k in range(1, len(c.completion_ids) + 1):
+        if len(tokenizer.decode(c.completion_ids[:k], skip_special_tokens=True)) > cut:
+            return text[:cut], c.completion_ids[:k], c.logprobs[:k], "stop"
+    return text[:cut], c.completion_ids, c.logprobs, "stop"
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion_response(req: CompletionRequest, prompts: list[list[int]],
+                        results: list[list[Completion]], tokenizer, model: str) -> dict:
+    choices, generated, version = [], 0, None
+    for p, group in zip(prompts, results):
+        for c in group:
+            text, ids, lps, finish = apply_stop(c, req.stops(), tokenizer)
+            choice: dict[str, Any] = {"index": len(choices), "text": text, "finish_reason": finish,
+                                      "logprobs": None}
+            if req.logprobs is not None:
+                tokens = [tokenizer.decode([t]) for t in ids]
+                offsets, pos = [], 0
+                for t in tokens:
+                    offsets.append(pos)
+                    pos += len(t)
+                choice["logprobs"] = {"tokens": tokens, "token_logprobs": lps, "text_offset": offsets,
+                                      "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, lps)]}
+            if req.return_token_ids:
+                choice["prompt_token_ids"], choice["token_ids"] = p, ids
+            choices.append(choice)
+            generated += len(ids)
+            version = c.policy_version if version is None else min(version, c.policy_version)
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": choices, "policy_version": version,
+            "usage": _usage(sum(len(p) for p in prompts) * req.n, generated)}
+
+
+def chat_response(req: ChatRequest, prompt: list[int], group: list[Completion], tokenizer, model: str) -> dict:
+    choices, generated = [], 0
+    for c in group:
+        text, ids, lps, finish = apply_stop(c, req.stops(), tokenizer)
+        choice: dict[str, Any] = {"index": len(choices), "finish_reason": finish, "logprobs": None,
+                                  "message": {"role": "assistant", "content": text}}
+        if req.logprobs:
+            choice["logprobs"] = {"content": [
+                {"token": (tok := tokenizer.decode([t])), "logprob": lp,
+                 "bytes": list(tok.encode()), "top_logprobs": []} for t, lp in zip(ids, lps)]}
+        if req.return_token_ids:
+            choice["prompt_token_ids"], choice["token_ids"] = prompt, ids
+        choices.append(choice)
+        generated += len(ids)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": choices,
+            "policy_version": min((c.policy_version for c in group), default=None),
+            "usage": _usage(len(prompt), generated)}
+
+
+def models_response(model: str) -> dict:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "grpojob"}]}

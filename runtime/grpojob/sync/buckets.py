@@ -1,0 +1,142 @@
+"""Flat, dtype-grouped buckets: the layout both ends of a weight push agree on.
+
+A push sends every tensor of the state dict packed into a few large flat buffers instead of one
+message per tensor (per-message latency dominates small tensors). Tensors of one dtype share a
+bucket; a bucket holds tensors in order until adding the next would exceed the bucket size; a
+tensor larger than the bucket size gets a bucket of its own. The layout travels as JSON in the
+push command, so the receiver allocates the same buffers and slices them back into named views.
+Buckets go over the wire as raw bytes (uint8 views), so every dtype works on gloo and NCCL alike.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+import torch
+
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32,
+    torch.int16, torch.int8, torch.uint8, torch.bool)}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise ValueError(f"weight sync does not carry tensors of dtype {name}")
+    return name
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    shape: tuple[int, ...]
+    offset: int  # in elements, inside its bucket
+    numel: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    dtype: str
+    numel: int
+    entries: tuple[Entry, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * torch.empty((), dtype=_DTYPES[self.dtype]).element_size()
+
+
+@dataclass(frozen=True)
+class Layout:
+    buckets: tuple[Bucket, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.nbytes for b in self.buckets)
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for b in self.buckets for e in b.entries]
+
+    def to_json(self) -> dict:
+        return {"buckets": [{"dtype": b.dtype, "numel": b.numel,
+                             "entries": [[e.name, list(e.shape), e.offset] for e in b.entries]}
+                            for b in self.buckets]}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Layout":
+        buckets = []
+        for b in doc["buckets"]:
+            entries = []
+            for name, shape, offset in b["entries"]:
+                numel = 1
+                for s in shape:
+                    numel *= s
+                entries.append(Entry(name, tuple(shape), offset, numel))
+            buckets.append(Bucket(b["dtype"], b["numel"], tuple(entries)))
+        return cls(tuple(buckets))
+
+
+def plan(specs: Iterable[tuple[str, Sequence[int], torch.dtype]], bucket_bytes: int) -> Layout:
+    """Bucket layout for (name, shape, dtype) in the given order (kept within each dtype)."""
+    if bucket_bytes < 1:
+        raise ValueError("bucket size must be positive")
+    by_dtype: dict[str, list[tuple[str, tuple[int, ...], int]]] = {}
+    seen = set()
+    for name, shape, dtype in specs:
+        if name in seen:
+            raise ValueError(f"tensor '{name}' appears twice in the weights to push")
+        seen.add(name)
+        numel = 1
+        for s in shape:
+            numel *= int(s)
+        by_dtype.setdefault(dtype_name(dtype), []).append((name, tuple(int(s) for s in shape), numel))
+    buckets: list[Bucket] = []
+    for dt, items in by_dtype.items():
+        cap = max(1, bucket_bytes // torch.empty((), dtype=_DTYPES[dt]).element_size())
+        entries: list[Entry] = []
+        used = 0
+        for name, shape, numel in items:
+            if entries and used + numel > cap:
+                buckets.append(Bucket(dt, used, tuple(entries)))
+                entries, used = [], 0
+            entries.append(Entry(name, shape, used, numel))
+            used += numel
+        if entries:
+            buckets.append(Bucket(dt, used, tuple(entries)))
+    return Layout(tuple(buckets))
+
+
+def allocate(bucket: Bucket, device: torch.device | str = "cpu", pin: bool = False) -> torch.Tensor:
+    """A flat typed buffer for one bucket."""
+    return torch.empty(bucket.numel, dtype=_DTYPES[bucket.dtype], device=device, pin_memory=pin)
+
+
+def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Copy the bucket's tensors into `out` (flat, the bucket's dtype); copies across devices."""
+    for e in bucket.entries:
+        t = tensors[e.name]
+        out[e.offset:e.offset + e.numel].copy_(t.detach().reshape(-1), non_blocking=True)
+    return out
+
+
+def unpack(bucket: Bucket, flat: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """Named views into a received flat buffer (no copy)."""
+    return [(e.name, flat[e.offset:e.offset + e.numel].view(e.shape)) for e in bucket.entries]
+
+
+def wire(flat: torch.Tensor) -> torch.Tensor:
+    """The bytes of a flat buffer, as broadcast."""
+    return flat.view(torch.uint8)
+
+
+def dedup_tied(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """Drop tensors that alias an earlier one (tied embeddings: lm_head.weight is embed_tokens):
+    the receiver's model ties them again, so sending both would only double the bytes."""
+    out, seen = [], set()
+    for name, t in named:
+        key = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.dtype)
+        if t.numel() and key in seen:
+            continue
+        seen.add(key)
+        out.append((name, t))
+    return out

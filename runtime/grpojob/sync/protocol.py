@@ -1,0 +1,121 @@
+"""The weight-sync rendezvous: keys in the TCPStore that trainer rank 0 hosts.
+
+Everything the two sides tell each other goes through this store; only the weights themselves go
+through a collective group (or files, for backend checkpoint).
+
+Keys (all under `grpojob/`):
+- `run`: id of the publisher's incarnation (a restarted trainer has a new one).
+- `current`: JSON {"version", "weights"} of the policy the rollout servers should hold. `weights`
+  names the bytes: "disk" for the model directory of `spec.model.path` (version 0 before any
+  push), "<run>:<version>" for a pushed version.
+- `reg/n` (counter) and `reg/<i>`: JSON registration of a rollout server: {"instance", "replica",
+  "url", "workers", "version", "weights"}. `instance` is unique per process start.
+- `accepted/<instance>`: the publisher took the registration (the server is in its table).
+- `hb/<instance>` (counter): heartbeat, bumped every second by each server.
+- `cmd/n` (counter) and `cmd/<k>`: the commands, in order. A server reads them from the count it
+  saw before registering; it acts on those that name it and skips the rest. Kinds:
+  * push: {"kind": "push", "version", "weights", "group", "backend", "world", "ranks":
+    {instance: first rank}, "layout", "timeout"}: join the collective group `group` (the
+    publisher is rank 0; a server with several workers takes consecutive ranks) and receive the
+    buckets of `layout`.
+  * load: {"kind": "load", "version", "weights", "path", "targets": [instance]}: load the
+    safetensors in `path` (relative to the checkpoint dir; null = the model directory).
+- `join/<group>/<instance>`: a server is about to build the group (so the publisher does not
+  wait a whole timeout on a server that died before joining).
+- `ack/<k>/<instance>`: JSON {"ok", "version", "seconds", "error"} once a command is applied.
+- `cancel/<k>`: the publisher gave up on command k (a peer died): receivers stop waiting.
+- `dropped/<instance>`: the publisher removed this server from the group (reason); the server
+  registers again under a new instance id.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import socket
+import time
+from typing import Any, Optional
+
+from torch.distributed import DistError, TCPStore
+
+PREFIX = "grpojob/"
+DISK = "disk"  # weights id of the model directory itself
+
+
+class WeightSyncError(RuntimeError):
+    """A weight push or load failed; the message names the peer and what it was doing."""
+
+
+def key(*parts: Any) -> str:
+    return PREFIX + "/".join(str(p) for p in parts)
+
+
+def weights_id(run: str, version: int) -> str:
+    return f"{run}:{version}"
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"weight-sync address '{addr}' is not host:port")
+    return host.strip("[]"), int(port)
+
+
+def reachable(host: str, port: int, timeout: float = 2.0) -> bool:
+    """A plain TCP probe: torch's store client logs a stack trace for every refused connect."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def connect(addr: str, timeout: float = 10.0) -> TCPStore:
+    """A client of the publisher's store; raises WeightSyncError when it is not reachable."""
+    host, port = split_addr(addr)
+    if not reachable(host, port, min(timeout, 5.0)):
+        raise WeightSyncError(f"the trainer's weight-sync store at {addr} is not reachable")
+    try:
+        return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                        timeout=datetime.timedelta(seconds=timeout))
+    except DistError as e:
+        raise WeightSyncError(f"cannot connect to the trainer's weight-sync store at {addr}: {e}") from e
+
+
+def get_json(store: TCPStore, k: str) -> Optional[dict]:
+    """The JSON under key k, or None when it is not set (never blocks)."""
+    if not store.check([k]):
+        return None
+    return json.loads(store.get(k))
+
+
+def set_json(store: TCPStore, k: str, value: Any) -> None:
+    store.set(k, json.dumps(value))
+
+
+def wait_key(store: TCPStore, k: str, seconds: float, interval: float = 0.01) -> bool:
+    """True once k is set; False after `seconds`. Polls with check(): the store's own wait()
+    logs a C++ warning on every timeout."""
+    end = time.monotonic() + seconds
+    while not store.check([k]):
+        if time.monotonic() >= end:
+            return False
+        time.sleep(interval)
+    return True
+
+
+class Deadline:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.start = time.monotonic()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    @property
+    def left(self) -> float:
+        return self.seconds - self.elapsed
+
+    @property
+    def expired(self) -> bool:
+        return self.left <= 0

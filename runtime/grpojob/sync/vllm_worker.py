@@ -1,0 +1,44 @@
+"""vLLM worker extension: weight pushes land directly in each vLLM worker.
+
+The vllm engine starts vLLM with `worker_extension_cls=` this class, so its methods run inside
+every worker through `collective_rpc`. A push is received into fresh buffers (the group and
+buckets of `receiver.PushReceiver`), then loaded with the worker's in-place reload path
+(`reload_weights(weights_iterator=..., is_checkpoint_format=True)`): `model.load_weights` is not
+usable on CPU, where vLLM repacks linear weights at load time. With tied embeddings vLLM's CPU
+path keeps a separately packed copy in lm_head, so it is re-processed after every reload.
+"""
+from __future__ import annotations
+
+import json
+import time
+from typing import Iterable
+
+import torch
+
+
+class WeightSyncExtension:
+    def grpojob_receive_push(self, cmd_json: str, store_addr: str, instance: str) -> dict:
+        from .receiver import PushReceiver
+
+        cmd = json.loads(cmd_json)
+        rx = getattr(self, "_grpojob_receiver", None)
+        if rx is None or rx.addr != store_addr or rx.instance != instance:
+            rx = self._grpojob_receiver = PushReceiver(store_addr, instance)
+        device = getattr(self, "device", torch.device("cpu")) if cmd["backend"] == "nccl" else "cpu"
+        named = rx.receive(cmd, local_rank=int(getattr(self, "rank", 0)), device=device)
+        return self._grpojob_reload(named)
+
+    def grpojob_load_dir(self, path: str) -> dict:
+        from .files import iter_dir
+
+        return self._grpojob_reload(iter_dir(path))
+
+    def _grpojob_reload(self, named: Iterable[tuple[str, torch.Tensor]]) -> dict:
+        start = time.perf_counter()
+        self.reload_weights(weights_iterator=iter(named), is_checkpoint_format=True)
+        model = self.model_runner.model
+        config = getattr(model, "config", None)
+        lm_head = getattr(model, "lm_head", None)
+        if getattr(config, "tie_word_embeddings", False) and hasattr(lm_head, "quant_method"):
+            lm_head.quant_method.process_weights_after_loading(lm_head)
+        return {"seconds": time.perf_counter() - start}

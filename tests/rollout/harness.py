@@ -1,0 +1,185 @@
+"""Test helpers for rollout servers and weight sync: jobs, server processes, reference models."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from grpojob.api import parse
+from grpojob.plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_LOG_FORMAT,
+                          ENV_REPLICA_ID, ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, render_config)
+
+REPO = Path(__file__).resolve().parents[2]
+
+BASE = {
+    "model": {"path": None},
+    "dataset": {"factory": "toy", "maxPromptLength": 32},
+    "rewards": [{"name": "exact_match"}],
+    "algorithm": {"groupSize": 4},
+    "training": {"microBatchTokens": 256, "promptsPerStep": 4},
+    "rollout": {"backend": "hf", "sampling": {"maxTokens": 12}, "maxModelLen": 128,
+                "gpuMemoryUtilization": 0.1, "enforceEager": True},
+    "weightSync": {"timeoutSeconds": 20, "bucketSizeMb": 1},
+}
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def make_job(model_dir, **over):
+    spec = _merge(BASE, over)
+    spec["model"]["path"] = str(model_dir)
+    return parse({"apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "t"},
+                  "spec": spec})
+
+
+def write_config(job, path: Path) -> Path:
+    path.write_text(render_config(job))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http(url: str, body: Optional[dict] = None, timeout: float = 60.0) -> tuple[int, dict]:
+    """(status, JSON body) of a GET, or a POST when body is given."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.1, proc=None):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = pred()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: process exited with {proc.returncode}\n{proc_tail(proc)}")
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}"
+                         + (f"\n{proc_tail(proc)}" if proc is not None else ""))
+
+
+def proc_tail(proc, n: int = 4000) -> str:
+    path = getattr(proc, "log_path", None)
+    return Path(path).read_text(errors="replace")[-n:] if path and Path(path).exists() else ""
+
+
+class RolloutProcess:
+    """A real `grpojob rollout` process (killed on stop)."""
+
+    def __init__(self, config: Path, log_dir: Path, *, replica: str, backend: str = "hf",
+                 sync_addr: Optional[str] = None, port: Optional[int] = None,
+                 checkpoint_dir: Optional[str] = None):
+        self.config, self.replica, self.backend = config, replica, backend
+        self.sync_addr, self.checkpoint_dir = sync_addr, checkpoint_dir
+        self.port = port or free_port()
+        self.log_path = log_dir / f"{replica}.log"
+        self.proc: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "RolloutProcess":
+        env = {**os.environ, ENV_CONFIG: str(self.config), ENV_ROLLOUT_PORT: str(self.port),
+               ENV_REPLICA_ID: self.replica, ENV_BACKEND: self.backend, ENV_ADVERTISE_HOST: "127.0.0.1",
+               ENV_LOG_FORMAT: "text", "PYTHONUNBUFFERED": "1"}
+        env.pop(ENV_SYNC_ADDR, None)
+        if self.sync_addr:
+            env[ENV_SYNC_ADDR] = self.sync_addr
+        if self.checkpoint_dir:
+            env[ENV_CHECKPOINT_DIR] = self.checkpoint_dir
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "grpojob", "rollout"], env=env, cwd=REPO,
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc.log_path = self.log_path
+        log.close()
+        return self
+
+    def status(self, path: str) -> tuple[int, dict]:
+        try:
+            return http(self.url + path, timeout=5)
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return 0, {}
+
+    def wait_healthy(self, timeout: float = 60) -> "RolloutProcess":
+        wait_for(lambda: self.status("/healthz")[0] == 200, timeout, f"{self.replica} /healthz", proc=self.proc)
+        return self
+
+    def wait_ready(self, timeout: float = 120) -> "RolloutProcess":
+        wait_for(lambda: self.status("/readyz")[0] == 200, timeout, f"{self.replica} /readyz", proc=self.proc)
+        return self
+
+    def generate(self, prompt_ids, n=1, **sampling) -> dict:
+        status, body = http(self.url + "/generate", {"prompt_ids": list(prompt_ids), "n": n, "sampling": sampling})
+        assert status == 200, body
+        return body
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+
+    def tail(self) -> str:
+        return proc_tail(self.proc) if self.proc else ""
+
+
+def load_model(model_dir):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+
+
+def perturb(model, seed: int, scale: float = 0.5):
+    """Change every weight (the trainer after some steps), deterministically."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.float().std().clamp_min(1e-3))
+    return model
+
+
+def greedy(model, tokenizer, prompt_ids, max_tokens: int) -> tuple[list[int], list[float]]:
+    """The trainer-side reference: greedy completion and its log-probs with hf_generate."""
+    from grpojob.rollout import hf_generate
+    from grpojob.rollout.types import SamplingParams
+
+    c = hf_generate.generate(model, [prompt_ids], 1, SamplingParams(temperature=0.0, max_tokens=max_tokens),
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)[0][0]
+    return c.completion_ids, c.logprobs
+
+
+PROMPTS = ["1 + 1 =", "the cat sat on", "count: 3 4 5", "hello world and"]
