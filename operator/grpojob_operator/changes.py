@@ -1,0 +1,76 @@
+"""Which spec changes a running job accepts.
+
+Scaling the rollouts and the run policy (suspend, limits, cleanup) apply in place; anything else
+(model, data, algorithm, trainer shape...) would silently restart or corrupt a run, so it is refused
+while the job is active and the job keeps running on the spec it was started with.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Optional
+
+from grpojob.api import API_VERSION, KIND, GRPOJob, check
+
+MUTABLE = ("rollout.replicas", "runPolicy")  # spec paths (camelCase) that may change while running
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict) and node:
+        out: dict[str, Any] = {}
+        for k, v in node.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else k))
+        return out
+    return {prefix: node}
+
+
+def _mutable(path: str) -> bool:
+    return any(path == m or path.startswith(m + ".") for m in MUTABLE)
+
+
+def _full(job: GRPOJob) -> dict[str, Any]:
+    return job.model_dump(by_alias=True, exclude_none=True, mode="json")["spec"]
+
+
+def immutable_changes(applied: GRPOJob, new: GRPOJob) -> list[str]:
+    """One message per refused field, naming its path and both values."""
+    a, b = _flatten(_full(applied)), _flatten(_full(new))
+    out = []
+    for path in sorted(set(a) | set(b)):
+        if not _mutable(path) and a.get(path) != b.get(path):
+            out.append(f"spec.{path} cannot change on a running job (running with {a.get(path)!r}, "
+                       f"asked for {b.get(path)!r}); revert it, or suspend the job first")
+    return out
+
+
+def with_mutable(applied: GRPOJob, new: GRPOJob) -> GRPOJob:
+    """The applied job with the changes a running job accepts taken from the new spec."""
+    spec = copy.deepcopy(_full(applied))
+    fresh = _full(new)
+    spec["rollout"]["replicas"] = fresh["rollout"]["replicas"]
+    spec["runPolicy"] = fresh["runPolicy"]
+    doc = new.model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"status"})
+    doc["spec"] = spec
+    job, errors = check(doc, resolve_plugins=False)
+    return job if job is not None and not errors else applied
+
+
+def applied_job(new_doc_meta: dict[str, Any], applied_spec: Optional[dict[str, Any]]) -> Optional[GRPOJob]:
+    """The job the children were last built from, or None (no record, or an unreadable one)."""
+    if applied_spec is None:
+        return None
+    job, errors = check({"apiVersion": API_VERSION, "kind": KIND, "metadata": new_doc_meta, "spec": applied_spec},
+                        resolve_plugins=False)
+    return job if job is not None and not errors else None
+
+
+def effective(new: Optional[GRPOJob], applied: Optional[GRPOJob], state: str) -> tuple[Optional[GRPOJob], list[str]]:
+    """(the job to reconcile, refusal messages).
+
+    state: active (changes refused, with messages), finished (kept as it ran, silently), or
+    suspended (everything applies on resume)."""
+    if new is None or applied is None or state == "suspended":
+        return new, []
+    refused = immutable_changes(applied, new)
+    if not refused:
+        return new, []
+    return with_mutable(applied, new), (refused if state == "active" else [])

@@ -1,0 +1,217 @@
+"""One reconcile of one GRPOJob: observe, decide (status.decide), act, record.
+
+Every handler (create, resume, spec update, the status timer) runs this same function, serialised
+per job, so a restart at any point converges to the same children: names are fixed, an existing
+child is patched instead of re-created, and a child whose spec hash already matches is left alone.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping, Optional
+
+import kopf
+
+from grpojob.api import API_VERSION, KIND, GRPOJob, GRPOJobStatus, check
+
+from . import changes, children
+from . import names as n
+from .config import OperatorConfig
+from .kube import Kube, KubeError
+from .metrics import OperatorMetrics
+from .status import Decision, Observation, PodView, decide, parse_status, transitions, with_children
+from .trainer_client import TrainerClient
+from .views import ChildView, applied_spec
+
+log = logging.getLogger("grpojob.operator")
+
+INDEXED_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment")
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The JSON merge patch turning `old` into `new` (None deletes a key)."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return new
+    out: dict[str, Any] = {}
+    for k in old.keys() - new.keys():
+        out[k] = None
+    for k, v in new.items():
+        if k not in old:
+            out[k] = v
+        elif old[k] != v:
+            out[k] = merge_patch(old[k], v)
+    return out
+
+
+def parse_job(name: str, namespace: str, spec: Any) -> tuple[Optional[GRPOJob], list]:
+    """The job as the runtime will see it: only name and namespace of the metadata (labels,
+    annotations and resourceVersions would churn the runtime config), plugins unresolved."""
+    doc = {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": name, "namespace": namespace},
+           "spec": spec}
+    job, errors = check(doc, resolve_plugins=False)
+    if job is not None:
+        errors = children.cluster_errors(job)
+        if errors:
+            job = None
+    return job, errors
+
+
+def _ledger(annotations: Mapping[str, str]) -> dict[str, int]:
+    try:
+        raw = json.loads(annotations.get(n.ANN_LEDGER, "{}"))
+        return {str(k): int(v) for k, v in raw.items()}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+class Controller:
+    def __init__(self, cfg: OperatorConfig, kube: Optional[Kube] = None,
+                 metrics: Optional[OperatorMetrics] = None, trainer: Optional[TrainerClient] = None):
+        self.cfg = cfg
+        self.kube = kube
+        self.metrics = metrics or OperatorMetrics()
+        self.trainer = trainer or TrainerClient(cfg.trainer_url, cfg.trainer_timeout)
+        self._locks: dict[str, asyncio.Lock] = {}
+        # What this process last wrote per job uid (status, ledger): kopf's body may lag behind it.
+        self._written: dict[str, tuple[dict[str, Any], dict[str, int]]] = {}
+        # Children applied by this process: (kind, ns, name) -> (hash, monotonic time). Covers the
+        # moments before the watch shows them, and kinds not watched (PodGroup, PodMonitor).
+        self._applied: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self.watch_lag_grace = 10.0
+
+    async def start(self) -> None:
+        if self.kube is None:
+            self.kube = await Kube.connect()
+        if self.cfg.metrics_port is not None:
+            await self.metrics.serve(self.cfg.metrics_port, self.cfg.metrics_host)
+
+    async def stop(self) -> None:
+        await self.trainer.close()
+        await self.metrics.stop()
+        if self.kube is not None:
+            await self.kube.close()
+
+    def forget(self, uid: str, namespace: str, name: str) -> None:
+        self._locks.pop(uid, None)
+        self._written.pop(uid, None)
+        for key in [k for k in self._applied if k[1] == namespace and k[2].startswith(name)]:
+            self._applied.pop(key, None)
+        self.metrics.forget(namespace, name)
+
+    async def reconcile(self, *, body: Mapping[str, Any], pods: Iterable[PodView],
+                        kids: Iterable[ChildView], now: Optional[datetime] = None) -> Decision:
+        meta = body["metadata"]
+        uid = meta["uid"]
+        lock = self._locks.setdefault(uid, asyncio.Lock())
+        started = time.monotonic()
+        result = "error"
+        try:
+            async with lock:
+                d = await self._reconcile(body, list(pods), list(kids), now or datetime.now(timezone.utc))
+            result = "invalid" if not d.ensure_children else "success"
+            return d
+        finally:
+            self.metrics.reconciled(result, time.monotonic() - started)
+
+    async def _reconcile(self, body: Mapping[str, Any], pods: list[PodView], kids: list[ChildView],
+                         now: datetime) -> Decision:
+        assert self.kube is not None, "Controller.start() was not called"
+        meta = body["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+        written = self._written.get(uid)
+        raw_status = written[0] if written else dict(body.get("status") or {})
+        ledger = written[1] if written else _ledger(meta.get("annotations") or {})
+        prev = parse_status(raw_status)
+
+        job, errors = parse_job(name, namespace, body.get("spec"))
+        mine = [k for k in kids if k.owner_uid in (uid, "")]
+        config = next((k.config for k in mine if k.kind == "ConfigMap"), None)
+        state = ("finished" if prev.phase in ("Succeeded", "Failed") and not errors else
+                 "suspended" if any(c.type == "Suspended" and c.status == "True" for c in prev.conditions)
+                 else "active")
+        applied = changes.applied_job({"name": name, "namespace": namespace}, applied_spec(config))
+        if errors and applied is not None and state == "active":
+            # A bad edit of a running job: refuse it, keep running on what was applied.
+            rejected = [f"{e}: not applied, the job keeps its running spec" for e in errors]
+            job, errors, reason = applied, [], "InvalidUpdate"
+        else:
+            job, rejected = changes.effective(job, applied, state)
+            reason = "ImmutableFieldChanged"
+
+        trainer_pods = sorted((p for p in pods if p.role == "trainer"), key=lambda p: p.name)
+        rollout_pods = [p for p in pods if p.role == "rollout"]
+        trainer, trainer_error = None, ""
+        if job is not None and prev.phase not in ("Succeeded", "Failed") and any(
+                p.name == f"{n.trainer_name(name)}-0" and p.phase == "Running" for p in trainer_pods):
+            trainer, trainer_error = await self.trainer.status(name, namespace, job.spec.trainer.port)
+            if trainer_error:
+                log.debug("%s/%s: %s", namespace, name, trainer_error)
+        obs = Observation(now=now, trainer_pods=trainer_pods, rollout_pods=rollout_pods, trainer=trainer,
+                          trainer_error=trainer_error, ledger=ledger)
+        d = decide(job, prev, obs, generation=meta.get("generation"), errors=errors, rejected=rejected,
+                   rejected_reason=reason, suspend_timeout=self.cfg.suspend_timeout)
+
+        if d.request_suspend and job is not None:
+            why = await self.trainer.suspend(name, namespace, job.spec.trainer.port)
+            log.info("%s/%s: asked the trainer to checkpoint and stop%s", namespace, name,
+                     f" (failed: {why})" if why else "")
+
+        if d.delete_job:
+            log.info("%s/%s: finished %s ago or more: deleting (ttlSecondsAfterFinished)", namespace, name,
+                     job.spec.run_policy.ttl_seconds_after_finished if job else "?")
+            kopf.event(body, type="Normal", reason="TTLExpired", message="deleting the finished job")
+            await self.kube.delete_job(namespace, name)
+            self.forget(uid, namespace, name)
+            return d
+
+        if d.ensure_children and job is not None:
+            ok, message = await self._ensure_children(job, namespace, uid, d, mine)
+            d = with_children(d, ok, message, now)
+
+        await self._record(body, prev, raw_status, d, ledger)
+        return d
+
+    async def _ensure_children(self, job: GRPOJob, namespace: str, uid: str, d: Decision,
+                               have: list[ChildView]) -> tuple[bool, str]:
+        wanted = children.build(job, namespace=namespace, image=self.cfg.image,
+                                owner=children.owner_reference(job.metadata.name, uid), scale=d.scale)
+        present = {(k.kind, k.name): k.hash for k in have}
+        errors = []
+        clock = time.monotonic()
+        for obj in wanted:
+            kind, cname = children.key(obj)
+            h = obj["metadata"]["annotations"][n.ANN_HASH]
+            if present.get((kind, cname)) == h:
+                continue
+            recent = self._applied.get((kind, namespace, cname))
+            if recent and recent[0] == h and (kind not in INDEXED_KINDS or clock - recent[1] < self.watch_lag_grace):
+                continue
+            try:
+                how = await self.kube.apply(obj)
+                self._applied[(kind, namespace, cname)] = (h, clock)
+                log.info("%s/%s: %s %s %s", namespace, job.metadata.name, how, kind, cname)
+            except KubeError as e:
+                self.metrics.child_error(kind)
+                errors.append(str(e))
+                log.warning("%s/%s: %s", namespace, job.metadata.name, e)
+        if errors:
+            return False, "; ".join(errors)
+        return True, f"{len(wanted)} child objects in place"
+
+    async def _record(self, body: Mapping[str, Any], prev: GRPOJobStatus, raw_status: dict[str, Any],
+                      d: Decision, ledger: dict[str, int]) -> None:
+        meta = body["metadata"]
+        name, namespace, uid = meta["name"], meta["namespace"], meta["uid"]
+        new_raw = d.status.dump()
+        if new_raw != raw_status:
+            await self.kube.patch_job_status(namespace, name, merge_patch(raw_status, new_raw))
+        if d.ledger != ledger:
+            await self.kube.patch_job_annotations(namespace, name, {n.ANN_LEDGER: json.dumps(d.ledger, sort_keys=True)})
+        self._written[uid] = (new_raw, dict(d.ledger))
+        for ev in transitions(prev, d.status):
+            kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])
+            log.info("%s/%s: %s %s: %s", namespace, name, ev.type, ev.reason, ev.message)
+        self.metrics.job(namespace, name, d.status)

@@ -1,0 +1,41 @@
+"""The Kubernetes permissions the operator uses, for the Helm chart's (Cluster)Role.
+
+Each rule is (apiGroup, resource, verbs). The integration tests check that every request the
+operator makes is covered here."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from grpojob.api.spec import GROUP, PLURAL
+
+
+class Rule(NamedTuple):
+    api_group: str
+    resource: str
+    verbs: tuple[str, ...]
+
+
+RBAC_RULES: tuple[Rule, ...] = (
+    # The jobs: watched by kopf, annotated (kopf progress, restart ledger), deleted after their TTL.
+    Rule(GROUP, PLURAL, ("get", "list", "watch", "patch", "delete")),
+    Rule(GROUP, f"{PLURAL}/status", ("get", "patch")),
+    # Children: watched into kopf indexes, created, and patched back into shape.
+    Rule("", "configmaps", ("list", "watch", "create", "patch")),
+    Rule("", "services", ("list", "watch", "create", "patch")),
+    Rule("apps", "statefulsets", ("list", "watch", "create", "patch")),
+    Rule("apps", "deployments", ("list", "watch", "create", "patch")),
+    Rule("", "pods", ("list", "watch")),
+    # Optional children (spec.scheduling.gang=volcano, spec.monitoring.podMonitor).
+    Rule("scheduling.volcano.sh", "podgroups", ("create", "patch")),
+    Rule("monitoring.coreos.com", "podmonitors", ("create", "patch")),
+    # kopf itself: Events for transitions, CRD and namespace discovery, peering (leader election).
+    Rule("", "events", ("create",)),
+    Rule("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch")),
+    Rule("", "namespaces", ("list", "watch")),
+    Rule("kopf.dev", "clusterkopfpeerings", ("list", "watch", "patch", "get")),
+    Rule("kopf.dev", "kopfpeerings", ("list", "watch", "patch", "get")),
+)
+
+
+def allows(api_group: str, resource: str, verb: str) -> bool:
+    return any(r.api_group == api_group and r.resource == resource and verb in r.verbs for r in RBAC_RULES)

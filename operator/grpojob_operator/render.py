@@ -1,0 +1,35 @@
+"""`grpojob render FILE`: the child objects the operator would create, as a YAML stream (for review
+and GitOps). Owner references are left out: they need the live job's uid."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import yaml
+
+from grpojob.api import InvalidSpec, check
+from grpojob.cli import load_manifest
+
+from . import children
+
+
+def render(doc: dict, namespace: str, image: str | None = None) -> str:
+    doc = dict(doc)
+    doc["metadata"] = {**(doc.get("metadata") or {}), "namespace": namespace}
+    job, errors = check(doc, resolve_plugins=False)
+    if job is None or errors:
+        raise InvalidSpec(errors)
+    errors = children.cluster_errors(job)
+    if errors:
+        raise InvalidSpec(errors)
+    objs = children.build(job, namespace=namespace, image=image)
+    return yaml.safe_dump_all(objs, sort_keys=False)
+
+
+def main(args: argparse.Namespace) -> int:
+    doc = load_manifest(args.file, args.set)
+    # The file's namespace, unless --namespace names another than the CLI's default.
+    given = args.namespace if args.namespace not in (None, "", "default") else None
+    namespace = given or (doc.get("metadata") or {}).get("namespace") or "default"
+    sys.stdout.write(render(doc, namespace, args.image))
+    return 0

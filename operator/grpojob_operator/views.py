@@ -1,0 +1,74 @@
+"""Compact views of the objects the operator watches, kept in kopf's in-memory indexes so a
+status look costs no API call."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+from grpojob import plan
+
+from . import names as n
+from .status import PodView
+
+
+@dataclass(frozen=True)
+class ChildView:
+    kind: str
+    name: str
+    hash: str  # the spec-hash annotation we stamped ("" when someone removed it)
+    owner_uid: str
+    config: Optional[str] = None  # ConfigMap only: the applied runtime config
+
+
+def _ready(status: Mapping[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _last_exit(status: Mapping[str, Any]) -> str:
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("lastState") or {}).get("terminated") or (cs.get("state") or {}).get("terminated")
+        if term:
+            text = f"{cs.get('name')} exited {term.get('exitCode')} ({term.get('reason', '')})"
+            return text + (f": {term['message']}" if term.get("message") else "")
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating", "PodInitializing"):
+            return f"{cs.get('name')} {waiting.get('reason')}: {waiting.get('message', '')}".rstrip(": ")
+    return status.get("message") or status.get("reason") or ""
+
+
+def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tuple[tuple[str, str], PodView]]:
+    """(namespace, job) -> PodView for one of our pods, None for anyone else's."""
+    labels = meta.get("labels") or {}
+    job, role = labels.get(n.LABEL_JOB), labels.get(n.LABEL_ROLE)
+    if not job or role not in n.ROLES:
+        return None
+    restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
+    view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",
+                   ready=_ready(status), restarts=restarts, message=_last_exit(status),
+                   deleting=bool(meta.get("deletionTimestamp")))
+    return (meta.get("namespace", ""), job), view
+
+
+def child_view(kind: str, meta: Mapping[str, Any], data: Optional[Mapping[str, Any]] = None
+               ) -> Optional[tuple[tuple[str, str], ChildView]]:
+    labels = meta.get("labels") or {}
+    job = labels.get(n.LABEL_JOB)
+    if not job or labels.get(n.LABEL_MANAGED_BY) != n.MANAGER:
+        return None
+    owners = [o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("controller")]
+    config = (data or {}).get(plan.CONFIG_FILE) if kind == "ConfigMap" else None
+    view = ChildView(kind=kind, name=meta["name"], hash=(meta.get("annotations") or {}).get(n.ANN_HASH, ""),
+                     owner_uid=owners[0] if owners else "", config=config)
+    return (meta.get("namespace", ""), job), view
+
+
+def applied_spec(config: Optional[str]) -> Optional[dict[str, Any]]:
+    """The spec the job's children were last built from (the ConfigMap's runtime config)."""
+    if not config:
+        return None
+    try:
+        doc = json.loads(config)
+    except ValueError:
+        return None
+    return doc.get("spec") if isinstance(doc, dict) else None

@@ -1,0 +1,175 @@
+"""What a real cluster would do around the operator, acted out by the tests (kmock has no
+controllers): the StatefulSet and Deployment controllers (pods for the wanted replicas), the
+kubelet (pods Running / Ready / restarted / Failed, on the test's command), and the garbage
+collector (objects whose owner is gone are deleted). Every change goes through the emulator's HTTP
+API, so kopf sees it on its watches exactly as it would see a real cluster's."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import string
+from typing import Any, Callable, Optional
+
+from grpojob_operator import names as n
+
+from .kmock_shim import DEPLOYMENTS, PODS, STATEFULSETS, Emulator
+
+log = logging.getLogger("tests.cluster")
+
+
+def _owner_uid(obj: dict[str, Any]) -> Optional[str]:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return refs[0]["uid"] if refs else None
+
+
+def pod_path(ns: str, name: str = "") -> str:
+    return f"/api/v1/namespaces/{ns}/pods" + (f"/{name}" if name else "")
+
+
+class Cluster:
+    def __init__(self, emu: Emulator, period: float = 0.05):
+        self.emu = emu
+        self.period = period
+        self.make_pods = True  # act out the workload controllers (off: children only)
+        self._task: Optional[asyncio.Task] = None
+
+    async def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+        async with self.emu.request(method, path, json=body) as resp:
+            data = await resp.json(content_type=None)
+            assert resp.status < 300, f"{method} {path}: {resp.status} {data}"
+            return data
+
+    # -- controllers ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> "Cluster":
+        self._task = asyncio.create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.step()
+            except Exception:  # a test's own assertion will report what is missing
+                log.exception("acted-out controllers failed")
+            await asyncio.sleep(self.period)
+
+    async def step(self) -> None:
+        """One pass of every acted-out controller."""
+        await self._garbage_collect()
+        if not self.make_pods:
+            return
+        pods = self.emu.live(PODS)
+        for sts in self.emu.live(STATEFULSETS):
+            await self._statefulset(sts, [p for p in pods if _owner_uid(p) == sts["metadata"]["uid"]])
+        for dep in self.emu.live(DEPLOYMENTS):
+            await self._deployment(dep, [p for p in pods if _owner_uid(p) == dep["metadata"]["uid"]])
+
+    def _pod(self, owner: dict[str, Any], kind: str, name: str, extra_labels: dict[str, str]) -> dict[str, Any]:
+        template = owner["spec"]["template"]
+        meta = owner["metadata"]
+        return {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": meta["namespace"],
+                         "labels": {**template["metadata"].get("labels", {}), **extra_labels},
+                         "annotations": dict(template["metadata"].get("annotations", {})),
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": kind, "name": meta["name"],
+                                              "uid": meta["uid"], "controller": True}]},
+            "spec": template["spec"],
+            "status": {"phase": "Pending"},
+        }
+
+    async def _statefulset(self, sts: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        name, ns = sts["metadata"]["name"], sts["metadata"]["namespace"]
+        want = int(sts["spec"].get("replicas", 1))
+        have = {p["metadata"]["name"]: p for p in pods}
+        for i in range(want):  # parallel pod management: all at once
+            pod = f"{name}-{i}"
+            if pod not in have:
+                await self._call("POST", pod_path(ns), self._pod(sts, "StatefulSet", pod, {n.POD_INDEX_LABEL: str(i)}))
+        for pod in have:
+            if int(pod.rsplit("-", 1)[1]) >= want:
+                await self._call("DELETE", pod_path(ns, pod))
+
+    async def _deployment(self, dep: dict[str, Any], pods: list[dict[str, Any]]) -> None:
+        ns = dep["metadata"]["namespace"]
+        want = int(dep["spec"].get("replicas", 1))
+        for _ in range(want - len(pods)):
+            suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
+            await self._call("POST", pod_path(ns), self._pod(dep, "ReplicaSet", f"{dep['metadata']['name']}-{suffix}", {}))
+        for pod in sorted(pods, key=lambda p: p["metadata"]["name"])[want:] if len(pods) > want else []:
+            await self._call("DELETE", pod_path(ns, pod["metadata"]["name"]))
+
+    async def _garbage_collect(self) -> None:
+        live_uids = {o["metadata"].get("uid") for (_, _, _), obj in list(self.emu.objects.items())
+                     if not obj.deleted for o in [obj.raw]}
+        for (res, ns, name), obj in list(self.emu.objects.items()):
+            if obj.deleted:
+                continue
+            owner = _owner_uid(obj.raw)
+            if owner and owner not in live_uids:
+                path = (f"/api/{res.version}" if res.group == "" else f"/apis/{res.group}/{res.version}") + \
+                    f"/namespaces/{ns}/{res.plural}/{name}"
+                await self._call("DELETE", path)
+
+    # -- kubelet -------------------------------------------------------------------------------
+
+    def pods(self, ns: str, job: str, role: Optional[str] = None) -> list[dict[str, Any]]:
+        return sorted((p for p in self.emu.live(PODS, ns)
+                       if p["metadata"].get("labels", {}).get(n.LABEL_JOB) == job
+                       and (role is None or p["metadata"]["labels"].get(n.LABEL_ROLE) == role)),
+                      key=lambda p: p["metadata"]["name"])
+
+    async def set_pod(self, ns: str, name: str, *, phase: str = "Running", ready: bool = True,
+                      restarts: int = 0, last_exit: Optional[dict[str, Any]] = None) -> None:
+        container: dict[str, Any] = {"name": "main", "ready": ready, "restartCount": restarts,
+                                     "state": {"running": {}} if phase == "Running" else {"terminated": {"exitCode": 1}}}
+        if last_exit:
+            container["lastState"] = {"terminated": last_exit}
+        status = {"phase": phase, "containerStatuses": [container],
+                  "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        await self._call("PATCH", pod_path(ns, name) + "/status", {"status": status})
+
+    async def run_pods(self, ns: str, job: str, role: Optional[str] = None) -> list[str]:
+        """Kubelet: every pod of the job (or role) Running and Ready."""
+        names = [p["metadata"]["name"] for p in self.pods(ns, job, role)]
+        for name in names:
+            await self.set_pod(ns, name)
+        return names
+
+    async def delete_pod(self, ns: str, name: str) -> None:
+        await self._call("DELETE", pod_path(ns, name))
+
+    async def delete(self, path: str) -> None:
+        await self._call("DELETE", path)
+
+    async def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("PATCH", path, body)
+
+    async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._call("POST", path, body)
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 15.0, what: str = "", period: float = 0.05) -> Any:
+    """Poll until check() is truthy (returns it) or fail after `timeout` naming what was awaited."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = check()
+            if last:
+                return last
+        except (KeyError, IndexError, TypeError, AssertionError) as e:
+            last = e
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}: last {last!r}")
+        await asyncio.sleep(period)

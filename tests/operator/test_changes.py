@@ -1,0 +1,38 @@
+"""Which edits a running job accepts: rollout scaling and the run policy, nothing else."""
+from __future__ import annotations
+
+from grpojob.api import parse
+from grpojob_operator.changes import effective, immutable_changes
+
+from .conftest import job_manifest
+
+
+def job(**spec):
+    return parse(job_manifest("j", **spec))
+
+
+def test_mutable_fields_pass_and_others_are_named():
+    applied = job()
+    assert immutable_changes(applied, job(rollout={"replicas": 5}, runPolicy={"suspend": True})) == []
+    msgs = immutable_changes(applied, job(trainer={"replicas": 1}, training={"learningRate": 0.1}))
+    assert msgs == [
+        "spec.trainer.replicas cannot change on a running job (running with 2, asked for 1); "
+        "revert it, or suspend the job first",
+        "spec.training.learningRate cannot change on a running job (running with 1e-06, asked for 0.1); "
+        "revert it, or suspend the job first"]
+
+
+def test_running_job_keeps_its_spec_but_takes_the_mutable_parts():
+    applied = job()
+    new = job(trainer={"replicas": 1}, rollout={"replicas": 3}, runPolicy={"suspend": True})
+    eff, refused = effective(new, applied, "active")
+    assert len(refused) == 1 and refused[0].startswith("spec.trainer.replicas")
+    assert eff.spec.trainer.replicas == 2 and eff.spec.rollout.replicas == 3 and eff.spec.run_policy.suspend
+
+
+def test_suspended_jobs_take_every_change_and_finished_ones_say_nothing():
+    applied, new = job(), job(trainer={"replicas": 1})
+    assert effective(new, applied, "suspended") == (new, [])
+    eff, refused = effective(new, applied, "finished")
+    assert refused == [] and eff.spec.trainer.replicas == 2
+    assert effective(new, None, "active") == (new, [])

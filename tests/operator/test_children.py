@@ -1,0 +1,234 @@
+"""Rendering a GRPOJob into Kubernetes objects (pure functions): exact children, strict schema
+validation, and the same commands as `grpojob run`."""
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import pytest
+
+from grpojob import plan
+from grpojob.api import load_file, parse
+from grpojob_operator import children
+from grpojob_operator import names as n
+from tests.helpers.k8s_schema import ROOT, validate_all
+
+from .conftest import job_manifest
+
+UID = "0f6c2c35-2d1b-4ad0-9d43-0a1b2c3d4e5f"
+OWNER = children.owner_reference("j", UID)
+
+
+def build(manifest: dict, **kw) -> dict[tuple[str, str], dict]:
+    job = parse(manifest)
+    return {children.key(o): o for o in children.build(job, namespace="ml", owner=OWNER, **kw)}
+
+
+def container(obj: dict) -> dict:
+    return obj["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(c: dict) -> dict:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+
+
+def test_a_job_gets_exactly_its_five_children_in_order_with_owner_and_labels():
+    objs = children.build(parse(job_manifest("j")), namespace="ml", owner=OWNER)
+    assert [children.key(o) for o in objs] == [
+        ("ConfigMap", "j-config"), ("Service", "j-trainer"), ("Service", "j-rollout"),
+        ("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")]
+    for o in objs:
+        assert o["metadata"]["namespace"] == "ml"
+        assert o["metadata"]["ownerReferences"] == [{
+            "apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "name": "j", "uid": UID,
+            "controller": True, "blockOwnerDeletion": True}]
+        labels = o["metadata"]["labels"]
+        assert labels[n.LABEL_JOB] == "j" and labels[n.LABEL_MANAGED_BY] == "grpojob-operator"
+        assert labels[n.LABEL_INSTANCE] == "j" and labels[n.LABEL_NAME] == "grpojob"
+        assert o["metadata"]["annotations"][n.ANN_HASH] == children.spec_hash(o)
+
+
+VARIANTS = {
+    "qwen-example": load_file(ROOT / "examples" / "qwen-gsm8k.yaml"),
+    "tiny-example": load_file(ROOT / "examples" / "tiny-local.yaml"),
+    "everything": job_manifest(
+        "j",
+        model={"path": "/models/m", "volumeClaim": "models"},
+        checkpoint={"volumeClaim": "ckpt", "path": "/ckpt"},
+        weightSync={"backend": "checkpoint"},
+        trainer={"image": "my/trainer:1", "imagePullPolicy": "Always",
+                 "resources": {"requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": 2},
+                               "limits": {"nvidia.com/gpu": 2}},
+                 "env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                         {"name": "NCCL_DEBUG", "value": "INFO"}],
+                 "nodeSelector": {"gpu": "h100"},
+                 "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                 "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                     {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                                       "labelSelector": {"matchLabels": {"grpojob.io/job": "j"}}}}]}},
+                 "priorityClassName": "high", "serviceAccountName": "trainer",
+                 "labels": {"team": "rl"}, "annotations": {"note": "x"}},
+        rollout={"replicas": 3, "backend": "vllm", "resources": {"limits": {"nvidia.com/gpu": 1}}},
+        scheduling={"gang": "kueue", "queueName": "gpu"},
+        monitoring={"podMonitor": True}),
+    "volcano": job_manifest("j", scheduling={"gang": "volcano", "queueName": "q"}),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_rendered_child_passes_strict_kubernetes_validation(variant):
+    objs = list(build(copy.deepcopy(VARIANTS[variant])).values())
+    validated = validate_all(objs)
+    assert validated == sum(1 for o in objs if o["kind"] not in ("PodGroup", "PodMonitor"))
+
+
+def test_trainer_statefulset_runs_torchrun_ranks_with_rendezvous_on_pod_zero():
+    kids = build(job_manifest("j"))
+    sts, svc = kids[("StatefulSet", "j-trainer")], kids[("Service", "j-trainer")]
+    spec = sts["spec"]
+    assert spec["replicas"] == 2 and spec["podManagementPolicy"] == "Parallel"
+    assert spec["serviceName"] == "j-trainer"
+    assert spec["selector"]["matchLabels"] == {n.LABEL_JOB: "j", n.LABEL_ROLE: "trainer"}
+    assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"] is True
+    assert svc["spec"]["selector"] == spec["selector"]["matchLabels"]
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"rendezvous": 29500, "sync": 29600, "http": 9400}
+
+    c = container(sts)
+    env = env_of(c)
+    assert c["command"] == ["torchrun", "-m", "grpojob", "trainer"]
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "2"
+    assert env["PET_MASTER_ADDR"] == "j-trainer-0.j-trainer.ml.svc" and env["PET_MASTER_PORT"] == "29500"
+    assert env["PET_NODE_RANK"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
+    assert env[plan.ENV_CONFIG] == "/etc/grpojob/grpojob.json"
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert mounts == {"/etc/grpojob": "config", "/var/run/grpojob": "run", "/dev/shm": "dshm",
+                      "/checkpoints": "checkpoints"}
+    volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["config"]["configMap"] == {"name": "j-config"}
+    assert kids[("ConfigMap", "j-config")]["data"][plan.CONFIG_FILE] == plan.render_config(parse(job_manifest("j")))
+
+
+def test_user_settings_reach_the_pods_but_never_the_selector_labels():
+    m = copy.deepcopy(VARIANTS["everything"])
+    m["spec"]["trainer"]["labels"] = {"team": "rl", n.LABEL_ROLE: "hijack", n.LABEL_JOB: "other"}
+    kids = build(m)
+    pod = kids[("StatefulSet", "j-trainer")]["spec"]["template"]
+    ps, c = pod["spec"], pod["spec"]["containers"][0]
+    assert pod["metadata"]["labels"][n.LABEL_ROLE] == "trainer" and pod["metadata"]["labels"][n.LABEL_JOB] == "j"
+    assert pod["metadata"]["labels"]["team"] == "rl" and pod["metadata"]["annotations"]["note"] == "x"
+    assert c["image"] == "my/trainer:1" and c["imagePullPolicy"] == "Always"
+    assert c["resources"] == {"requests": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "2"},
+                              "limits": {"nvidia.com/gpu": "2"}}
+    assert ps["nodeSelector"] == {"gpu": "h100"} and ps["priorityClassName"] == "high"
+    assert ps["serviceAccountName"] == "trainer" and ps["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert "podAntiAffinity" in ps["affinity"]
+    env = env_of(c)
+    assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}} and env["NCCL_DEBUG"] == "INFO"
+    mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+    assert mounts["/models"]["readOnly"] is True and mounts["/ckpt"]["name"] == "checkpoints"
+    volumes = {v["name"]: v for v in ps["volumes"]}
+    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    # weightSync.backend checkpoint: the rollouts read the same claim, read-only.
+    rc = container(kids[("Deployment", "j-rollout")])
+    assert {m["mountPath"]: m.get("readOnly") for m in rc["volumeMounts"]}["/ckpt"] is True
+
+
+def test_a_user_variable_with_a_plan_name_replaces_it_in_place():
+    m = job_manifest("j", trainer={"env": [{"name": "PYTHONUNBUFFERED", "value": "0"}]})
+    env = container(build(m)[("StatefulSet", "j-trainer")])["env"]
+    assert [e["name"] for e in env].count("PYTHONUNBUFFERED") == 1
+    assert env_of({"env": env})["PYTHONUNBUFFERED"] == "0"
+
+
+def test_rollout_deployment_finds_the_trainer_store_through_the_headless_service():
+    kids = build(job_manifest("j"))
+    dep = kids[("Deployment", "j-rollout")]
+    c = container(dep)
+    env = env_of(c)
+    assert dep["spec"]["replicas"] == 2
+    assert c["command"] == ["grpojob", "rollout"]
+    assert env[plan.ENV_SYNC_ADDR] == "j-trainer-0.j-trainer.ml.svc:29600"
+    assert env[plan.ENV_ADVERTISE_HOST] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env[plan.ENV_REPLICA_ID] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert kids[("Service", "j-rollout")]["spec"]["selector"] == {n.LABEL_JOB: "j", n.LABEL_ROLE: "rollout"}
+
+
+def test_gang_scheduling_hints():
+    kueue = build(job_manifest("j", scheduling={"gang": "kueue", "queueName": "gpu"}))
+    for key in (("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")):
+        meta = kueue[key]["spec"]["template"]["metadata"]
+        assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == "j"
+        assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+        assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"  # 2 trainer + 2 rollout
+    volcano = build(job_manifest("j", scheduling={"gang": "volcano", "queueName": "q"}))
+    pg = volcano[("PodGroup", "j")]
+    assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" and pg["spec"] == {"minMember": 4, "queue": "q"}
+    assert list(volcano).index(("PodGroup", "j")) < list(volcano).index(("StatefulSet", "j-trainer"))
+    for key in (("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")):
+        tmpl = volcano[key]["spec"]["template"]
+        assert tmpl["spec"]["schedulerName"] == "volcano"
+        assert tmpl["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "j"
+    assert not any(k[0] == "PodGroup" for k in build(job_manifest("j")))
+
+
+def test_scale_and_hash():
+    base = build(job_manifest("j"))
+    down = build(job_manifest("j"), scale=children.Scale(0, 0))
+    assert down[("StatefulSet", "j-trainer")]["spec"]["replicas"] == 0
+    assert down[("Deployment", "j-rollout")]["spec"]["replicas"] == 0
+    changed = {k for k in base if base[k]["metadata"]["annotations"][n.ANN_HASH]
+               != down[k]["metadata"]["annotations"][n.ANN_HASH]}
+    assert changed == {("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")}
+    again = build(job_manifest("j"))
+    assert all(again[k]["metadata"]["annotations"][n.ANN_HASH] == base[k]["metadata"]["annotations"][n.ANN_HASH]
+               for k in base)
+
+
+def test_relative_checkpoint_path_lives_in_the_run_dir_on_a_cluster():
+    kids = build(job_manifest("j", checkpoint={"path": "checkpoints"}))
+    c = container(kids[("StatefulSet", "j-trainer")])
+    assert env_of(c)[plan.ENV_CHECKPOINT_DIR] == "/var/run/grpojob/checkpoints"
+    assert "/var/run/grpojob/checkpoints" in {m["mountPath"] for m in c["volumeMounts"]}
+
+
+def test_checkpoint_weight_sync_needs_a_shared_claim_on_a_cluster():
+    job = parse(job_manifest("j", weightSync={"backend": "checkpoint"}))
+    errors = children.cluster_errors(job)
+    assert [e.path for e in errors] == ["spec.checkpoint.volumeClaim"]
+
+
+def test_image_default_and_override(monkeypatch):
+    job = parse(job_manifest("j"))
+    monkeypatch.delenv(n.IMAGE_ENV, raising=False)
+    assert container(children.build(job, namespace="ml")[3])["image"] == n.DEFAULT_IMAGE == "ghcr.io/grpojob/runtime:0.1.0"
+    monkeypatch.setenv(n.IMAGE_ENV, "mirror.local/grpojob:0.1.0")
+    assert container(children.build(job, namespace="ml")[3])["image"] == "mirror.local/grpojob:0.1.0"
+    assert container(children.build(job, namespace="ml", image="x/y:1")[3])["image"] == "x/y:1"
+
+
+def test_trainer_pod_runs_exactly_what_grpojob_run_starts_locally(tmp_path):
+    """One renderer: the operator's container and `grpojob run`'s local process both come from
+    plan.roles; only placement-dependent values (hosts, ports, paths, the replica index) differ."""
+    from grpojob.local import runner
+
+    job = parse(job_manifest("j"))
+    kids = {children.key(o): o for o in children.build(job, namespace="ml")}
+    local = {c.name: c for c in runner._children(job, tmp_path, backend=None)}
+    for role, key in (("trainer", ("StatefulSet", "j-trainer")), ("rollout", ("Deployment", "j-rollout"))):
+        pod = container(kids[key])
+        proc = local[f"{role}-0"]
+        assert [os.path.basename(proc.argv[0]), *proc.argv[1:]] == pod["command"]
+        pod_env = env_of(pod)
+        role_obj = next(r for r in plan.roles(job, children.placement(job, "ml")) if r.name == role)
+        assert set(pod_env) == set(role_obj.env) | set(role_obj.per_replica_env)
+        assert set(pod_env) <= set(proc.env)
+        placement_dependent = {plan.ENV_CONFIG, plan.ENV_RUN_DIR, plan.ENV_CHECKPOINT_DIR, plan.ENV_SYNC_ADDR,
+                               plan.ENV_TRAINER_PORT, plan.ENV_ROLLOUT_PORT, "PET_MASTER_ADDR", "PET_MASTER_PORT",
+                               *role_obj.per_replica_env}
+        same = {k for k in pod_env if k not in placement_dependent}
+        assert same and {k: pod_env[k] for k in same} == {k: proc.env[k] for k in same}

@@ -1,0 +1,202 @@
+"""The lifecycle as pure functions: pods + trainer report + time -> phase, conditions, actions."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+from grpojob.api import FieldError, TrainerStatus, parse
+from grpojob_operator.children import Scale
+from grpojob_operator.status import (Decision, Event, Observation, PodView, count_restarts, decide, initial_status,
+                                     parse_status, transitions, with_children)
+
+from .conftest import job_manifest
+
+T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def job(**spec):
+    return parse(job_manifest("j", **spec))
+
+
+def pods(role: str, n: int, *, ready: bool = True, restarts: tuple = (), phase: str = "Running",
+         uid: str = "") -> list[PodView]:
+    name = "j-trainer" if role == "trainer" else "j-rollout"
+    return [PodView(name=f"{name}-{i}", uid=f"{uid or role}-{i}", role=role, phase=phase, ready=ready,
+                    restarts=restarts[i] if i < len(restarts) else 0) for i in range(n)]
+
+
+def step(j, prev, now=T0, trainer=None, tp=None, rp=None, ledger=None, created=True, **kw) -> Decision:
+    """One reconcile as the controller does it: decide, then the children are in place."""
+    obs = Observation(now=now, trainer_pods=tp if tp is not None else [], rollout_pods=rp if rp is not None else [],
+                      trainer=trainer, ledger=ledger if ledger is not None else {})
+    d = decide(j, prev, obs, generation=1, **kw)
+    return with_children(d, True, "ok", now) if (created and d.ensure_children) else d
+
+
+def cond(st, type_):
+    return next(c for c in st.conditions if c.type == type_)
+
+
+def running_status(j):
+    """A job that is Running with all pods ready."""
+    d = step(j, initial_status())
+    d = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+             trainer=TrainerStatus(phase="running", step=3, total_steps=20))
+    assert d.status.phase == "Running"
+    return d
+
+
+def test_pending_initializing_running_with_progress():
+    j = job()
+    d = step(j, initial_status(), created=False)
+    assert d.status.phase == "Pending" and d.scale == Scale(2, 2) and d.ensure_children
+    d = with_children(d, True, "5 child objects in place", T0)
+    assert d.status.phase == "Initializing" and cond(d.status, "Created").status == "True"
+
+    d = step(j, d.status, tp=pods("trainer", 2, ready=False), rp=pods("rollout", 2, ready=False))
+    assert d.status.phase == "Initializing" and d.status.start_time == "2026-01-01T00:00:00Z"
+    assert "trainer 0/2, rollout 0/2 ready" in d.status.message
+
+    t = TrainerStatus(phase="running", step=5, total_steps=20, policy_version=5, reward_mean=0.5, kl=0.1,
+                      tokens_per_second=99.0, last_checkpoint_step=4, weights_in_sync=False)
+    d2 = step(j, d.status, now=T0 + timedelta(seconds=5), tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=t)
+    st = d2.status
+    assert st.phase == "Running" and st.message == "step 5/20"
+    assert (st.progress.step, st.progress.reward_mean, st.progress.last_checkpoint_step) == (5, 0.5, 4)
+    assert [cond(st, c).status for c in ("TrainerReady", "RolloutReady", "Running", "WeightsInSync")] == \
+        ["True", "True", "True", "False"]
+    assert st.trainer.ready == 2 and st.rollout.desired == 2
+    assert st.start_time == "2026-01-01T00:00:00Z"  # kept from the first look at a running pod
+    ev = transitions(d.status, st)
+    assert Event("Normal", "AllReady", "TrainerReady=True: 2/2 trainer pods ready") in ev
+    assert any(e.reason == "Running" for e in ev)
+    # Unreachable trainer: progress is kept, not zeroed.
+    d3 = step(j, st, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=None)
+    assert d3.status.progress.step == 5 and transitions(st, d3.status) == []
+
+
+def test_running_needs_every_trainer_but_one_rollout_is_enough():
+    j = job()
+    d = running_status(j)
+    one_rollout = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 1))
+    assert one_rollout.status.phase == "Running" and cond(one_rollout.status, "RolloutReady").status == "False"
+    assert Event("Warning", "Waiting", "RolloutReady=False: 1/2 rollout pods ready") in \
+        transitions(d.status, one_rollout.status)
+    one_trainer = step(j, d.status, tp=pods("trainer", 1), rp=pods("rollout", 2))
+    assert one_trainer.status.phase == "Initializing"
+
+
+def test_restarts_count_incidents_not_pods_and_survive_pod_replacement():
+    assert count_restarts({}, pods("trainer", 2, restarts=(1, 1))) == (1, {"trainer-0": 1, "trainer-1": 1})
+    assert count_restarts({"trainer-0": 1}, pods("trainer", 1, restarts=(3,))) == (2, {"trainer-0": 3})
+    # A pod replaced after it failed: its failure was counted; the new pod starts from zero.
+    failed = [PodView("j-trainer-0", "old", "trainer", phase="Failed")]
+    assert count_restarts({}, failed) == (1, {"old": 1})
+    assert count_restarts({"old": 1}, pods("trainer", 1, uid="new")) == (0, {"new-0": 0})
+
+
+def test_backoff_limit_fails_the_job_with_the_reason_and_cleans_up():
+    j = job(runPolicy={"backoffLimit": 1})
+    d = running_status(j)
+    tp = pods("trainer", 2, restarts=(1,))
+    d1 = step(j, d.status, tp=tp, rp=pods("rollout", 2), ledger=d.ledger)
+    assert d1.status.restarts == 1 and d1.status.phase == "Running"
+    crashed = [PodView("j-trainer-0", "trainer-0", "trainer", phase="Running", restarts=2,
+                       message="trainer exited 1 (Error): OOM")] + pods("trainer", 2)[1:]
+    d2 = step(j, d1.status, now=T0 + timedelta(minutes=1), tp=crashed, rp=pods("rollout", 2), ledger=d1.ledger)
+    st = d2.status
+    assert st.phase == "Failed" and st.restarts == 2 and st.completion_time == "2026-01-01T00:01:00Z"
+    failed = cond(st, "Failed")
+    assert failed.reason == "BackoffLimitExceeded"
+    assert failed.message == "trainer failed 2 times (backoffLimit 1): j-trainer-0: trainer exited 1 (Error): OOM"
+    assert d2.scale == Scale(0, 0) and cond(st, "Running").status == "False"
+    assert Event("Warning", "BackoffLimitExceeded", f"Failed=True: {failed.message}") in transitions(d1.status, st)
+    # Terminal: more restarts change nothing.
+    d3 = step(j, st, tp=pods("trainer", 2, restarts=(9,)), ledger=d2.ledger)
+    assert d3.status.phase == "Failed" and d3.status.restarts == 2
+
+
+def test_active_deadline_fails_the_job():
+    j = job(runPolicy={"activeDeadlineSeconds": 60})
+    d = running_status(j)
+    assert step(j, d.status, now=T0 + timedelta(seconds=59), tp=pods("trainer", 2), rp=pods("rollout", 2)
+                ).status.phase == "Running"
+    late = step(j, d.status, now=T0 + timedelta(seconds=61), tp=pods("trainer", 2), rp=pods("rollout", 2))
+    assert late.status.phase == "Failed" and cond(late.status, "Failed").reason == "DeadlineExceeded"
+
+
+def test_suspend_asks_for_a_checkpoint_then_scales_to_zero_and_resume_comes_back():
+    j = job(runPolicy={"suspend": True})
+    d = running_status(job())
+    ask = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=TrainerStatus(phase="running"),
+               ledger=d.ledger)
+    assert ask.request_suspend and ask.scale == Scale(2, 2)
+    assert (cond(ask.status, "Suspended").status, cond(ask.status, "Suspended").reason) == ("Unknown", "Checkpointing")
+    # Still checkpointing: wait, do not ask again; the trainer's exit-0 restart is not a failure.
+    wait = step(j, ask.status, now=T0 + timedelta(seconds=2), tp=pods("trainer", 2, restarts=(1,)),
+                rp=pods("rollout", 2), trainer=TrainerStatus(phase="checkpointing"), ledger=ask.ledger)
+    assert not wait.request_suspend and wait.scale == Scale(2, 2) and wait.status.restarts == 0
+    done = step(j, wait.status, now=T0 + timedelta(seconds=3), tp=pods("trainer", 2), rp=pods("rollout", 2),
+                trainer=TrainerStatus(phase="suspended", step=7, last_checkpoint_step=7), ledger=wait.ledger)
+    assert done.status.phase == "Suspended" and done.scale == Scale(0, 0)
+    assert cond(done.status, "Suspended").reason == "Checkpointed"
+    assert cond(done.status, "Suspended").message == "trainer checkpointed at step 7"
+    assert cond(done.status, "TrainerReady").reason == "ScaledDown"
+    assert all(e.type == "Normal" for e in transitions(wait.status, done.status))
+    stay = step(j, done.status, now=T0 + timedelta(hours=1))
+    assert stay.status.phase == "Suspended" and stay.scale == Scale(0, 0)
+
+    resumed = step(job(), stay.status, now=T0 + timedelta(hours=2))
+    assert resumed.scale == Scale(2, 2) and resumed.status.phase == "Initializing"
+    assert cond(resumed.status, "Suspended").reason == "Resumed" and resumed.status.start_time is None
+
+
+def test_suspend_without_a_running_trainer_or_past_the_timeout():
+    j = job(runPolicy={"suspend": True})
+    fresh = step(j, initial_status())
+    assert fresh.status.phase == "Suspended" and fresh.scale == Scale(0, 0) and not fresh.request_suspend
+    d = running_status(job())
+    ask = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=TrainerStatus(phase="running"))
+    stuck = step(j, ask.status, now=T0 + timedelta(seconds=11), tp=pods("trainer", 2), rp=pods("rollout", 2),
+                 trainer=TrainerStatus(phase="checkpointing"), suspend_timeout=10)
+    assert stuck.status.phase == "Suspended" and cond(stuck.status, "Suspended").reason == "CheckpointTimeout"
+
+
+def test_success_cleanup_policy_and_ttl():
+    for policy, scale in (("All", Scale(0, 0)), ("Running", Scale(0, 0)), ("None", Scale(2, 2))):
+        j = job(runPolicy={"cleanPodPolicy": policy, "ttlSecondsAfterFinished": 30})
+        d = running_status(j)
+        done = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+                    trainer=TrainerStatus(phase="completed", step=20, total_steps=20))
+        assert done.status.phase == "Succeeded" and done.scale == scale, policy
+        assert cond(done.status, "Succeeded").message == "trained 20/20 steps"
+        assert not step(j, done.status, now=T0 + timedelta(seconds=29)).delete_job
+        assert step(j, done.status, now=T0 + timedelta(seconds=30)).delete_job
+
+
+def test_invalid_spec_is_failed_until_fixed():
+    errors = [FieldError("spec.training.promptsPerStep", "must be a multiple of 4")]
+    bad = step(None, initial_status(), errors=errors)
+    assert not bad.ensure_children and bad.status.phase == "Failed"
+    c = cond(bad.status, "InvalidSpec")
+    assert (c.status, c.reason, c.message) == ("True", "InvalidSpec", "spec.training.promptsPerStep: must be a multiple of 4")
+    assert Event("Warning", "InvalidSpec", f"InvalidSpec=True: {c.message}") in transitions(initial_status(), bad.status)
+    fixed = step(job(), bad.status)
+    assert fixed.ensure_children and fixed.status.phase == "Initializing"
+    assert cond(fixed.status, "InvalidSpec").status == "False" and cond(fixed.status, "Failed").status == "False"
+
+
+def test_refused_edit_keeps_the_phase():
+    d = running_status(job())
+    r = step(job(), d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+             rejected=["spec.trainer.replicas cannot change"])
+    assert r.status.phase == "Running" and cond(r.status, "InvalidSpec").reason == "ImmutableFieldChanged"
+
+
+def test_unreadable_status_starts_afresh_and_conditions_keep_their_transition_time():
+    assert parse_status({"phase": "Exploded"}).phase == "Pending"
+    st = parse_status({"phase": "Running", "kopf": {"x": 1}})
+    assert st.phase == "Running" and len(st.conditions) == 9
+    d = running_status(job())
+    t = cond(d.status, "TrainerReady").last_transition_time
+    later = step(job(), d.status, now=T0 + timedelta(hours=1), tp=pods("trainer", 2), rp=pods("rollout", 2))
+    assert cond(later.status, "TrainerReady").last_transition_time == t
