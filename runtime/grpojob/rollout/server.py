@@ -177,7 +177,10 @@ class Server:
         if err:
             raise _BadRequest(err)
         start = time.perf_counter()
-        out = await self.engine.generate(prompt_ids, n, sampling)
+        try:
+            out = await self.engine.generate(prompt_ids, n, sampling)
+        except ValueError as e:  # the engine refused these parameters
+            raise _BadRequest(str(e)) from None
         tokens = sum(len(c.completion_ids) for c in out)
         self.metrics["grpojob_rollout_generated_tokens_total"].inc(tokens)
         self.metrics["grpojob_rollout_tokens_per_second"].set(tokens / max(time.perf_counter() - start, 1e-9))

@@ -12,6 +12,7 @@ and a KV cache of `VLLM_CPU_KVCACHE_SPACE` GiB (default here 1) unless those are
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -92,10 +93,18 @@ class VLLMEngine:
 
     async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
         from vllm import SamplingParams as VSamplingParams
+        from vllm.exceptions import VLLMValidationError
+        from vllm.sampling_params import RequestOutputKind
 
-        sp = VSamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
-                             top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                             max_tokens=sampling.max_tokens, seed=sampling.seed, logprobs=0)
+        greedy = sampling.temperature == 0
+        try:
+            # FINAL_ONLY: one output holding all n completions (streamed kinds return them piecemeal).
+            sp = VSamplingParams(n=1 if greedy else n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 top_k=sampling.top_k if sampling.top_k > 0 else 0,
+                                 max_tokens=sampling.max_tokens, seed=sampling.seed, logprobs=0,
+                                 output_kind=RequestOutputKind.FINAL_ONLY)
+        except VLLMValidationError as e:
+            raise ValueError(str(e)) from None
         version = self.version  # weights may change mid-request: tag with the older version
         final = None
         self._inflight += 1
@@ -113,6 +122,9 @@ class VLLMEngine:
                                           policy_version=version,
                                           finish_reason="length" if o.finish_reason == "length" else "stop",
                                           text=o.text))
+        if greedy and n > 1:  # vLLM refuses n > 1 when greedy; all n would be the same anyway
+            completions = [dataclasses.replace(completions[0], completion_ids=list(completions[0].completion_ids),
+                                               logprobs=list(completions[0].logprobs)) for _ in range(n)]
         return completions
 
     def load_info(self) -> tuple[int, int]:

@@ -48,8 +48,10 @@ class SyncAgent:
         self.current: Optional[dict] = None
         self.connected = False
         self.accepted = False  # the publisher has us in its table
+        self._confirming: Optional[str] = None  # weights applied, until the store's current says so
         self.instance: Optional[str] = None
         self.last_sync_seconds: Optional[float] = None
+        self.last_error: Optional[str] = None  # the last failed command, for logs and tests
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="grpojob-sync-agent", daemon=True)
 
@@ -92,9 +94,13 @@ class SyncAgent:
                 else:
                     drops = 0
             except (WeightSyncError, DistError) as e:
-                if self.connected or not outage_logged:
-                    log.warning("replica %s: %s; retrying", self.replica, str(e).splitlines()[0])
-                    outage_logged = True
+                cause = str(e).splitlines()[0] if str(e) else type(e).__name__
+                if self.connected:
+                    log.warning("replica %s: lost the trainer's weight-sync store at %s (%s); reconnecting",
+                                self.replica, self.addr, cause)
+                elif not outage_logged:
+                    log.warning("replica %s: %s; retrying", self.replica, cause)
+                outage_logged = True
                 self.connected = False
                 self._stop.wait(1.0)
             except Exception:
@@ -105,6 +111,7 @@ class SyncAgent:
     def _session(self, store) -> bool:
         """One registration with one store; returns True when the publisher dropped us."""
         self.instance = f"{self.replica}-{uuid.uuid4().hex[:6]}"
+        self.accepted, self.current, self._confirming = False, None, None
         next_seq = store.add(key("cmd", "n"), 0) + 1  # commands before registering never name us
         version, weights = self.held
         i = store.add(key("reg", "n"), 1)
@@ -112,7 +119,6 @@ class SyncAgent:
                                          "url": self.url, "workers": self.sink.workers,
                                          "version": version, "weights": weights})
         self.current = get_json(store, key("current"))
-        self.accepted = False
         self.connected = True
         log.info("replica %s registered with the trainer at %s as %s (holds version %d)",
                  self.replica, self.addr, self.instance, version)
@@ -132,7 +138,12 @@ class SyncAgent:
                     if self.instance in cmd.get("ranks", ()) or self.instance in cmd.get("targets", ()):
                         self._apply(store, cmd)
                     next_seq += 1
-                self.current = get_json(store, key("current"))
+                current = get_json(store, key("current"))
+                if self._confirming and (current or {}).get("weights") != self._confirming:
+                    current = self.current  # the publisher sets it once every ack is in
+                else:
+                    self._confirming = None
+                self.current = current
                 self.accepted = self.accepted or store.check([key("accepted", self.instance)])
             return False
         finally:
@@ -151,15 +162,18 @@ class SyncAgent:
             # The publisher makes a version current once it has delivered it (to whoever survived),
             # so holding it is being in sync; the store's `current` confirms it a moment later.
             self.current = {"version": cmd["version"], "weights": cmd["weights"]}
+            self._confirming = cmd["weights"]
             self.last_sync_seconds = time.monotonic() - start
             ack.update(ok=True, seconds=self.last_sync_seconds)
             log.info("replica %s now serves weights version %d (%s in %.3f s)", self.replica,
                      cmd["version"], cmd["kind"], self.last_sync_seconds)
         except WeightSyncError as e:
             log.error("replica %s: %s", self.replica, e)
+            self.last_error = str(e)
             ack.update(ok=False, error=str(e))
         except Exception as e:
             log.exception("replica %s: loading weights version %d failed", self.replica, cmd["version"])
+            self.last_error = f"loading weights version {cmd['version']} failed: {type(e).__name__}: {e}"
             ack.update(ok=False, error=f"{type(e).__name__}: {e}")
         try:
             set_json(store, key("ack", cmd["seq"], self.instance), ack)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -48,6 +49,16 @@ def new_group(store: TCPStore, group_id: str, rank: int, world: int, backend: st
         opts._timeout = span
         return ProcessGroupNCCL(prefixed, rank, world, opts)
     raise ValueError(f"unknown weight-sync backend '{backend}'")
+
+
+def abandon(pg, seconds: float) -> None:
+    """Let go of a group whose collectives may still be blocked: its destructor waits for them
+    (up to their timeout), so a daemon thread holds the last reference until then."""
+    if pg is None:
+        return
+    holder = [pg]
+    threading.Thread(target=lambda: (time.sleep(seconds + 5), holder.clear()), daemon=True,
+                     name="grpojob-sync-abandoned-group").start()
 
 
 def wait_all(works: Sequence, poll: Poll, deadline: Deadline, what: str) -> None:

@@ -278,8 +278,12 @@ class WeightPublisher:
                 raise WeightSyncError(f"{what}: forming group {gid}: {grp._short(e)}") from e
             if main:
                 self._main = (gid, names, pg)
-        grp.send(pg, retained.layout, retained.buffers, tensors, poll, deadline, what)
-        return self._acks(seq, targets, poll, deadline, what)
+        try:
+            grp.send(pg, retained.layout, retained.buffers, tensors, poll, deadline, what)
+            return self._acks(seq, targets, poll, deadline, what)
+        except WeightSyncError:
+            grp.abandon(pg, self.timeout)
+            raise
 
     def _load_cmd(self, seq: int, targets: list[Member], version: int, wid: str,
                   path: Optional[str]) -> dict[str, dict]:

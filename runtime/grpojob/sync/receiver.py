@@ -56,7 +56,8 @@ class PushReceiver:
             layout = bk.Layout.from_json(cmd["layout"])
             return grp.receive(self._pg, layout, device, poll, deadline, what)
         except WeightSyncError:
-            self._pg, self._group_id = None, None  # a broken group is never reused
+            grp.abandon(self._pg, float(cmd["timeout"]))  # a broken group is never reused
+            self._pg, self._group_id = None, None
             raise
 
     def _poll(self, seq: int):

