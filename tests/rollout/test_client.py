@@ -1,0 +1,145 @@
+"""RolloutClient against real hf servers: least-loaded spreading, retry on another server,
+clear errors and timeouts. And the failover story end to end: a server killed mid-run, the
+step completes on the other one, the restarted server re-joins at the current version."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from grpojob.rollout.client import RolloutClient, RolloutError
+from grpojob.rollout.manager import RolloutManager
+from grpojob.rollout.types import Sample, SamplingParams
+from grpojob.rollout.workflows import SingleTurn
+from grpojob.sync.publisher import WeightPublisher
+
+from .harness import (PROMPTS, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb, wait_for,
+                      write_config)
+
+SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
+
+
+@pytest.fixture(scope="module")
+def two_servers(tmp_path_factory, tiny_dir):
+    tmp = tmp_path_factory.mktemp("client")
+    config = write_config(make_job(tiny_dir), tmp / "job.json")
+    servers = [RolloutProcess(config, tmp, replica=f"c{i}").start() for i in range(2)]
+    try:
+        for s in servers:
+            s.wait_ready()
+        yield servers
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def _requests_ok(srv) -> float:
+    import urllib.request
+    text = urllib.request.urlopen(srv.url + "/metrics", timeout=10).read().decode()
+    for line in text.splitlines():
+        if line.startswith('grpojob_rollout_requests_total{result="ok"}'):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_concurrent_requests_go_to_the_least_loaded_server(two_servers):
+    client = RolloutClient([s.url for s in two_servers])
+    before = [_requests_ok(s) for s in two_servers]
+
+    async def run():
+        try:
+            return await asyncio.gather(*(client.generate([5, 6, 7 + i], 4, SAMPLING) for i in range(8)))
+        finally:
+            await client.close()
+    results = asyncio.run(run())
+    assert all(len(r) == 4 and r[0].prompt_ids == [5, 6, 7 + i] for i, r in enumerate(results))
+    assert [_requests_ok(s) - b for s, b in zip(two_servers, before)] == [4, 4]
+
+
+def test_a_dead_server_is_skipped_and_its_requests_retried(two_servers, caplog):
+    dead = f"http://127.0.0.1:{free_port()}"
+    client = RolloutClient([dead, two_servers[0].url], cooldown=60)
+
+    async def run():
+        try:
+            return await asyncio.gather(*(client.generate([5, 6], 2, SAMPLING) for _ in range(4)))
+        finally:
+            await client.close()
+    with caplog.at_level(logging.WARNING, logger="grpojob.rollout.client"):
+        results = asyncio.run(run())
+    assert all(len(r) == 2 for r in results)
+    assert f"rollout server {dead} failed" in caplog.text
+
+
+def test_errors_are_clear_and_bounded(two_servers):
+    srv = two_servers[0]
+
+    async def call(client, **kw):
+        try:
+            return await client.generate([5, 6], 1, kw.pop("sampling", SAMPLING), **kw)
+        finally:
+            await client.close()
+    with pytest.raises(RolloutError, match=f"rollout server {srv.url} rejected the request: .*context length"):
+        asyncio.run(call(RolloutClient([srv.url]), sampling=SamplingParams(max_tokens=10 ** 6)))
+    with pytest.raises(RolloutError, match="within 1 s .*no rollout server registered"):
+        asyncio.run(call(RolloutClient([], timeout=1)))
+    with pytest.raises(RolloutError, match="HTTP 409: replica c0 holds policy version 0, older than the required 5"):
+        asyncio.run(call(RolloutClient([srv.url], timeout=1), min_version=5))
+
+
+@pytest.mark.slow
+def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path, tiny_dir, tokenizer):
+    job = make_job(tiny_dir, algorithm={"groupSize": 4}, rollout={"sampling": {"maxTokens": 48}})
+    config = write_config(job, tmp_path / "job.json")
+    pub = WeightPublisher(job.spec, "127.0.0.1", 0, heartbeat_timeout=2)
+    addr = f"127.0.0.1:{pub.port}"
+    servers = [RolloutProcess(config, tmp_path, replica=f"r{i}", sync_addr=addr).start() for i in range(2)]
+    client = RolloutClient(pub.rollout_addresses, timeout=120)
+    samples = (Sample(i, t, tokenizer.encode(t)) for i, t in enumerate(PROMPTS * 100))
+    manager = RolloutManager(client, SingleTurn(job.spec, tokenizer), samples, max_staleness=0)
+    try:
+        for s in servers:
+            s.wait_ready()
+        wait_for(lambda: len(pub.rollout_addresses()) == 2, 30, "both servers registered")
+        trainer = perturb(load_model(tiny_dir), seed=1)
+        assert pub.push(trainer.state_dict().items(), version=1)["servers"] == 2
+        assert len(manager.next_groups(4, policy_version=1)) == 4
+
+        # Step 2: r0 is killed while it generates for this step.
+        victim = servers[0]
+        result: dict = {}
+        step = threading.Thread(target=lambda: result.update(groups=manager.next_groups(24)))
+        step.start()
+        wait_for(lambda: client.loads().get(victim.url, 0) > 0, 30, "requests in flight at r0")
+        victim.kill()
+        step.join(120)
+        groups = result["groups"]
+        assert len(groups) == 24 and all(len(g.completions) == 4 for g in groups)
+        assert {c.policy_version for g in groups for c in g.completions} == {1}
+
+        # The trainer goes on: r0 is dropped (no heartbeat), version 2 reaches r1 only.
+        wait_for(lambda: pub.rollout_addresses() == [servers[1].url], 30, "r0 dropped")
+        trainer = perturb(load_model(tiny_dir), seed=2)
+        stats = pub.push(trainer.state_dict().items(), version=2)
+        assert stats["servers"] == 1
+        manager.set_policy_version(2)
+
+        # r0 comes back (same name, same port): it re-joins and is brought to version 2 first.
+        victim.start()
+        victim.wait_ready()
+        wait_for(lambda: len(pub.rollout_addresses()) == 2, 30, "r0 re-joined")
+        assert http(victim.url + "/info")[1]["policy_version"] == 2
+        for text in PROMPTS:
+            p = tokenizer.encode(text)
+            out = victim.generate(p, temperature=0, max_tokens=8)
+            assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, 8)[0]
+            assert out["policy_version"] == 2
+        groups = manager.next_groups(8)
+        assert {c.policy_version for g in groups for c in g.completions} == {2}
+    finally:
+        manager.close()
+        for s in servers:
+            s.stop()
+        pub.close()
