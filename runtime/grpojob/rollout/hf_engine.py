@@ -162,7 +162,7 @@ class HFEngine:
             if tuple(t.shape) != tuple(self._params[n].shape):
                 raise ValueError(f"tensor {n}: shape {tuple(t.shape)} does not match the model's "
                                  f"{tuple(self._params[n].shape)}")
-        with self._lock, torch.no_grad():
+        with self._lock, torch.no_grad(), bk.host_copies([self._params[named[0][0]]] if named else []):
             for n, t in named:
                 self._params[n].copy_(t)
             self.version, self.weights = version, weights

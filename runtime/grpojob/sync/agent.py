@@ -21,6 +21,8 @@ from .protocol import DISK, WeightSyncError, connect, get_json, key, set_json, w
 
 log = logging.getLogger("grpojob.sync")
 
+HOT_SECONDS = 120.0  # after a command, poll for the next one every 5 ms for this long (else 50 ms)
+
 
 class WeightSink(Protocol):
     """What the agent loads weights into (the rollout engine). Both calls block until the new
@@ -125,6 +127,7 @@ class SyncAgent:
         beat_stop = threading.Event()
         beat = threading.Thread(target=self._heartbeat, args=(self.instance, beat_stop), daemon=True)
         beat.start()
+        last_cmd = time.monotonic()
         try:
             while not self._stop.is_set():
                 reason = store.get(key("dropped", self.instance)).decode() \
@@ -133,11 +136,15 @@ class SyncAgent:
                     log.warning("replica %s was removed from the weight-sync group (%s); "
                                 "registering again", self.replica, reason)
                     return True
-                if wait_key(store, key("cmd", next_seq), 0.5):
+                # Poll for the next command: often while pushes are coming (each step), slowly when
+                # idle (the store's blocking wait logs a C++ warning on every timeout).
+                hot = time.monotonic() - last_cmd < HOT_SECONDS
+                if wait_key(store, key("cmd", next_seq), 0.5, interval=0.005 if hot else 0.05):
                     cmd = get_json(store, key("cmd", next_seq))
                     if self.instance in cmd.get("ranks", ()) or self.instance in cmd.get("targets", ()):
                         self._apply(store, cmd)
                     next_seq += 1
+                    last_cmd = time.monotonic()
                 current = get_json(store, key("current"))
                 if self._confirming and (current or {}).get("weights") != self._confirming:
                     current = self.current  # the publisher sets it once every ack is in
@@ -165,8 +172,6 @@ class SyncAgent:
             self._confirming = cmd["weights"]
             self.last_sync_seconds = time.monotonic() - start
             ack.update(ok=True, seconds=self.last_sync_seconds)
-            log.info("replica %s now serves weights version %d (%s in %.3f s)", self.replica,
-                     cmd["version"], cmd["kind"], self.last_sync_seconds)
         except WeightSyncError as e:
             log.error("replica %s: %s", self.replica, e)
             self.last_error = str(e)
@@ -179,6 +184,9 @@ class SyncAgent:
             set_json(store, key("ack", cmd["seq"], self.instance), ack)
         except DistError:
             pass  # the store is gone: the session loop notices
+        if ack["ok"]:  # logged after the ack: the trainer is waiting for it
+            log.info("replica %s now serves weights version %d (%s in %.3f s)", self.replica,
+                     cmd["version"], cmd["kind"], self.last_sync_seconds)
 
     def _checkpoint_path(self, rel: str) -> str:
         if not self.checkpoint_dir:

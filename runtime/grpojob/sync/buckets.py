@@ -9,6 +9,7 @@ Buckets go over the wire as raw bytes (uint8 views), so every dtype works on glo
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
@@ -109,6 +110,23 @@ def plan(specs: Iterable[tuple[str, Sequence[int], torch.dtype]], bucket_bytes: 
 def allocate(bucket: Bucket, device: torch.device | str = "cpu", pin: bool = False) -> torch.Tensor:
     """A flat typed buffer for one bucket."""
     return torch.empty(bucket.numel, dtype=_DTYPES[bucket.dtype], device=device, pin_memory=pin)
+
+
+@contextlib.contextmanager
+def host_copies(buffers: Sequence[torch.Tensor]):
+    """Pack host buffers on one intra-op thread: each copy of a mid-sized tensor otherwise opens
+    an OpenMP parallel region, whose barrier costs milliseconds whenever a core is busy (here:
+    with the transfer itself). Measured on 2 busy cores: 291 tensors packed in 0.57 s on the
+    default pool, 4 ms on one thread."""
+    if not any(b.device.type == "cpu" for b in buffers):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def pack(bucket: Bucket, tensors: dict[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:

@@ -87,22 +87,22 @@ def send(pg, layout: bk.Layout, buffers: Sequence[torch.Tensor], tensors: Option
     opts = BroadcastOptions()
     opts.rootRank = 0
     works = []
-    for b, buf in zip(layout.buckets, buffers):
-        if tensors is not None:
-            bk.pack(b, tensors, buf)
-            if buf.is_cuda:
-                torch.cuda.current_stream(buf.device).synchronize()
-        works.append(pg.broadcast([bk.wire(buf)], opts))
+    with bk.host_copies(buffers):
+        for b, buf in zip(layout.buckets, buffers):
+            if tensors is not None:
+                bk.pack(b, tensors, buf)
+                if buf.is_cuda:
+                    torch.cuda.current_stream(buf.device).synchronize()
+            works.append(pg.broadcast([bk.wire(buf)], opts))
     wait_all(works, poll, deadline, what)
 
 
-def receive(pg, layout: bk.Layout, device: torch.device | str, poll: Poll, deadline: Deadline,
+def receive(pg, layout: bk.Layout, bufs: Sequence[torch.Tensor], poll: Poll, deadline: Deadline,
             what: str) -> list[tuple[str, torch.Tensor]]:
-    """Receive every bucket into fresh buffers; named views once all have arrived (so a failed
-    push never leaves a half-updated model behind)."""
+    """Receive every bucket into `bufs`; named views once all have arrived (so a failed push
+    never leaves a half-updated model behind)."""
     opts = BroadcastOptions()
     opts.rootRank = 0
-    bufs = [bk.allocate(b, device) for b in layout.buckets]
     works = [pg.broadcast([bk.wire(buf)], opts) for buf in bufs]
     wait_all(works, poll, deadline, what)
     return [nt for b, buf in zip(layout.buckets, bufs) for nt in bk.unpack(b, buf)]

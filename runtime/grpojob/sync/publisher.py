@@ -53,6 +53,7 @@ from .protocol import DISK, Deadline, WeightSyncError, connect, get_json, key, s
 log = logging.getLogger("grpojob.sync")
 
 WATCH_SECONDS = 0.25
+ACK_POLL_SECONDS = 0.002  # only while a push waits for its acknowledgements
 MAX_ATTEMPTS = 3
 
 
@@ -161,8 +162,9 @@ class WeightPublisher:
             targets = self._live()
             if not targets:
                 if tensors is not None:  # keep the bytes for servers that register later
-                    for b, buf in zip(retained.layout.buckets, retained.buffers):
-                        bk.pack(b, tensors, buf)
+                    with bk.host_copies(retained.buffers):
+                        for b, buf in zip(retained.layout.buckets, retained.buffers):
+                            bk.pack(b, tensors, buf)
                 self._set_current(version, wid)
                 return self._stats(version, start, retained, [], [])
             ok, dropped = self._deliver(targets, retained, tensors, main=True,
@@ -219,8 +221,9 @@ class WeightPublisher:
                 self.store.set(key("cancel", seq), str(e))
                 self._main = None
                 if tensors is not None:  # finish packing so a retry can send the buffers
-                    for b, buf in zip(retained.layout.buckets, retained.buffers):
-                        bk.pack(b, tensors, buf)
+                    with bk.host_copies(retained.buffers):
+                        for b, buf in zip(retained.layout.buckets, retained.buffers):
+                            bk.pack(b, tensors, buf)
                     tensors = None
                 alive, lost = self._triage(seq, targets, e)
                 for m, why in lost:
@@ -300,18 +303,22 @@ class WeightPublisher:
         return {m.instance: get_json(self.store, k) for k, m in keys.items()}
 
     def _wait_keys(self, keys, targets, poll, deadline, what, owner) -> None:
+        """Wait until every key is set. Polls often (the push's own latency), checking all keys
+        in one round trip; liveness and the deadline are checked every 50 ms."""
         pending = list(keys)
-        while pending:
+        checked = time.monotonic()
+        while pending and not self.store.check(pending):
+            time.sleep(ACK_POLL_SECONDS)
+            if time.monotonic() - checked < 0.05:
+                continue
+            checked = time.monotonic()
             pending = [k for k in pending if not self.store.check([k])]
-            if not pending:
-                return
             reason = poll()
             if reason:
                 raise WeightSyncError(f"{what}: {reason}")
-            if deadline.expired:
+            if deadline.expired and pending:
                 late = ", ".join(sorted({str(owner(k)) for k in pending}))
                 raise WeightSyncError(f"{what}: no answer within {deadline.seconds:.0f} s from {late}")
-            time.sleep(grp.POLL_SECONDS)
 
     def _liveness(self, targets: list[Member]):
         def poll() -> Optional[str]:

@@ -27,6 +27,7 @@ class PushReceiver:
         self.store = connect(store_addr, connect_timeout)
         self._group_id: Optional[str] = None
         self._pg = None
+        self._kept: Optional[tuple[bk.Layout, list[torch.Tensor]]] = None  # host bucket buffers
 
     def receive(self, cmd: dict, local_rank: int = 0,
                 device: torch.device | str = "cpu") -> list[tuple[str, torch.Tensor]]:
@@ -54,11 +55,23 @@ class PushReceiver:
             self._group_id = gid
         try:
             layout = bk.Layout.from_json(cmd["layout"])
-            return grp.receive(self._pg, layout, device, poll, deadline, what)
+            return grp.receive(self._pg, layout, self._buffers(layout, device), poll, deadline, what)
         except WeightSyncError:
             grp.abandon(self._pg, float(cmd["timeout"]))  # a broken group is never reused
             self._pg, self._group_id = None, None
+            self._kept = None  # its transfers may still write into these until they time out
             raise
+
+    def _buffers(self, layout: bk.Layout, device) -> list[torch.Tensor]:
+        """Host buffers are kept for the next push of the same layout: a fresh large allocation
+        costs a page fault per 4 KiB on first touch (as much as the transfer itself on loopback).
+        Sinks copy out of them before the next push starts. GPU buffers come from the caching
+        allocator and are not kept (they would hold a model's worth of GPU memory)."""
+        if torch.device(device).type != "cpu":
+            return [bk.allocate(b, device) for b in layout.buckets]
+        if self._kept is None or self._kept[0] != layout:
+            self._kept = (layout, [bk.allocate(b, "cpu") for b in layout.buckets])
+        return self._kept[1]
 
     def _poll(self, seq: int):
         cancel = key("cancel", seq)
