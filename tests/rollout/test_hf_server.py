@@ -142,3 +142,26 @@ def test_metrics_report_generation_and_version(synced):
     assert values["grpojob_rollout_tokens_per_second"] > 0
     assert "grpojob_rollout_queue_depth" in values and "grpojob_rollout_running_requests" in values
     assert values["grpojob_rollout_last_sync_seconds"] > 0
+
+
+def test_checkpoint_backend_serves_the_pushed_weights(tmp_path, tiny_dir, tokenizer):
+    """weightSync.backend checkpoint: the weights go through a shared directory, not a collective."""
+    job = make_job(tiny_dir, weightSync={"backend": "checkpoint"})
+    shared = tmp_path / "checkpoints"
+    pub = WeightPublisher(job.spec, "127.0.0.1", 0, checkpoint_dir=str(shared), heartbeat_timeout=5)
+    srv = RolloutProcess(write_config(job, tmp_path / "job.json"), tmp_path, replica="hf-ckpt",
+                         sync_addr=f"127.0.0.1:{pub.port}", checkpoint_dir=str(shared)).start()
+    try:
+        srv.wait_ready()
+        trainer = perturb(load_model(tiny_dir), seed=3)
+        stats = pub.push(trainer.state_dict().items(), version=1)
+        assert stats["servers"] == 1 and stats["backend"] == "checkpoint"
+        assert (shared / "rollout-weights" / "v000000001" / "model.safetensors").exists()
+        for text in PROMPTS:
+            p = tokenizer.encode(text)
+            out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
+            assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, MAX_TOKENS)[0]
+            assert out["policy_version"] == 1
+    finally:
+        srv.stop()
+        pub.close()

@@ -23,14 +23,16 @@ def vllm_server(tmp_path_factory, tiny_tied_dir):
     tmp = tmp_path_factory.mktemp("vllm")
     job = make_job(tiny_tied_dir, rollout={"backend": "vllm"})
     pub = WeightPublisher(job.spec, "127.0.0.1", 0, heartbeat_timeout=10)
+    state = {"pub": pub}
     srv = RolloutProcess(write_config(job, tmp / "job.json"), tmp, replica="vllm-0", backend="vllm",
                          sync_addr=f"127.0.0.1:{pub.port}").start()
     try:
         srv.wait_ready(timeout=240)
-        yield {"pub": pub, "srv": srv, "model_dir": tiny_tied_dir}
+        state = {"pub": pub, "srv": srv, "model_dir": tiny_tied_dir}
+        yield state
     finally:
         srv.stop()
-        pub.close()
+        state["pub"].close()
 
 
 @pytest.fixture(scope="module")
@@ -98,3 +100,19 @@ def test_openai_chat_and_completions(vllm_server, tied_tokenizer):
     assert comp.choices[0].text == ref["text"]
     status, body = http(srv.url + "/v1/completions", {"prompt": "x", "echo": True})
     assert status == 400 and "echo" in body["error"]["message"]
+
+
+def test_a_restarted_trainer_gets_the_model_directory_back(vllm_server, tied_tokenizer):
+    """The trainer restarts without a checkpoint: version 0 is the model directory again, so the
+    server (holding a pushed version) reloads it through its workers before it is ready."""
+    pub, srv = vllm_server["pub"], vllm_server["srv"]
+    if srv.status("/info")[1]["policy_version"] == 0:
+        pub.push(perturb(load_model(vllm_server["model_dir"]), seed=5, scale=1.0).state_dict().items(), version=1)
+    port, spec = pub.port, pub.spec
+    pub.close()
+    from .harness import wait_for
+    wait_for(lambda: srv.status("/readyz")[0] == 503, 30, "not ready without a trainer")
+    pub = vllm_server["pub"] = WeightPublisher(spec, "127.0.0.1", port, heartbeat_timeout=10)
+    srv.wait_ready(timeout=60)
+    assert srv.status("/info")[1]["policy_version"] == 0
+    _check_greedy(srv, load_model(vllm_server["model_dir"]), tied_tokenizer, version=0)

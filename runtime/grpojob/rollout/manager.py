@@ -223,7 +223,8 @@ class RolloutManager:
                         raise RolloutError(f"the sample source is exhausted ({len(self._ready)} of {k} "
                                            f"groups ready)")
                     await self._changed.wait()
-            return [self._ready.popleft()[1] for _ in range(k)]
+            taken = [self._ready.popleft()[1] for _ in range(k)]
+            return sorted(taken, key=lambda g: g.sample.index)  # completion order is not reproducible
         finally:
             self._demand -= k
             self._fill()

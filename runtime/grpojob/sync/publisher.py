@@ -1,8 +1,8 @@
 """WeightPublisher: trainer rank 0's side of weight sync.
 
-    pub = WeightPublisher(spec, port=SYNC_STORE_PORT)   # hosts the TCPStore
+    pub = WeightPublisher(spec, port=SYNC_STORE_PORT)   # hosts the TCPStore (or .from_env(spec))
     pub.rollout_addresses()                           # http URLs of the servers holding the policy
-    stats = pub.push(model.state_dict().items(), version=step)
+    stats = pub.push(model.state_dict().items(), version=step)   # publish(): the same
     pub.close()
 
 - It hosts the rendezvous store (`TCPStore(is_master=True)`); rollout servers register there
@@ -44,11 +44,12 @@ import torch
 from torch.distributed import DistError, TCPStore
 
 from ..api.spec import SYNC_STORE_PORT, GRPOJobSpec
-from ..plan import ENV_CHECKPOINT_DIR
+from ..plan import ENV_CHECKPOINT_DIR, ENV_SYNC_ADDR
 from . import buckets as bk
 from . import files
 from . import group as grp
-from .protocol import DISK, Deadline, WeightSyncError, connect, get_json, key, set_json, weights_id
+from .protocol import (DISK, Deadline, WeightSyncError, connect, get_json, key, set_json, split_addr,
+                       weights_id)
 
 log = logging.getLogger("grpojob.sync")
 
@@ -90,6 +91,7 @@ class WeightPublisher:
                  checkpoint_dir: Optional[str] = None, heartbeat_timeout: float = 10.0,
                  device: Optional[str] = None):
         ws = spec.weight_sync
+        self.spec = spec
         self.timeout = float(timeout if timeout is not None else ws.timeout_seconds)
         self.bucket_bytes = int((bucket_mb if bucket_mb is not None else ws.bucket_size_mb) * 2**20)
         self.heartbeat_timeout = heartbeat_timeout
@@ -175,6 +177,17 @@ class WeightPublisher:
                  len(ok), stats["seconds"], stats["bytes"] / 2**20,
                  f"; dropped {', '.join(stats['dropped'])}" if dropped else "")
         return stats
+
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
+        """The trainer loop's WeightPublisher hook (grpojob.trainer.sources): same as push."""
+        return self.push(named_tensors, version)
+
+    @classmethod
+    def from_env(cls, spec: GRPOJobSpec, **kw) -> "WeightPublisher":
+        """Listen on the port of GRPOJOB_SYNC_ADDR (the plan's address of this store)."""
+        addr = os.environ.get(ENV_SYNC_ADDR)
+        port = split_addr(addr)[1] if addr else SYNC_STORE_PORT
+        return cls(spec, "0.0.0.0", port, **kw)
 
     def close(self) -> None:
         self._closed.set()
