@@ -36,7 +36,7 @@ class Prepared:
     reward_parts: dict[str, tuple[float, float]] = field(default_factory=dict)  # name -> (mean, std)
     n_tokens: int = 0  # global trained tokens
     n_seqs: int = 0  # global trained sequences
-    total_tokens: int = 0  # global prompt+completion tokens of the trained sequences
+    total_tokens: int = 0  # global prompt+completion tokens of every sampled completion
 
 
 def _mean_std(s: float, ss: float, n: float) -> tuple[Optional[float], Optional[float]]:
@@ -45,6 +45,14 @@ def _mean_std(s: float, ss: float, n: float) -> tuple[Optional[float], Optional[
     mean = s / n
     var = max(ss / n - mean * mean, 0.0)
     return mean, var ** 0.5
+
+
+def skips_zero_advantage(algorithm: Algorithm) -> bool:
+    """A sequence with advantage 0 adds exactly nothing to the loss or its gradient when the
+    algorithm uses the stock per-token loss (A * clipped ratio * IS weight) and there is no KL
+    term: such sequences are left out of the forward/backward (they still count in the
+    normalisers, so the result is identical). Saturated groups are common late in training."""
+    return type(algorithm).policy_loss is Algorithm.policy_loss and algorithm.settings.kl_beta == 0
 
 
 def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpec, max_tokens: int,
@@ -95,7 +103,8 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
         sum(lengths), sum(c.truncated for c in comps),
         len(groups), sum(zero_std), len(keep),
         sum(policy_version - c.policy_version for c in comps),
-        sum(x.n_trained for x in seqs), len(seqs), sum(x.n_inputs + 1 for x in seqs),
+        sum(x.n_trained for x in seqs), len(seqs),
+        sum(len(c.prompt_ids or g.sample.prompt_ids) + len(c.completion_ids) for g in groups for c in g.completions),
     ]
     for name in reward_names:
         vals = [v for g in groups for v in g.reward_parts.get(name, [])]
@@ -127,5 +136,7 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
             x.coef = c
     if nk < ng:
         log.info("dynamic sampling dropped %d of %d groups (all-equal rewards)", int(ng - nk), int(ng))
+    if skips_zero_advantage(algorithm):
+        seqs = [x for x in seqs if x.advantage != 0.0]
     return Prepared(seqs=seqs, stats=stats, reward_parts=parts, n_tokens=int(ntok), n_seqs=int(nseq),
                     total_tokens=int(ttok))

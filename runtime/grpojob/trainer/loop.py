@@ -99,8 +99,16 @@ class Trainer:
         self.temperature = t if t > 0 else 1.0  # greedy rollouts report temperature-1 log-probs
 
         torch.manual_seed(spec.training.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or spec.model.path,
-                                                       trust_remote_code=spec.model.trust_remote_code)
+        for field_name, where in (("spec.model.path", spec.model.path), ("spec.model.tokenizer", spec.model.tokenizer)):
+            if where is not None and not Path(where).is_dir():
+                raise TrainerError(f"{field_name}: '{where}' is not a directory (a Hugging Face model "
+                                   f"directory with config.json, safetensors and tokenizer is expected)")
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(spec.model.tokenizer or spec.model.path,
+                                                           trust_remote_code=spec.model.trust_remote_code)
+        except (OSError, ValueError) as e:
+            raise TrainerError(f"spec.model: cannot load a tokenizer from "
+                               f"'{spec.model.tokenizer or spec.model.path}': {e}") from e
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.model = self.load_model()
         self.model.config.use_cache = False

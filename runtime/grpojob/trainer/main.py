@@ -61,11 +61,14 @@ def _listen_host() -> str:
 def main(args: Optional[argparse.Namespace] = None) -> int:
     from .. import config
     from . import dist
-    from .loop import Trainer
+    from .loop import Trainer, TrainerError
     from .server import LeaderServer, StatusBoard
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no tqdm bars in pod logs
     suspend = threading.Event()
 
     def on_sigterm(signum, frame) -> None:
@@ -95,7 +98,8 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             msg = str(e.code)
         else:
             msg = f"{type(e).__name__}: {e}"
-        log.error("trainer failed: %s", msg, exc_info=not isinstance(e, (SystemExit, KeyboardInterrupt)))
+        expected = isinstance(e, (SystemExit, KeyboardInterrupt, TrainerError))  # already says what/where
+        log.error("trainer failed: %s", msg, exc_info=not expected)
         if board is not None:
             board.update(phase="failed", message=msg)
         return 1
