@@ -80,6 +80,7 @@ class Controller:
         # Children applied by this process: (kind, ns, name) -> (hash, monotonic time). Covers the
         # moments before the watch shows them, and kinds not watched (PodGroup, PodMonitor).
         self._applied: dict[tuple[str, str, str], tuple[str, float]] = {}
+        self._built: dict[str, tuple[Any, list[dict[str, Any]]]] = {}  # uid -> (inputs, children)
         self.watch_lag_grace = 10.0
 
     async def start(self) -> None:
@@ -97,7 +98,9 @@ class Controller:
     def forget(self, uid: str, namespace: str, name: str) -> None:
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
-        for key in [k for k in self._applied if k[1] == namespace and k[2].startswith(name)]:
+        self._built.pop(uid, None)
+        mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name)}
+        for key in [k for k in self._applied if k[1] == namespace and k[2] in mine]:
             self._applied.pop(key, None)
         self.metrics.forget(namespace, name)
 
@@ -176,8 +179,15 @@ class Controller:
 
     async def _ensure_children(self, job: GRPOJob, namespace: str, uid: str, d: Decision,
                                have: list[ChildView]) -> tuple[bool, str]:
-        wanted = children.build(job, namespace=namespace, image=self.cfg.image,
-                                owner=children.owner_reference(job.metadata.name, uid), scale=d.scale)
+        # Rebuilding and hashing every child on every tick is most of a quiet reconcile's cost.
+        key = (job.model_dump_json(), d.scale, self.cfg.image)
+        cached = self._built.get(uid)
+        if cached and cached[0] == key:
+            wanted = cached[1]
+        else:
+            wanted = children.build(job, namespace=namespace, image=self.cfg.image,
+                                    owner=children.owner_reference(job.metadata.name, uid), scale=d.scale)
+            self._built[uid] = (key, wanted)
         present = {(k.kind, k.name): k.hash for k in have}
         errors = []
         clock = time.monotonic()

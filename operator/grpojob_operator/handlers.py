@@ -1,4 +1,4 @@
-"""The kopf handlers: thin wrappers that hand a job and its indexed pods and children to the
+"""The kopf handlers (all async: kopf runs sync ones through a thread pool): thin wrappers that hand a job and its indexed pods and children to the
 Controller. `register` puts them into a registry, so tests and `grpojob operator` each get their
 own operator instance; `grpojob_operator.standalone` registers them for `kopf run`."""
 from __future__ import annotations
@@ -69,12 +69,12 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.index("", "v1", "pods", labels=MANAGED, id="grpojob_pods", registry=registry)
-    def grpojob_pods(meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any) -> Any:
+    async def grpojob_pods(meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any) -> Any:
         entry = pod_view(plain(meta), plain(status))
         return None if entry is None else {entry[0]: entry[1]}
 
     def child_indexer(kind: str) -> Any:
-        def index(meta: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> Any:
+        async def index(meta: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> Any:
             entry = child_view(kind, plain(meta), plain(body.get("data")) if kind == "ConfigMap" else None)
             return None if entry is None else {entry[0]: entry[1]}
         return index
@@ -107,6 +107,6 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         await run(body, name, namespace, kwargs)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="forget", registry=registry)
-    def gone(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
+    async def gone(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
         if type == "DELETED":
             ctl.forget(body.get("metadata", {}).get("uid", ""), namespace, name)

@@ -30,6 +30,7 @@ PLURALS = {"ConfigMap": "configmaps", "Service": "services", "StatefulSet": "sta
            "GRPOJob": PLURAL, "Pod": "pods", "Event": "events"}
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 REQUEST_TIMEOUT = 30.0
+_PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 
 
 class KubeError(RuntimeError):
@@ -68,6 +69,10 @@ class Kube:
             paths = os.environ.get("KUBECONFIG", "").split(os.pathsep)
             await config.load_kube_config(config_file=paths[0] or None, client_configuration=cfg)
         cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 32)
+        if not any(os.environ.get(v) for v in _PROXY_VARS):
+            # trust_env costs two thread-pool hops per request (netrc, proxy lookup): skip them
+            # when there is no proxy to find.
+            cfg.client_session_kwargs = {**(cfg.client_session_kwargs or {}), "trust_env": False}
         return cls(client.ApiClient(cfg), **kw)
 
     async def close(self) -> None:

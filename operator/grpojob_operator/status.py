@@ -34,6 +34,7 @@ class PodView:
     restarts: int = 0  # container restarts
     message: str = ""  # why the last container run ended
     deleting: bool = False
+    clean_exit: bool = False  # the last container run ended with exit code 0
 
     @property
     def failures(self) -> int:
@@ -133,14 +134,24 @@ def count_restarts(ledger: Mapping[str, int], pods: Iterable[PodView]) -> tuple[
     """New trainer failures since the ledger, and the updated ledger.
 
     One torchrun group failure restarts every trainer pod, so the new failures of a look are the
-    largest per-pod increase, not the sum."""
+    largest per-pod increase, not the sum. A restart after exit code 0 (the trainer finished or
+    was suspended) is not a failure."""
     new_ledger: dict[str, int] = {}
     delta = 0
     for p in pods:
         before = ledger.get(p.uid, 0)
-        delta = max(delta, p.failures - before)
+        new = p.failures - before
+        if new > 0 and p.clean_exit:
+            new -= 1
+        delta = max(delta, new)
         new_ledger[p.uid] = max(p.failures, before)
     return delta, new_ledger
+
+
+def _leader_exited_cleanly(ledger: Mapping[str, int], pods: Iterable[PodView]) -> bool:
+    """Trainer pod 0 ran to its end with exit code 0 since the last look (its StatefulSet restarts
+    it): the trainer completed, or it was suspended."""
+    return any(p.name.endswith("-0") and p.clean_exit and p.failures > ledger.get(p.uid, 0) for p in pods)
 
 
 def _progress(prev: Progress, t: Optional[TrainerStatus]) -> Progress:
@@ -232,7 +243,10 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
     susp = spec.run_policy.suspend
     checkpointing = conds.is_("Suspended", "Unknown", "Checkpointing")
     suspended = conds.is_("Suspended")
-    completed = obs.trainer is not None and obs.trainer.phase == "completed"
+    reported = obs.trainer is not None and obs.trainer.phase == "completed"
+    # The trainer exits 0 when done and its pod restarts: a look between polls may miss "completed".
+    exited = not (susp or checkpointing or suspended) and _leader_exited_cleanly(ledger, obs.trainer_pods)
+    completed = reported or exited
 
     # Trainer failures count against backoffLimit, except exits asked for by a suspend.
     delta, ledger = count_restarts(ledger, obs.trainer_pods)
@@ -291,7 +305,8 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
         return finish(_cleanup_scale(job))
     if completed:
         st.phase, st.completion_time = "Succeeded", iso(now)
-        st.message = f"trained {st.progress.step}/{st.progress.total_steps} steps"
+        st.message = f"trained {st.progress.step}/{st.progress.total_steps} steps" if reported else \
+            f"trainer exited 0 (last seen at step {st.progress.step}/{st.progress.total_steps or spec.training.steps})"
         conds.set("Succeeded", True, "Completed", st.message)
         return finish(_cleanup_scale(job))
 

@@ -37,6 +37,13 @@ def _last_exit(status: Mapping[str, Any]) -> str:
     return status.get("message") or status.get("reason") or ""
 
 
+def _clean_exit(status: Mapping[str, Any]) -> bool:
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("lastState") or {}).get("terminated")
+        return bool(term) and term.get("exitCode") == 0
+    return False
+
+
 def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tuple[tuple[str, str], PodView]]:
     """(namespace, job) -> PodView for one of our pods, None for anyone else's."""
     labels = meta.get("labels") or {}
@@ -46,7 +53,7 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tup
     restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
     view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",
                    ready=_ready(status), restarts=restarts, message=_last_exit(status),
-                   deleting=bool(meta.get("deletionTimestamp")))
+                   deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status))
     return (meta.get("namespace", ""), job), view
 
 

@@ -83,7 +83,6 @@ class OperatorThread:
         self._thread: Optional[threading.Thread] = None
         self.error: Optional[BaseException] = None
         self.loop: Optional[asyncio.AbstractEventLoop] = None
-        self._task: Optional[asyncio.Task] = None
 
     def _main(self) -> None:
         registry = kopf.OperatorRegistry()
@@ -98,13 +97,10 @@ class OperatorThread:
 
         async def run() -> None:
             self.loop = asyncio.get_running_loop()
-            self._task = asyncio.current_task()
             await kopf.operator(registry=registry, settings=settings, clusterwide=True, standalone=True,
                                 stop_flag=self._stop, ready_flag=self._ready)
         try:
             asyncio.run(run())
-        except asyncio.CancelledError:
-            pass
         except BaseException as e:  # reported by stop()
             self.error = e
             log.exception("operator thread failed")
@@ -125,12 +121,10 @@ class OperatorThread:
         raise AssertionError("operator metrics server did not start")
 
     async def stop(self) -> None:
+        """Graceful stop, as on SIGTERM. (kopf may wait up to 5 s for a timer it spawned while it
+        was already stopping; cancelling instead can leave its watchers waiting forever.)"""
         self._stop.set()
         if self._thread is None:
             return
-        await asyncio.to_thread(self._thread.join, 1.0)
-        if self._thread.is_alive() and self.loop is not None and self._task is not None:
-            # kopf waits 5 s for a timer spawned while it was stopping; cancelling cuts that short.
-            self.loop.call_soon_threadsafe(self._task.cancel)
         await asyncio.to_thread(self._thread.join, 30)
         assert not self._thread.is_alive(), "operator did not stop within 30s"

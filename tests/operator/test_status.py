@@ -173,6 +173,21 @@ def test_success_cleanup_policy_and_ttl():
         assert step(j, done.status, now=T0 + timedelta(seconds=30)).delete_job
 
 
+def test_a_clean_exit_of_trainer_pod_zero_is_success_not_a_failure():
+    j = job(runPolicy={"backoffLimit": 0})
+    d = running_status(j)
+    exited = [PodView("j-trainer-0", "trainer-0", "trainer", phase="Running", restarts=1, clean_exit=True,
+                      message="trainer exited 0 (Completed)")] + pods("trainer", 2)[1:]
+    done = step(j, d.status, tp=exited, rp=pods("rollout", 2), trainer=None, ledger=d.ledger)
+    assert done.status.phase == "Succeeded" and done.status.restarts == 0
+    assert done.status.message == "trainer exited 0 (last seen at step 3/20)"
+    # Pod 1 exiting 0 alone is not completion, and not a failure either.
+    other = pods("trainer", 1) + [PodView("j-trainer-1", "trainer-1", "trainer", phase="Running", restarts=1, ready=True,
+                                          clean_exit=True)]
+    d2 = step(j, d.status, tp=other, rp=pods("rollout", 2), ledger=d.ledger)
+    assert d2.status.phase == "Running" and d2.status.restarts == 0
+
+
 def test_invalid_spec_is_failed_until_fixed():
     errors = [FieldError("spec.training.promptsPerStep", "must be a multiple of 4")]
     bad = step(None, initial_status(), errors=errors)

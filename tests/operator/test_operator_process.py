@@ -1,0 +1,60 @@
+"""`grpojob operator` and `kopf run -m grpojob_operator.standalone` as real processes against the
+emulator: they start, reconcile a job, serve metrics and liveness, and stop cleanly on SIGTERM."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from grpojob_operator import names as n
+
+from .cluster import eventually
+from .conftest import NS, job_manifest, job_path
+from .kmock_shim import GRPOJOBS
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("how", ["grpojob", "kopf"])
+async def test_operator_process_reconciles_serves_metrics_and_stops_on_sigterm(
+        how, emulator, cluster, kubeconfig, trainer, tmp_path: Path):
+    metrics, live = free_port(), free_port()
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "GRPOJOB_OPERATOR_INTERVAL": "0.3",
+           n.TRAINER_URL_ENV: trainer.url_template, "GRPOJOB_METRICS_PORT": str(metrics)}
+    bin_dir = Path(sys.executable).parent
+    if how == "grpojob":
+        argv = [sys.executable, "-m", "grpojob", "operator", "--metrics-port", str(metrics),
+                "--liveness", f"http://127.0.0.1:{live}/healthz"]
+    else:
+        argv = [str(bin_dir / "kopf"), "run", "--standalone", "-A", "-m", "grpojob_operator.standalone",
+                "--liveness", f"http://127.0.0.1:{live}/healthz"]
+    log = open(tmp_path / "operator.log", "wb")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        await cluster.create(job_path(), job_manifest("proc"))
+        await eventually(lambda: (emulator.get_obj(GRPOJOBS, NS, "proc") or {}).get("status", {}).get("phase")
+                         == "Initializing", timeout=60, what=f"{how} operator reconciles")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://127.0.0.1:{metrics}/metrics") as resp:
+                assert 'grpojob_operator_jobs{phase="Initializing"} 1.0' in await resp.text()
+            async with http.get(f"http://127.0.0.1:{live}/healthz") as resp:
+                assert resp.status == 200
+        proc.send_signal(signal.SIGTERM)
+        code = await asyncio.to_thread(proc.wait, 30)
+        assert code == 0, (tmp_path / "operator.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
