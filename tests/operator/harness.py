@@ -75,8 +75,9 @@ class OperatorThread:
     thread with its own loop (kopf cancels every task of its loop when it stops, so it must not
     share the test's loop with the emulator)."""
 
-    def __init__(self, cfg: OperatorConfig):
+    def __init__(self, cfg: OperatorConfig, namespaces: tuple[str, ...] = ()):
         self.cfg = cfg
+        self.namespaces = namespaces  # empty: all namespaces
         self.controller: Optional[Controller] = None
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -97,7 +98,8 @@ class OperatorThread:
 
         async def run() -> None:
             self.loop = asyncio.get_running_loop()
-            await kopf.operator(registry=registry, settings=settings, clusterwide=True, standalone=True,
+            await kopf.operator(registry=registry, settings=settings, clusterwide=not self.namespaces,
+                                namespaces=list(self.namespaces), standalone=True,
                                 stop_flag=self._stop, ready_flag=self._ready)
         try:
             asyncio.run(run())

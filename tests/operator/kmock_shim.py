@@ -3,7 +3,7 @@
 kmock (PyPI, by kopf's author) keeps objects in memory and serves list/watch/get/create/patch/delete.
 It lacks, and this shim adds: metadata.uid / resourceVersion / creationTimestamp / generation (kopf's
 patches need a resourceVersion; the operator's owner references need uids), generateName (kopf's
-Events use it), the core group's discovery groupVersion ("v1", not "/v1"), kind and apiVersion on
+Events use it), the path of the namespaces resource (it crashed kopf's `-n`), the core group's discovery groupVersion ("v1", not "/v1"), kind and apiVersion on
 list responses, and our CRD registered for discovery. It also takes test hooks that run before a
 request is applied: to hold it (an operator stopped mid-reconcile) or answer an error (a conflict).
 
@@ -26,7 +26,7 @@ from typing import Any, Awaitable, Callable
 
 import attrs
 import kmock
-from kmock._internal import dicts, dsl, enums, references, rendering
+from kmock._internal import dicts, dsl, enums, parsing, references, rendering
 
 from grpojob.api.spec import GROUP, KIND, PLURAL, SHORT_NAMES, SINGULAR, VERSION
 
@@ -56,6 +56,20 @@ def _contains(view: dsl.View, item: Any) -> bool:
 
 
 dsl.View.__contains__ = _contains  # type: ignore[method-assign]
+
+_parse_path = parsing.parse_path
+
+
+def _parse_namespaces_too(path: str) -> parsing.ParsedPath:
+    """kmock reads /api/v1/namespaces[/NAME] as a namespaced path missing its namespace and crashes
+    (kopf lists namespaces when told to watch some): it is the cluster-wide namespaces resource."""
+    parts = path.strip("/").split("/")
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) <= 4:
+        return parsing.ParsedPath("", "v1", "namespaces", None, parts[3] if len(parts) == 4 else None, None)
+    return _parse_path(path)
+
+
+parsing.parse_path = _parse_namespaces_too
 
 
 def _now() -> str:

@@ -295,6 +295,20 @@ async def test_api_conflicts_and_server_errors_are_retried(emulator, cluster, op
     assert emulator.get_obj(DEPLOYMENTS, NS, n.rollout_name("retry")) is not None
 
 
+async def test_an_operator_for_one_namespace_leaves_the_others_alone(emulator, cluster, kubeconfig, operator_config):
+    await cluster.create("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    op = await OperatorThread(operator_config(), namespaces=(NS,)).start()
+    try:
+        await cluster.create(job_path("elsewhere"), job_manifest("other", ns="elsewhere"))
+        await cluster.create(job_path(), job_manifest("mine"))
+        await eventually(lambda: cond(emulator, "mine", "Created").get("status") == "True", what="watched job")
+        await asyncio.sleep(1.0)  # several timer periods: the other job would have been reconciled
+    finally:
+        await op.stop()
+    assert not (emulator.get_obj(GRPOJOBS, "elsewhere", "other") or {}).get("status")
+    assert not kids(emulator, "other", "elsewhere")
+
+
 async def test_fifty_jobs_created_at_once_all_reach_their_children(emulator, cluster, kubeconfig, operator_config):
     cluster.make_pods = False  # children only: this is about the operator keeping up
     op = await OperatorThread(operator_config(interval=2.0)).start()
