@@ -10,7 +10,7 @@ import torch
 
 from grpojob.sync.publisher import WeightPublisher
 
-from .harness import PROMPTS, RolloutProcess, greedy, http, load_model, make_job, perturb, write_config
+from .harness import PROMPTS, RolloutProcess, greedy, http, load_model, make_job, perturb, wait_for, write_config
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -27,8 +27,12 @@ def vllm_server(tmp_path_factory, tiny_tied_dir):
     srv = RolloutProcess(write_config(job, tmp / "job.json"), tmp, replica="vllm-0", backend="vllm",
                          sync_addr=f"127.0.0.1:{pub.port}").start()
     try:
-        srv.wait_ready(timeout=240)
-        state = {"pub": pub, "srv": srv, "model_dir": tiny_tied_dir}
+        # While vLLM starts (tens of seconds) the server keeps answering: it says it is loading.
+        states = []
+        wait_for(lambda: states.append(srv.status("/info")[1].get("engine")) or states[-1] in ("up", "failed"),
+                 240, "vLLM start-up", interval=0.5, proc=srv.proc)
+        srv.wait_ready(timeout=60)
+        state = {"pub": pub, "srv": srv, "model_dir": tiny_tied_dir, "engine_states": states}
         yield state
     finally:
         srv.stop()
@@ -39,6 +43,12 @@ def vllm_server(tmp_path_factory, tiny_tied_dir):
 def tied_tokenizer(tiny_tied_dir):
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(tiny_tied_dir))
+
+
+def test_the_server_answers_while_vllm_starts(vllm_server):
+    states = vllm_server["engine_states"]
+    assert "loading" in states and states[-1] == "up"
+    assert vllm_server["srv"].status("/healthz")[0] == 200
 
 
 def _check_greedy(srv, model, tokenizer, version):
@@ -110,7 +120,6 @@ def test_a_restarted_trainer_gets_the_model_directory_back(vllm_server, tied_tok
         pub.push(perturb(load_model(vllm_server["model_dir"]), seed=5, scale=1.0).state_dict().items(), version=1)
     port, spec = pub.port, pub.spec
     pub.close()
-    from .harness import wait_for
     wait_for(lambda: srv.status("/readyz")[0] == 503, 30, "not ready without a trainer")
     pub = vllm_server["pub"] = WeightPublisher(spec, "127.0.0.1", port, heartbeat_timeout=10)
     srv.wait_ready(timeout=60)

@@ -340,7 +340,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
     if not port_text.isdigit():
         print(f"grpojob rollout: {ENV_ROLLOUT_PORT}={port_text!r} is not a port number", file=sys.stderr)
         return 2
-    replica = os.environ.get(ENV_REPLICA_ID) or f"rollout-{socket.gethostname()}"
+    replica = os.environ.get(ENV_REPLICA_ID) or f"rollout-{socket.gethostname()}-{os.getpid()}"
     return asyncio.run(serve(spec, backend=backend, port=int(port_text),
                              advertise=os.environ.get(ENV_ADVERTISE_HOST) or "127.0.0.1", replica=replica,
                              sync_addr=os.environ.get(ENV_SYNC_ADDR) or None,

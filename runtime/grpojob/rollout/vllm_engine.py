@@ -47,6 +47,16 @@ class VLLMEngine:
         self._sched = (0, 0)  # (waiting, running) from vLLM's scheduler stats
 
     async def start(self) -> None:
+        # Imported and built in a thread: both take tens of seconds, and the server's event loop
+        # must keep answering /healthz meanwhile (AsyncLLM starts its output handler on first use).
+        self._loop = asyncio.get_running_loop()
+        self.llm = await asyncio.to_thread(self._build)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.vocab_size = self.llm.model_config.get_vocab_size()
+        self.context_len = self.llm.model_config.max_model_len
+        log.info("vllm engine: serving %s (tp %d)", self.spec.model.path, self.workers)
+
+    def _build(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -66,12 +76,7 @@ class VLLMEngine:
             enforce_eager=r.enforce_eager, seed=self.spec.training.seed,
             worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
             disable_log_stats=True)
-        self._loop = asyncio.get_running_loop()
-        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[self._stats_logger()])
-        self.tokenizer = self.llm.get_tokenizer()
-        self.vocab_size = self.llm.model_config.get_vocab_size()
-        self.context_len = self.llm.model_config.max_model_len
-        log.info("vllm engine: serving %s (tp %d)", m.path, r.tensor_parallel_size)
+        return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats_logger()])
 
     def _stats_logger(self):
         from vllm.v1.metrics.loggers import StatLoggerBase

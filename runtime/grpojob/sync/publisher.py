@@ -406,7 +406,9 @@ class WeightPublisher:
             m = Member(info["instance"], info["replica"], info["url"], int(info.get("workers", 1)),
                        info["weights"], int(info["version"]), self._seen_regs)
             with self._mlock:
-                old = [o for o in self._members.values() if o.url == m.url or o.replica == m.replica]
+                # Same address: the same server slot restarted (a live twin under another address
+                # is left alone; a dead one goes when its heartbeats stop).
+                old = [o for o in self._members.values() if o.url == m.url]
             for o in old:
                 log.info("%s registered again: replacing its previous instance", m)
                 self._drop(o, "replaced by a newer registration of the same server")
