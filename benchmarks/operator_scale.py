@@ -123,8 +123,7 @@ async def operator_run(count: int, work: Path, interval: float, steady: float) -
                # No trainer runs: point the status look at a closed port (no pods ever run anyway).
                n.TRAINER_URL_ENV: f"http://127.0.0.1:{free_port()}"}
         log = open(work / f"operator-{count}.log", "wb")
-        prof = ["-m", "cProfile", "-o", os.environ["BENCH_PROFILE"]] if os.environ.get("BENCH_PROFILE") else []
-        proc = subprocess.Popen([sys.executable, *prof, "-m", "grpojob", "operator", "--metrics-port", str(port),
+        proc = subprocess.Popen([sys.executable, "-m", "grpojob", "operator", "--metrics-port", str(port),
                                  "--liveness", ""], env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             await wait_for(lambda: _up(port), 60, "the operator's metrics port")
@@ -165,13 +164,16 @@ async def main() -> None:
     p.add_argument("--jobs", type=int, nargs="+", default=[10, 100, 500])
     p.add_argument("--interval", type=float, default=10.0, help="operator status timer (the default)")
     p.add_argument("--steady", type=float, default=20.0, help="seconds to measure steady reconciles")
+    p.add_argument("--logs", type=Path, help="keep the operator logs (and kubeconfigs) in this directory")
     a = p.parse_args()
     print(f"{'jobs':>5} {'baseline s':>10} {'children s':>10} {'ratio':>6} {'Created s':>9} "
           f"{'burst rec/s':>11} {'steady rec/s':>12} {'expected':>8} {'cpu s':>6} {'peak RSS':>9}")
     with tempfile.TemporaryDirectory() as tmp:
+        work = a.logs or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for count in a.jobs:
-            base = await baseline(count, Path(tmp))
-            r = await operator_run(count, Path(tmp), a.interval, a.steady)
+            base = await baseline(count, work)
+            r = await operator_run(count, work, a.interval, a.steady)
             print(f"{count:>5} {base:>10.2f} {r['children']:>10.2f} {r['children'] / base:>6.1f} "
                   f"{r['created']:>9.2f} {r['burst_rate']:>11.1f} {r['steady_rate']:>12.1f} "
                   f"{count / a.interval:>8.1f} {r['cpu']:>6.1f} {r['rss']:>7.0f}Mi", flush=True)

@@ -1,6 +1,7 @@
-"""The kopf handlers (all async: kopf runs sync ones through a thread pool): thin wrappers that hand a job and its indexed pods and children to the
+"""The kopf handlers: thin wrappers that hand a job and its indexed pods and children to the
 Controller. `register` puts them into a registry, so tests and `grpojob operator` each get their
-own operator instance; `grpojob_operator.standalone` registers them for `kopf run`."""
+own operator instance; `grpojob_operator.standalone` registers them for `kopf run`. All are async:
+kopf runs sync handlers through a thread pool."""
 from __future__ import annotations
 
 import logging
@@ -106,7 +107,7 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
     async def observe(body: kopf.Body, name: str, namespace: str, **kwargs: Any) -> None:
         await run(body, name, namespace, kwargs)
 
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="forget", registry=registry)
-    async def gone(type: str, body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
-        if type == "DELETED":
-            ctl.forget(body.get("metadata", {}).get("uid", ""), namespace, name)
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="forget", registry=registry,
+                   when=lambda type, **_: type == "DELETED")
+    async def gone(body: kopf.Body, name: str, namespace: str, **_: Any) -> None:
+        ctl.forget(body.get("metadata", {}).get("uid", ""), namespace, name)

@@ -22,6 +22,8 @@ def build(cfg: OperatorConfig) -> tuple[kopf.OperatorRegistry, Controller]:
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # kopf logs every successful handler and timer tick at INFO: a line per job every few seconds.
+    logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     cfg = OperatorConfig.from_env(metrics_port=args.metrics_port)
     registry, _ = build(cfg)
     namespaces = list(args.namespace or [])

@@ -72,6 +72,7 @@ async def test_create_gives_exact_children_with_owner_references(emulator, clust
     await eventually(lambda: cond(emulator, "exact", "Created").get("status") == "True", what="Created")
     job_obj = emulator.get_obj(GRPOJOBS, NS, "exact")
     uid = job_obj["metadata"]["uid"]
+    assert job_obj["metadata"]["finalizers"] == ["grpojob.io/finalizer"]  # kopf's, for its timer
 
     job = parse(job_manifest("exact"))
     expected = children.build(job, namespace=NS, image=operator.cfg.image,
@@ -117,6 +118,13 @@ async def test_ready_pods_give_running_with_trainer_progress(emulator, cluster, 
     assert 'grpojob_operator_reconciles_total{result="success"}' in text
     assert "grpojob_operator_reconcile_seconds_count" in text
     await eventually(lambda: ("Normal", "AllReady") in events(emulator, "prog"), what="event")
+
+    # Deleted by its user: kopf releases its finalizer, and the job's series leave the scrape.
+    await cluster.delete(job_path(NS, "prog"))
+    await eventually(lambda: emulator.get_obj(GRPOJOBS, NS, "prog") is None, what="job gone")
+    await eventually(lambda: 'job="prog"' not in operator.controller.metrics.exposition().decode(),
+                     what="job metrics forgotten")
+    assert 'grpojob_operator_jobs{phase="Running"} 0.0' in operator.controller.metrics.exposition().decode()
 
 
 async def test_suspend_checkpoints_scales_to_zero_and_resume_restarts(emulator, cluster, operator, trainer):
