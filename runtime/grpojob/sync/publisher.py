@@ -207,13 +207,11 @@ class WeightPublisher:
 
     # ---- delivery -----------------------------------------------------------------------------
     def _retain(self, named: list[tuple[str, torch.Tensor]]) -> _Retained:
-        specs = [(n, tuple(t.shape), t.dtype) for n, t in named]
+        """The buffers of this push: the previous ones when the layout did not change."""
+        layout = bk.plan([(n, tuple(t.shape), t.dtype) for n, t in named], self.bucket_bytes)
         old = self._retained
-        if old is None or [(e.name, e.shape) for b in old.layout.buckets for e in b.entries] != \
-                [(n, s) for n, s, _ in specs] or self.backend == "checkpoint":
-            layout = bk.plan(specs, self.bucket_bytes)
-            bufs = [] if self.backend == "checkpoint" else [bk.allocate(b, self.device)
-                                                            for b in layout.buckets]
+        if old is None or old.layout != layout or self.backend == "checkpoint":
+            bufs = [] if self.backend == "checkpoint" else [bk.allocate(b, self.device) for b in layout.buckets]
             self._retained = _Retained(layout, bufs)
         return self._retained
 
