@@ -35,7 +35,7 @@ def _env(job, tmp: Path) -> tuple[dict, int]:
                       sync_port=_free_port(), trainer_port=port)
     trainer = next(r for r in roles(job, where) if r.name == "trainer")
     env = {**os.environ, **trainer.env, "PET_NODE_RANK": "0", "OMP_NUM_THREADS": "1",
-           "GRPOJOB_LOG_FORMAT": "json"}
+           "GRPOJOB_LOG_FORMAT": "json", "GRPOJOB_ROLLOUT_SOURCE": "inprocess"}
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     return env, port
 

@@ -68,12 +68,20 @@ class Child:
             except ProcessLookupError:
                 pass
 
-    def tail(self, lines: int = 20) -> str:
+    def tail(self, lines: int = 12) -> str:
+        """The last lines of the log, led by the last error the process logged (under torchrun the
+        real error sits above the launcher's own report)."""
         try:
             with open(self.log_path, "rb") as f:
-                return b"".join(deque(f, maxlen=lines)).decode(errors="replace").rstrip()
+                text = f.read().decode(errors="replace")
         except OSError:
             return "(no log)"
+        all_lines = text.rstrip().splitlines()
+        errors = [ln for ln in all_lines if '"level": "ERROR"' in ln or " ERROR " in ln]
+        last = list(deque(all_lines, maxlen=lines))
+        if errors and errors[-1] not in last:
+            last = [errors[-1][:2000], "...", *last]
+        return "\n".join(last)
 
 
 def wait_any(children: list[Child], timeout: float) -> Optional[Child]:

@@ -45,12 +45,24 @@ def setup_logging(rank: int) -> None:
     root.propagate = False
 
 
-def make_source(job: GRPOJob, trainer) -> Any:
-    """The group source (and weight publisher) for this rank: a GroupSource, or a
-    (GroupSource, WeightPublisher) pair. For now every rank samples in-process."""
-    from .sources import InProcessSource
+# The plan always gives the trainer rollout servers; sampling inside the trainer process is for
+# running the trainer alone (its own tests, debugging).
+ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
 
-    return InProcessSource.for_trainer(trainer)
+
+def make_source(job: GRPOJob, trainer) -> Any:
+    """The group source and weight publisher of this rank: the rollout servers registered with
+    the weight-sync store hosted here, or an in-process sampler."""
+    kind = os.environ.get(ENV_ROLLOUT_SOURCE, "remote")
+    if kind == "inprocess":
+        from .sources import InProcessSource
+
+        return InProcessSource.for_trainer(trainer)
+    if kind != "remote":
+        raise ValueError(f"{ENV_ROLLOUT_SOURCE}={kind}: use remote or inprocess")
+    from .remote import make_remote
+
+    return make_remote(job, trainer, _listen_host())
 
 
 def _listen_host() -> str:
@@ -88,7 +100,10 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             port = int(os.environ.get(ENV_TRAINER_PORT) or job.spec.trainer.port)
             server = LeaderServer(board, _listen_host(), port).start()
         trainer = Trainer(job, env=env, source=lambda tr: make_source(job, tr), board=board, suspend_event=suspend)
-        phase = trainer.run()
+        try:
+            phase = trainer.run()
+        finally:
+            getattr(trainer.source, "close", lambda: None)()
         log.info("trainer %s", phase, extra={"step": trainer.step_count})
         return 0
     except BaseException as e:  # noqa: BLE001 - report every failure in /status and the exit code

@@ -79,7 +79,7 @@ class RemoteRollouts:
         stats = self.publisher.push(named_tensors, version)
         self.manager.set_policy_version(version)
         log.info("weights pushed", extra={"version": version, "seconds": round(stats.get("seconds", 0), 3),
-                                          "servers": len(stats.get("servers", []) or [])})
+                                          "servers": stats.get("servers")})
 
     def close(self) -> None:
         if self.manager is not None:

@@ -1,0 +1,115 @@
+"""`grpojob run` end to end: the real CLI starts the real trainer (torchrun) and rollout server
+processes on this machine, as the README's command does."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grpojob.local.progress import read_records
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "tiny-local.yaml"
+pytestmark = pytest.mark.slow
+
+
+def grpojob_run(run_dir: Path, *sets: str, cwd: Path) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "grpojob", "run", str(EXAMPLE), "--run-dir", str(run_dir), "--no-progress"]
+    for s in sets:
+        argv += ["--set", s]
+    return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def processes_of(run_dir: Path) -> list[int]:
+    """PIDs of every live process started for this run (they carry GRPOJOB_RUN_DIR)."""
+    needle = f"GRPOJOB_RUN_DIR={run_dir}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            env = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().split()[2]
+        except OSError:
+            continue
+        if needle in env and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def wait_steps(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 300) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = read_records(run_dir / "metrics.jsonl")
+        if len(records) >= n:
+            return records
+        if proc.poll() is not None:
+            pytest.fail(f"run ended early ({proc.returncode}):\n{proc.stdout.read()}")
+        time.sleep(0.5)
+    pytest.fail(f"fewer than {n} steps after {timeout}s")
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    yield tmp_path
+    for pid in processes_of(tmp_path / "run"):  # never leave a process behind, even on failure
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_tiny_local_run_learns(workdir):
+    """The README's command with fewer steps: reward must rise by at least 0.3."""
+    run_dir = workdir / "run"
+    proc = grpojob_run(run_dir, "training.steps=60", cwd=workdir)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 61))
+    first, last = records[0]["reward_mean"], records[-1]["reward_mean"]
+    assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}"
+    assert "building a tiny random model" in out and "done: 60 steps" in out
+    assert (run_dir / "final-model" / "config.json").exists()
+    assert (run_dir / "reward.png").stat().st_size > 1000
+    assert processes_of(run_dir) == []
+
+
+def test_interrupt_checkpoints_and_resume_continues(workdir):
+    run_dir = workdir / "run"
+    sets = ("training.steps=12", "checkpoint.everySteps=100")  # only the interrupt writes a checkpoint
+    proc = grpojob_run(run_dir, *sets, cwd=workdir)
+    wait_steps(run_dir, 3, proc)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0, out
+    assert "checkpoint" in out and "step-" in out, out
+    done = [r["step"] for r in read_records(run_dir / "metrics.jsonl")]
+    assert processes_of(run_dir) == []
+
+    proc = grpojob_run(run_dir, *sets, cwd=workdir)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    steps = [r["step"] for r in read_records(run_dir / "metrics.jsonl")]
+    assert steps == list(range(1, 13)), f"steps after resume: {steps} (before: {done})"
+    assert f"resuming after step {len(done)}" in out
+
+
+def test_a_dead_child_takes_the_run_down_cleanly(workdir):
+    run_dir = workdir / "run"
+    proc = grpojob_run(run_dir, "training.steps=200", cwd=workdir)
+    wait_steps(run_dir, 1, proc)
+    rollout = [p for p in processes_of(run_dir)
+               if b"GRPOJOB_ROLE=rollout" in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")]
+    assert rollout, "no rollout server process found"
+    os.kill(min(rollout), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 1, out
+    assert "rollout-0 exited with code -9" in out and "last lines" in out, out
+    deadline = time.monotonic() + 15
+    while processes_of(run_dir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(run_dir) == []
