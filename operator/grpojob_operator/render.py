@@ -28,8 +28,7 @@ def render(doc: dict, namespace: str, image: str | None = None) -> str:
 
 def main(args: argparse.Namespace) -> int:
     doc = load_manifest(args.file, args.set)
-    # The file's namespace, unless --namespace names another than the CLI's default.
-    given = args.namespace if args.namespace not in (None, "", "default") else None
-    namespace = given or (doc.get("metadata") or {}).get("namespace") or "default"
+    # --namespace wins, then the file's namespace, then "default" (as kubectl apply does).
+    namespace = args.namespace or (doc.get("metadata") or {}).get("namespace") or "default"
     sys.stdout.write(render(doc, namespace, args.image))
     return 0

@@ -97,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("render", help="print the Kubernetes objects the operator creates for a job")
     manifest_args(sp)
-    sp.add_argument("--namespace", default="default")
+    sp.add_argument("--namespace", default=None, help="namespace (default: the manifest's, else default)")
     sp.add_argument("--image", default=None, help="runtime image (default: the operator's default)")
     sp.set_defaults(fn=_delegate("grpojob_operator.render:main"))
 
