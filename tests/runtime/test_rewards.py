@@ -120,3 +120,11 @@ def test_failing_reward_names_itself(monkeypatch):
         scorer = RewardScorer(parse(doc, resolve_plugins=True).spec, FakeTokenizer())
         with pytest.raises(RewardError, match=rf"spec.rewards\[1\].*{words}"):
             scorer.score([group_of(["x"], {})])
+
+
+def test_greedy_baseline_completion_is_scored():
+    scorer = RewardScorer(parse(MINIMAL).spec, FakeTokenizer())
+    g = group_of(["\\boxed{1}", "\\boxed{2}"], {"answer": "2"})
+    g.baseline = group_of(["\\boxed{2}"], {}).completions[0]
+    scorer.score([g])
+    assert g.rewards == [0.0, 1.0] and g.baseline_reward == 1.0

@@ -72,6 +72,10 @@ class RewardScorer:
             else:
                 total.append(sum(r.weight * parts[n][j] for r, n in zip(self.specs, self.names)))
         group.rewards, group.reward_parts = total, parts
+        if group.baseline is not None:  # greedy-baseline workflow (ReMax): its reward is the baseline
+            text = group.baseline.text or self.decode(group.baseline.completion_ids)
+            values = [await self._call(i, fn, group.sample.prompt, text, row) for i, fn in enumerate(self.fns)]
+            group.baseline_reward = sum(r.weight * v for r, v in zip(self.specs, values))
 
     async def score_async(self, groups: list[Group]) -> None:
         await asyncio.gather(*(self.score_group(g) for g in groups))

@@ -61,6 +61,7 @@ class Group:
     # greedy-baseline workflow (ReMax): one greedy completion of the same prompt, sampled with
     # the same policy version; the reward scorer scores it and subtracts its reward as baseline.
     baseline: Optional[Completion] = None
+    baseline_reward: Optional[float] = None  # set by the reward scorer when baseline is set
 
 
 class Generator(Protocol):
