@@ -1,7 +1,9 @@
 """Data parallelism: 2 gloo ranks under torchrun end with the parameters of 1 rank trained on the
-same global batch (packing, loss normalisation and the gradient all-reduce are global)."""
+same global batch (packing, loss normalisation and the gradient all-reduce are global). The FSDP2
+case also resumes from the 1-rank run's step-2 checkpoint (another world size and wrapper)."""
+import json
 import os
-import subprocess
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,17 +16,11 @@ from grpojob.trainer.loop import Trainer
 from grpojob.trainer.sources import InProcessSource
 
 from .conftest import make_job
+from .procs import ROOT, free_port, procs  # noqa: F401 (fixture)
 
-ROOT = Path(__file__).resolve().parents[2]
-OVER = dict(training={"steps": 2, "promptsPerStep": 8, "microBatchTokens": 128},
-            algorithm={"name": "grpo", "groupSize": 4, "lossAggregation": "seq-mean-token-mean"})
-
-
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+OVER = dict(training={"steps": 3, "promptsPerStep": 8, "microBatchTokens": 128},
+            algorithm={"name": "grpo", "groupSize": 4, "lossAggregation": "seq-mean-token-mean"},
+            checkpoint={"everySteps": 2, "keepLast": 5})
 
 
 @pytest.fixture(scope="module")
@@ -34,32 +30,34 @@ def one_rank(tiny_dir, tmp_path_factory):
                  source=lambda t: InProcessSource.for_trainer(t, per_prompt_seed=True))
     before = {k: v.clone() for k, v in tr.model.state_dict().items()}
     tr.run()
-    return before, load_file(str(out / "final-model" / "model.safetensors"))
+    return before, load_file(str(out / "final-model" / "model.safetensors")), out / "ck" / "step-000002"
 
 
-def _torchrun(job, tmp: Path, nproc: int) -> dict:
+def _torchrun(procs, job, tmp: Path, nproc: int) -> tuple[dict, str]:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / CONFIG_FILE).write_text(render_config(job))
     env = {**os.environ, ENV_CONFIG: str(tmp / CONFIG_FILE), ENV_RUN_DIR: str(tmp),
            ENV_CHECKPOINT_DIR: str(tmp / "ck"), "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "-m", "tests.trainer.dist_worker"]
-    try:
-        proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=240)
-    except subprocess.TimeoutExpired as e:  # torchrun kills its workers when it is killed
-        pytest.fail(f"torchrun timed out: {e.stdout}\n{e.stderr}")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return load_file(str(tmp / "final-model" / "model.safetensors")), proc.stdout
+           "--master-addr=127.0.0.1", f"--master-port={free_port()}", "-m", "tests.trainer.dist_worker"]
+    proc = procs(cmd, env, tmp / "torchrun.log")
+    assert proc.wait(600) == 0, proc.tail(8000)
+    return load_file(str(tmp / "final-model" / "model.safetensors")), proc.log.read_text()
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_two_gloo_ranks_match_one_rank(tiny_dir, tmp_path, one_rank, strategy):
-    before, single = one_rank
+def test_two_gloo_ranks_match_one_rank(tiny_dir, tmp_path, one_rank, strategy, procs):
+    before, single, step2 = one_rank
     job = make_job(tiny_dir, **{**OVER, "trainer": {"processesPerReplica": 2},
                                "training": {**OVER["training"], "strategy": strategy}})
-    double, out = _torchrun(job, tmp_path, 2)
+    resume = strategy == "fsdp"
+    if resume:
+        shutil.copytree(step2, tmp_path / "ck" / step2.name)
+    double, out = _torchrun(procs, job, tmp_path, 2)
     assert f"rank 1/2 strategy {strategy}" in out
+    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == ([3] if resume else [1, 2, 3])
     assert single.keys() == double.keys()
     moved = max((single[k] - before[k]).abs().max().item() for k in single)
     assert moved > 1e-3, "the step changed nothing: the comparison would be vacuous"

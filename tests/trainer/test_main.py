@@ -3,8 +3,6 @@ suspend over HTTP and by SIGTERM (checkpoint, exit 0), resume, completion, and f
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -16,23 +14,16 @@ from grpojob import checkpoint
 from grpojob.plan import CONFIG_FILE, Placement, render_config, roles
 
 from .conftest import make_job
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from .procs import free_port, procs  # noqa: F401 (fixture)
 
 
 def _env(job, tmp: Path) -> tuple[dict, int]:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / CONFIG_FILE).write_text(render_config(job))
-    port = _free_port()
+    port = free_port()
     where = Placement(trainer_host="127.0.0.1", config_path=str(tmp / CONFIG_FILE),
-                      checkpoint_dir=str(tmp / "ck"), run_dir=str(tmp), rendezvous_port=_free_port(),
-                      sync_port=_free_port(), trainer_port=port)
+                      checkpoint_dir=str(tmp / "ck"), run_dir=str(tmp), rendezvous_port=free_port(),
+                      sync_port=free_port(), trainer_port=port)
     trainer = next(r for r in roles(job, where) if r.name == "trainer")
     env = {**os.environ, **trainer.env, "PET_NODE_RANK": "0", "OMP_NUM_THREADS": "1",
            "GRPOJOB_LOG_FORMAT": "json", "GRPOJOB_ROLLOUT_SOURCE": "inprocess"}
@@ -40,43 +31,15 @@ def _env(job, tmp: Path) -> tuple[dict, int]:
     return env, port
 
 
-class Proc:
-    def __init__(self, cmd, env, log: Path):
-        self.log = log
-        self.f = open(log, "w")
-        self.p = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=self.f, stderr=subprocess.STDOUT,
-                                  start_new_session=True)
-
-    def wait(self, timeout=120) -> int:
-        try:
-            return self.p.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"trainer did not exit in {timeout}s:\n{self.log.read_text()[-3000:]}")
-
-    def kill(self):
-        if self.p.poll() is None:
-            os.killpg(self.p.pid, signal.SIGKILL)
-            self.p.wait(10)
-        self.f.close()
-
-
-@pytest.fixture
-def procs():
-    started = []
-    yield lambda *a: started.append(Proc(*a)) or started[-1]
-    for p in started:
-        p.kill()
-
-
 def _status(port):
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
         return json.loads(r.read())
 
 
-def _wait_status(port, proc, pred, timeout=90):
+def _wait_status(port, proc, pred, timeout=300):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.p.poll() is None, f"trainer exited early:\n{proc.log.read_text()[-3000:]}"
+        assert proc.p.poll() is None, f"trainer exited early:\n{proc.tail()}"
         try:
             doc = _status(port)
             if pred(doc):
@@ -84,7 +47,7 @@ def _wait_status(port, proc, pred, timeout=90):
         except OSError:
             pass
         time.sleep(0.05)
-    pytest.fail(f"status condition not met in {timeout}s:\n{proc.log.read_text()[-3000:]}")
+    pytest.fail(f"status condition not met in {timeout}s:\n{proc.tail()}")
 
 
 def _records(tmp):
@@ -103,7 +66,7 @@ def test_suspend_over_http_then_sigterm_then_resume_to_completion(tiny_dir, tmp_
     assert "grpojob_trainer_total_steps 400.0" in text and 'grpojob_stage_seconds_count{stage="train"}' in text
     urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/suspend", method="POST", data=b""),
                            timeout=5).close()
-    assert first.wait() == 0, first.log.read_text()[-3000:]
+    assert first.wait() == 0, first.tail()
     stopped = len(_records(tmp_path))
     assert 2 <= stopped < 400
     assert checkpoint.latest(tmp_path / "ck").name == f"step-{stopped:06d}"
@@ -112,7 +75,7 @@ def test_suspend_over_http_then_sigterm_then_resume_to_completion(tiny_dir, tmp_
     second = procs([sys.executable, "-m", "grpojob", "trainer"], env, tmp_path / "second.log")
     _wait_status(port, second, lambda d: d["step"] >= stopped + 2)
     second.p.send_signal(signal.SIGTERM)
-    assert second.wait() == 0, second.log.read_text()[-3000:]
+    assert second.wait() == 0, second.tail()
     steps = [r["step"] for r in _records(tmp_path)]
     assert steps == list(range(1, len(steps) + 1)), "resume must continue the step count"
     assert checkpoint.latest(tmp_path / "ck").name == f"step-{len(steps):06d}"
@@ -122,7 +85,7 @@ def test_suspend_over_http_then_sigterm_then_resume_to_completion(tiny_dir, tmp_
     short = make_job(tiny_dir, training={"steps": len(steps) + 2}, checkpoint={"everySteps": 1000})
     (tmp_path / CONFIG_FILE).write_text(render_config(short))
     third = procs(cmd, env, tmp_path / "third.log")
-    assert third.wait() == 0, third.log.read_text()[-3000:]
+    assert third.wait() == 0, third.tail()
     assert [r["step"] for r in _records(tmp_path)][-2:] == [len(steps) + 1, len(steps) + 2]
     assert (tmp_path / "final-model" / "model.safetensors").is_file()
 
