@@ -109,7 +109,7 @@ def test_leaving_out_zero_advantage_sequences_is_exact(tiny_dir):
     def grads(prep, algorithm):
         model.zero_grad()
         for mb in pack(prep.seqs, 256):
-            logp, _ = policy(mb.input_ids, mb.position_ids, mb.token_index, mb.targets)
+            logp, _ = policy(mb.input_ids, mb.position_ids, mb.attention_mask, mb.token_index, mb.targets)
             terms = algorithm.policy_loss(algorithms.TokenBatch(
                 logp=logp, old_logp=logp.detach(), rollout_logp=mb.rollout_logp, advantages=mb.advantages,
                 seq_index=mb.seq_index, n_seqs=mb.n_seqs))

@@ -62,4 +62,8 @@ def test_two_gloo_ranks_match_one_rank(tiny_dir, tmp_path, one_rank, strategy, p
     moved = max((single[k] - before[k]).abs().max().item() for k in single)
     assert moved > 1e-3, "the step changed nothing: the comparison would be vacuous"
     for k in single:
-        torch.testing.assert_close(double[k], single[k], atol=2e-5, rtol=1e-4, msg=k)
+        # Float summation order differs (other packing, the all-reduce); Adam turns that into
+        # differences up to ~1e-5 after 3 steps. A real error (e.g. a loss not scaled for the
+        # gradient average) moves many weights by ~lr/10 = 3e-4.
+        torch.testing.assert_close(double[k], single[k], atol=1e-4, rtol=1e-4,
+                                   msg=lambda m, k=k: f"{k}: {m}")

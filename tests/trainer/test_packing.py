@@ -14,18 +14,20 @@ def model(tiny_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="sdpa").eval()
 
 
-def _seqs(n=12, seed=0):
+def _seqs(n_groups=4, group=3, seed=0):
+    """Groups of completions sharing a prompt (as a step has them), lengths 1..8, some loss masks
+    with holes (e.g. tool tokens in a multi-turn completion)."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for i in range(n):
-        p = int(torch.randint(1, 12, (1,), generator=g))
-        c = int(torch.randint(1, 9, (1,), generator=g))
-        mask = [1] * c
-        if c > 2 and i % 3 == 0:
-            mask[1] = 0  # e.g. a tool token inside a multi-turn completion
-        out.append(TrainSeq(prompt_ids=torch.randint(3, 500, (p,), generator=g).tolist(),
-                            completion_ids=torch.randint(3, 500, (c,), generator=g).tolist(),
-                            loss_mask=mask, rollout_logprobs=[-1.0] * c, advantage=float(i)))
+    for i in range(n_groups):
+        prompt = torch.randint(3, 500, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+        for k in range(group):
+            c = int(torch.randint(1, 9, (1,), generator=g))
+            mask = [1] * c
+            if c > 2 and k == 1:
+                mask[1] = 0
+            out.append(TrainSeq(prompt_ids=prompt, completion_ids=torch.randint(3, 500, (c,), generator=g).tolist(),
+                                loss_mask=mask, rollout_logprobs=[-1.0] * c, advantage=float(len(out))))
     return out
 
 
@@ -43,20 +45,27 @@ def test_plan_places_every_sequence_once_within_budget():
         plan([200], budget=128)
 
 
-def test_packed_tensors_have_restarting_positions_and_right_targets():
-    seqs = _seqs(6)
+def test_shared_prompt_units_positions_and_mask():
+    seqs = _seqs(2, 3)
     (mb,) = pack(seqs, budget=4096)
-    flat_ids = mb.input_ids.reshape(-1)
+    p0 = len(seqs[0].prompt_ids)
+    # one unit per group: the prompt once, then each completion's inputs
+    assert mb.n_tokens == sum(len(seqs[g * 3].prompt_ids) + sum(len(s.completion_ids) - 1 for s in seqs[g * 3:g * 3 + 3])
+                              for g in range(2))
+    assert mb.n_tokens < sum(s.n_inputs for s in seqs)
     for k in range(len(mb.targets)):
         s = seqs[mb.seqs[mb.seq_index[k]]]
-        assert mb.targets[k].item() in s.completion_ids
-        assert mb.advantages[k].item() == s.advantage
-    # every row's positions restart at 0 where a sequence starts
+        assert mb.targets[k].item() in s.completion_ids and mb.advantages[k].item() == s.advantage
     row = mb.position_ids[0].tolist()
-    assert row[0] == 0 and row.count(0) >= 1
-    assert mb.n_tokens == sum(s.n_inputs for s in seqs)
+    assert row[:p0] == list(range(p0))
+    n1 = len(seqs[0].completion_ids) - 1
+    assert row[p0:p0 + n1] == list(range(p0, p0 + n1))  # completion positions continue from the prompt
+    if n1 and len(seqs[1].completion_ids) > 1:
+        second = p0 + n1
+        assert row[second] == p0  # the next completion restarts right after the prompt
+        m = mb.attention_mask[0, 0]
+        assert m[second, :p0].all() and not m[second, p0:second].any()  # sees the prompt, not completion 1
     assert len(mb.targets) == sum(s.n_trained for s in seqs)
-    assert flat_ids.numel() >= mb.n_tokens
 
 
 def _reference(model, seqs):
@@ -71,22 +80,34 @@ def _reference(model, seqs):
     return out
 
 
-@pytest.mark.parametrize("budget,row_tokens", [(4096, 256), (64, 32), (4096, 16)])
-def test_packed_logprobs_equal_unpacked(model, budget, row_tokens):
-    seqs = _seqs(12)
+@pytest.mark.parametrize("budget,row_tokens,share", [(4096, 256, True), (64, 32, True), (4096, 16, True),
+                                                     (64, 32, False)])
+def test_packed_logprobs_equal_unpacked(model, budget, row_tokens, share):
+    seqs = _seqs()
     policy = PolicyLogprobs(model)
     ref = _reference(model, seqs)
-    mbs = pack(seqs, budget=budget, row_tokens=row_tokens)
+    mbs = pack(seqs, budget=budget, row_tokens=row_tokens, share_prompts=share)
     assert len(mbs) >= 1
     seen = set()
     for mb in mbs:
         with torch.no_grad():
-            logp, _ = policy(mb.input_ids, mb.position_ids, mb.token_index, mb.targets)
+            logp, _ = policy(mb.input_ids, mb.position_ids, mb.attention_mask, mb.token_index, mb.targets)
         for local, i in enumerate(mb.seqs):
-            mine = logp[mb.seq_index == local]
-            torch.testing.assert_close(mine, ref[i], atol=2e-5, rtol=1e-5)
+            torch.testing.assert_close(logp[mb.seq_index == local], ref[i], atol=2e-5, rtol=1e-5)
             seen.add(i)
     assert seen == set(range(len(seqs)))
+
+
+def test_position_ids_alone_separate_packed_sequences(model):
+    """Without an explicit mask, transformers derives the block-diagonal mask from position ids
+    restarting at 0 (rows of whole sequences)."""
+    seqs = _seqs()
+    ref = _reference(model, seqs)
+    (mb,) = pack(seqs, budget=4096, share_prompts=False)
+    with torch.no_grad():
+        logp, _ = PolicyLogprobs(model)(mb.input_ids, mb.position_ids, None, mb.token_index, mb.targets)
+    for local, i in enumerate(mb.seqs):
+        torch.testing.assert_close(logp[mb.seq_index == local], ref[i], atol=2e-5, rtol=1e-5)
 
 
 def test_chunked_logprobs_match_log_softmax_with_and_without_recompute(model, monkeypatch):
@@ -114,5 +135,5 @@ def test_chunked_logprobs_match_log_softmax_with_and_without_recompute(model, mo
 def test_dummy_micro_batch_trains_nothing(model):
     policy = PolicyLogprobs(model)
     mb = dummy(0)
-    logp, _ = policy(mb.input_ids, mb.position_ids, mb.token_index, mb.targets)
+    logp, _ = policy(mb.input_ids, mb.position_ids, mb.attention_mask, mb.token_index, mb.targets)
     assert logp.shape == (1,) and mb.coef.sum() == 0 and mb.is_dummy

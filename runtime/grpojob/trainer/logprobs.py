@@ -64,12 +64,14 @@ class PolicyLogprobs(nn.Module):
             raise ValueError(f"model class {type(model).__name__} is not a decoder with an output layer "
                              f"(expected a *ForCausalLM with base_model and get_output_embeddings())")
 
-    def forward(self, input_ids: Tensor, position_ids: Tensor, token_index: Tensor, targets: Tensor,
-                temperature: float = 1.0, entropy: bool = False) -> tuple[Tensor, Tensor]:
-        """input_ids/position_ids [R, L]; token_index [N] positions (flat over R*L) whose next token
-        is targets [N]. Packed rows: position ids restart at 0 per sequence and no attention mask
-        is passed, so transformers builds the block-diagonal causal mask from them."""
-        out = self.model.base_model(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+    def forward(self, input_ids: Tensor, position_ids: Tensor, attention_mask: Optional[Tensor], token_index: Tensor,
+                targets: Tensor, temperature: float = 1.0, entropy: bool = False) -> tuple[Tensor, Tensor]:
+        """input_ids/position_ids [R, L]; attention_mask [R, 1, L, L] bool (True: may attend), or
+        None for rows packed by position ids alone (transformers then derives the block-diagonal
+        causal mask from ids restarting at 0); token_index [N] positions (flat over R*L) whose next
+        token is targets [N]."""
+        out = self.model.base_model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                                    use_cache=False)
         hidden = out.last_hidden_state
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, token_index)
         logp, ent = token_logprobs(self.model.get_output_embeddings(), hidden, targets, temperature, entropy)

@@ -240,8 +240,8 @@ class Trainer:
     # ---- one step -------------------------------------------------------------------------
     def _forward(self, module, mb: MicroBatch, entropy: bool):
         d = self.env.device
-        return module(mb.input_ids.to(d), mb.position_ids.to(d), mb.token_index.to(d), mb.targets.to(d),
-                      self.temperature, entropy)
+        return module(mb.input_ids.to(d), mb.position_ids.to(d), mb.attention_mask.to(d), mb.token_index.to(d),
+                      mb.targets.to(d), self.temperature, entropy)
 
     def _optimize(self, prep: Prepared) -> dict[str, Any]:
         spec, env = self.spec, self.env
