@@ -13,6 +13,27 @@ from pathlib import Path
 from typing import Optional
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (torchrun starts its ranks in sessions of their own, so
+    signalling its process group does not reach them)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -62,9 +83,17 @@ class Child:
             return self.proc.wait(timeout=10)
 
     def kill(self) -> None:
-        if self.proc:
-            try:  # the leader may be gone while ranks linger in its group
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        """SIGKILL the child, its process group and every descendant (ranks in other sessions)."""
+        if not self.proc:
+            return
+        tree = descendants(self.proc.pid)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        for pid in tree:
+            try:
+                os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
