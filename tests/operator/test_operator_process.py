@@ -5,25 +5,18 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
-
+from grpojob.local.processes import free_port
 from grpojob_operator import names as n
 
 from .cluster import eventually
 from .conftest import NS, job_manifest, job_path
 from .kmock_shim import GRPOJOBS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("how", ["grpojob", "kopf"])

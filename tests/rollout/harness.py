@@ -1,11 +1,9 @@
 """Test helpers for rollout servers and weight sync: jobs, server processes, reference models."""
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,10 +13,20 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from grpojob.local.processes import free_port  # noqa: F401 - re-exported for the tests
+from grpojob.plan import (
+    ENV_ADVERTISE_HOST,
+    ENV_BACKEND,
+    ENV_CHECKPOINT_DIR,
+    ENV_CONFIG,
+    ENV_LOG_FORMAT,
+    ENV_REPLICA_ID,
+    ENV_ROLLOUT_PORT,
+    ENV_SYNC_ADDR,
+    render_config,
+)
 
-from grpojob.api import parse
-from grpojob.plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_LOG_FORMAT,
-                          ENV_REPLICA_ID, ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, render_config)
+from tests.helpers.jobs import job_from
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,29 +42,13 @@ BASE = {
 }
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def make_job(model_dir, **over):
-    spec = _merge(BASE, over)
-    spec["model"]["path"] = str(model_dir)
-    return parse({"apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "t"},
-                  "spec": spec})
+    return job_from(BASE, model_dir, **over)
 
 
 def write_config(job, path: Path) -> Path:
     path.write_text(render_config(job))
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, body: Optional[dict] = None, timeout: float = 60.0) -> tuple[int, dict]:

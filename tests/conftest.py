@@ -1,3 +1,4 @@
+"""Fixtures every layer shares: the tiny models, built once per test session (nothing from a hub)."""
 from pathlib import Path
 
 import pytest
