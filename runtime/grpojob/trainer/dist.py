@@ -54,6 +54,12 @@ def _device(local_rank: int) -> torch.device:
 
 def shutdown(env: DistEnv) -> None:
     if env.initialized and dist.is_initialized():
+        # Leave together: destroying a gloo group while a peer still has work in flight aborts
+        # the process ("terminate called without an active exception").
+        try:
+            dist.barrier()
+        except Exception:  # noqa: BLE001 - a dead peer: nothing left to wait for
+            pass
         dist.destroy_process_group()
 
 
