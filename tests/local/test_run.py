@@ -113,3 +113,12 @@ def test_a_dead_child_takes_the_run_down_cleanly(workdir):
     while processes_of(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_of(run_dir) == []
+
+
+def test_greedy_baseline_workflow_runs_end_to_end(workdir):
+    """ReMax through the real servers: the greedy completion is generated, scored and used."""
+    run_dir = workdir / "run"
+    proc = grpojob_run(run_dir, "training.steps=3", "rollout.workflow=greedy-baseline", cwd=workdir)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    assert [r["step"] for r in read_records(run_dir / "metrics.jsonl")] == [1, 2, 3]

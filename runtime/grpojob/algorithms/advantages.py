@@ -42,20 +42,28 @@ def group_std(rewards: Sequence[float]) -> float:
 
 
 def compute(groups: Sequence[Sequence[float]], baseline: str = "mean", normalization: str = "group",
-            allreduce: Optional[AllReduce] = None, eps: float = EPS) -> list[list[float]]:
+            allreduce: Optional[AllReduce] = None, eps: float = EPS,
+            external: Optional[Sequence[Optional[float]]] = None) -> list[list[float]]:
     """Advantages, one list per group.
 
     group: (r - baseline) / (std of the group + eps)  (GRPO)
     batch: (c - mean(c)) / (std(c) + eps) with c = r - baseline over every completion of the
            GLOBAL batch (REINFORCE++-style whitening; mean(c) is 0 for the built-in baselines)
     none:  r - baseline  (Dr. GRPO, RLOO)
-    Groups whose rewards are all equal get advantage 0 in every mode (never NaN)."""
+    Groups whose rewards are all equal get advantage 0 in every mode (never NaN).
+
+    external: per group, a baseline reward measured outside the group (the greedy-baseline
+    workflow's greedy completion, ReMax) or None; where given it replaces the group baseline,
+    so equal rewards can still differ from it, and a group std of 0 leaves r - b unscaled."""
     if normalization not in NORMALIZATIONS:
         raise ValueError(f"algorithm.advantageNormalization: unknown '{normalization}' "
                          f"(use {', '.join(NORMALIZATIONS)})")
-    cents = [centred(g, baseline) for g in groups]
+    external = list(external) if external is not None else [None] * len(groups)
+    cents = [centred(g, baseline) if b is None else torch.tensor(list(g), dtype=torch.float64) - b
+             for g, b in zip(groups, external)]
     if normalization == "group":
-        return [(c / (group_std(g) + eps)).tolist() for c, g in zip(cents, groups)]
+        return [(c / (std + eps) if (std := group_std(g)) > 0 or b is None else c).tolist()
+                for c, g, b in zip(cents, groups, external)]
     if normalization == "none":
         return [c.tolist() for c in cents]
     allreduce = allreduce or _identity

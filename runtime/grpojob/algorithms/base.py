@@ -79,9 +79,10 @@ class Algorithm:
             log.info("algorithm %s sets %s", self.name, changed)
         return dataclasses.replace(s, **self.overrides)
 
-    def advantages(self, rewards: Sequence[Sequence[float]], allreduce=None) -> list[list[float]]:
+    def advantages(self, rewards: Sequence[Sequence[float]], allreduce=None,
+                   baselines: Optional[Sequence[Optional[float]]] = None) -> list[list[float]]:
         s = self.settings
-        return adv_fns.compute(rewards, s.baseline, s.normalization, allreduce)
+        return adv_fns.compute(rewards, s.baseline, s.normalization, allreduce, external=baselines)
 
     def log_ratio(self, b: TokenBatch) -> Tensor:
         return b.logp - b.old_logp

@@ -76,7 +76,9 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
         shaped.append(rewards)
     zero_std = [len(set(r)) <= 1 for r in shaped]
     keep = [i for i in range(len(groups)) if not (s.dynamic_sampling and zero_std[i])]
-    advantages = algorithm.advantages([shaped[i] for i in keep], allreduce=lambda t: all_sum(t, env))
+    baselines = [groups[i].baseline_reward for i in keep]  # greedy-baseline workflow (ReMax)
+    advantages = algorithm.advantages([shaped[i] for i in keep], allreduce=lambda t: all_sum(t, env),
+                                      baselines=baselines if any(b is not None for b in baselines) else None)
 
     seqs: list[TrainSeq] = []
     for gi, adv in zip(keep, advantages):
