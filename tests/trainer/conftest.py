@@ -5,6 +5,8 @@ import pytest
 
 from grpojob.api import parse
 
+from .procs import Proc
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
@@ -41,3 +43,12 @@ def make_job(model_dir, **over):
     spec = _merge(BASE, over)
     spec["model"]["path"] = str(model_dir)
     return parse({"apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "t"}, "spec": spec})
+
+
+@pytest.fixture
+def procs():
+    """procs(cmd, env, log_path) -> Proc; every one is killed (with its tree) at teardown."""
+    started: list[Proc] = []
+    yield lambda *a: started.append(Proc(*a)) or started[-1]
+    for p in started:
+        p.kill()

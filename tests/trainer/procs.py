@@ -60,12 +60,3 @@ class Proc:
                 pass
         self.p.wait(10)
         self.f.close()
-
-
-@pytest.fixture
-def procs():
-    """procs(cmd, env, log_path) -> Proc; every one is killed (with its tree) at teardown."""
-    started: list[Proc] = []
-    yield lambda *a: started.append(Proc(*a)) or started[-1]
-    for p in started:
-        p.kill()

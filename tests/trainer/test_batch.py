@@ -94,8 +94,9 @@ class NoSkip(Algorithm):
 def test_leaving_out_zero_advantage_sequences_is_exact(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    groups = lambda: [group(0, [1.0, 0.0, 0.5], lengths=[2, 4, 3]), group(1, [0.2, 0.2, 0.2]),
-                      group(2, [0.0, 1.0, 1.0], lengths=[1, 2, 4])]
+    def groups():
+        return [group(0, [1.0, 0.0, 0.5], lengths=[2, 4, 3]), group(1, [0.2, 0.2, 0.2]),
+                group(2, [0.0, 1.0, 1.0], lengths=[1, 2, 4])]
     fast, full = algo(), NoSkip(AlgorithmSpec(), max_tokens=4)
     assert skips_zero_advantage(fast) and not skips_zero_advantage(full)
     assert not skips_zero_advantage(algo(kl_beta=0.1))

@@ -10,7 +10,6 @@ from grpojob import checkpoint
 from grpojob.trainer.loop import Trainer
 
 from .conftest import make_job
-from .procs import procs  # noqa: F401 (fixture)
 
 
 def _params(model):

@@ -16,7 +16,7 @@ from grpojob.trainer.loop import Trainer
 from grpojob.trainer.sources import InProcessSource
 
 from .conftest import make_job
-from .procs import ROOT, free_port, procs  # noqa: F401 (fixture)
+from .procs import ROOT, free_port
 
 OVER = dict(training={"steps": 3, "promptsPerStep": 8, "microBatchTokens": 128},
             algorithm={"name": "grpo", "groupSize": 4, "lossAggregation": "seq-mean-token-mean"},

@@ -14,7 +14,7 @@ from grpojob import checkpoint
 from grpojob.plan import CONFIG_FILE, Placement, render_config, roles
 
 from .conftest import make_job
-from .procs import free_port, procs  # noqa: F401 (fixture)
+from .procs import free_port
 
 
 def _env(job, tmp: Path) -> tuple[dict, int]:

@@ -19,7 +19,7 @@ def _seqs(n_groups=4, group=3, seed=0):
     with holes (e.g. tool tokens in a multi-turn completion)."""
     g = torch.Generator().manual_seed(seed)
     out = []
-    for i in range(n_groups):
+    for _ in range(n_groups):
         prompt = torch.randint(3, 500, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
         for k in range(group):
             c = int(torch.randint(1, 9, (1,), generator=g))
@@ -50,8 +50,8 @@ def test_shared_prompt_units_positions_and_mask():
     (mb,) = pack(seqs, budget=4096)
     p0 = len(seqs[0].prompt_ids)
     # one unit per group: the prompt once, then each completion's inputs
-    assert mb.n_tokens == sum(len(seqs[g * 3].prompt_ids) + sum(len(s.completion_ids) - 1 for s in seqs[g * 3:g * 3 + 3])
-                              for g in range(2))
+    per_group = [len(seqs[g].prompt_ids) + sum(len(s.completion_ids) - 1 for s in seqs[g:g + 3]) for g in (0, 3)]
+    assert mb.n_tokens == sum(per_group)
     assert mb.n_tokens < sum(s.n_inputs for s in seqs)
     for k in range(len(mb.targets)):
         s = seqs[mb.seqs[mb.seq_index[k]]]
