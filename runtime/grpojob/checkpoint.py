@@ -106,7 +106,7 @@ def prune(root: str | Path, keep_last: int) -> list[Path]:
 
 def load_state(path: str | Path) -> dict[str, Any]:
     """The trainer state of a checkpoint directory."""
-    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=False)
+    return torch.load(Path(path) / STATE_FILE, map_location="cpu", weights_only=True)  # no pickled code
 
 
 def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:

@@ -51,7 +51,9 @@ def skips_zero_advantage(algorithm: Algorithm) -> bool:
     """A sequence with advantage 0 adds exactly nothing to the loss or its gradient when the
     algorithm uses the stock per-token loss (A * clipped ratio * IS weight) and there is no KL
     term: such sequences are left out of the forward/backward (they still count in the
-    normalisers, so the result is identical). Saturated groups are common late in training."""
+    normalisers, so the gradient is identical). Saturated groups are common late in training.
+    When nothing is left on any rank, the step makes no update (no learning signal). Entropy and
+    clip statistics then describe the trained tokens."""
     return type(algorithm).policy_loss is Algorithm.policy_loss and algorithm.settings.kl_beta == 0
 
 

@@ -13,6 +13,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Union
 
@@ -318,7 +319,9 @@ class Trainer:
                            env, self.reward_names)
             lr = self.scheduler.get_last_lr()[0]
             train = self._optimize(prep)
-            self.scheduler.step()
+            with warnings.catch_warnings():  # a skipped step has no optimizer.step(); the schedule is per step
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+                self.scheduler.step()
         self.step_count += 1
         self.version += 1
         published = False
