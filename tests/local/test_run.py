@@ -122,3 +122,17 @@ def test_greedy_baseline_workflow_runs_end_to_end(workdir):
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     assert [r["step"] for r in read_records(run_dir / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_two_trainer_ranks_share_the_rollout_servers(workdir):
+    """processesPerReplica 2: torchrun starts 2 gloo ranks; rank 0 drives the rollout servers for
+    the whole batch and hands each rank its share."""
+    run_dir = workdir / "run"
+    proc = grpojob_run(run_dir, "training.steps=3", "trainer.processesPerReplica=2", "rollout.replicas=2",
+                       cwd=workdir)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["groups"] == 16 for r in records), records[-1]  # the global batch, both ranks' shares
+    assert "trainer 1 x 2" in out and "2 x hf rollout" in out

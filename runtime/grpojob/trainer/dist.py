@@ -52,14 +52,16 @@ def _device(local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
-def shutdown(env: DistEnv) -> None:
+def shutdown(env: DistEnv, clean: bool = True) -> None:
+    """clean: every rank finished normally, so they leave together (destroying a gloo group while
+    a peer still has work in flight aborts the process: "terminate called without an active
+    exception"). After a failure no barrier: the peers may be stuck in another collective."""
     if env.initialized and dist.is_initialized():
-        # Leave together: destroying a gloo group while a peer still has work in flight aborts
-        # the process ("terminate called without an active exception").
-        try:
-            dist.barrier()
-        except Exception:  # noqa: BLE001 - a dead peer: nothing left to wait for
-            pass
+        if clean:
+            try:
+                dist.barrier()
+            except Exception:  # noqa: BLE001 - a dead peer: nothing left to wait for
+                pass
         dist.destroy_process_group()
 
 

@@ -91,6 +91,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
     board: Optional[StatusBoard] = None
     server: Optional[LeaderServer] = None
     env = None
+    clean = False
     try:
         job = config.load()
         env = dist.init(timeout_seconds=max(1800, job.spec.weight_sync.timeout_seconds))
@@ -105,6 +106,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         finally:
             getattr(trainer.source, "close", lambda: None)()
         log.info("trainer %s", phase, extra={"step": trainer.step_count})
+        clean = True
         return 0
     except BaseException as e:  # noqa: BLE001 - report every failure in /status and the exit code
         if isinstance(e, KeyboardInterrupt):
@@ -120,6 +122,6 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         return 1
     finally:
         if env is not None:
-            dist.shutdown(env)
+            dist.shutdown(env, clean=clean)
         if server is not None:
             server.stop()

@@ -29,7 +29,7 @@ def sync_address() -> tuple[str, int]:
 
 
 class RemoteRollouts:
-    """GroupSource on every rank; WeightPublisher on rank 0 (see trainer.sources)."""
+    """The GroupSource of every rank; rank 0's also pushes weights (through `Publisher`)."""
 
     def __init__(self, job, trainer, listen_host: str):
         from ..rollout import workflows
@@ -39,10 +39,9 @@ class RemoteRollouts:
 
         self.env = trainer.env
         spec = job.spec
+        # A resumed policy differs from the weights on disk: no version is current until the
+        # trainer's first publish (the loop publishes once after a resume, before its first step).
         resumed = trainer.version > 0
-        # Collective on every rank: a resumed policy differs from the weights on disk, so the
-        # servers must get it before they may serve.
-        state = trainer.hf_state() if resumed else None
         self.publisher = self.manager = None
         if self.env.is_leader:
             _, port = sync_address()
@@ -52,9 +51,6 @@ class RemoteRollouts:
             self.manager = RolloutManager(client, workflows.build(spec, trainer.tokenizer),
                                           max_staleness=spec.algorithm.max_staleness,
                                           policy_version=trainer.version)
-            if resumed:
-                assert state is not None
-                self.publish(state.items(), trainer.version)
 
     def next_groups(self, samples: Sequence[Sample], policy_version: int) -> list[Group]:
         if self.env.world == 1:
@@ -74,7 +70,7 @@ class RemoteRollouts:
         tdist.scatter_object_list(mine, out, src=0)
         return mine[0]
 
-    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+    def push_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         assert self.publisher is not None and self.manager is not None
         stats = self.publisher.push(named_tensors, version)
         self.manager.set_policy_version(version)
@@ -88,7 +84,18 @@ class RemoteRollouts:
             self.publisher.close()
 
 
+class Publisher:
+    """Rank 0's WeightPublisher (a separate object: a source with `publish` would be taken for a
+    publisher on every rank)."""
+
+    def __init__(self, remote: RemoteRollouts):
+        self.remote = remote
+
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        self.remote.push_weights(named_tensors, version)
+
+
 def make_remote(job, trainer, listen_host: str):
     """(GroupSource, WeightPublisher or None) for this rank."""
     remote = RemoteRollouts(job, trainer, listen_host)
-    return remote, (remote if trainer.env.is_leader else None)
+    return remote, (Publisher(remote) if trainer.env.is_leader else None)
