@@ -1,7 +1,6 @@
 """The committed CRD is exactly what the models generate, is a valid CRD, and accepts the examples."""
 from __future__ import annotations
 
-import copy
 import subprocess
 import sys
 

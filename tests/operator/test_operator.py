@@ -11,7 +11,6 @@ from typing import Any
 
 import aiohttp
 import kmock
-import pytest
 
 from grpojob.api import parse
 from grpojob_operator import children
@@ -22,7 +21,7 @@ from tests.helpers.k8s_schema import validate_all
 from .cluster import Cluster, eventually
 from .conftest import NS, job_manifest, job_path
 from .harness import OperatorThread, TrainerStub
-from .kmock_shim import CONFIGMAPS, DEPLOYMENTS, EVENTS, GRPOJOBS, PODS, SERVICES, STATEFULSETS, Emulator, fail_next
+from .kmock_shim import CONFIGMAPS, DEPLOYMENTS, EVENTS, GRPOJOBS, SERVICES, STATEFULSETS, Emulator, fail_next
 
 CHILD_RESOURCES = (CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation")

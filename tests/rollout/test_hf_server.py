@@ -7,8 +7,7 @@ import pytest
 
 from grpojob.sync.publisher import WeightPublisher
 
-from .harness import (PROMPTS, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb, wait_for,
-                      write_config)
+from .harness import (PROMPTS, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb, write_config)
 
 MAX_TOKENS = 12
 

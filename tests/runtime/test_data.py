@@ -8,7 +8,6 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from transformers import AutoTokenizer
 
 from grpojob.api import parse
 from grpojob.data import DatasetError, PromptStream, load_samples

@@ -1,23 +1,8 @@
-import copy
-from pathlib import Path
-
 import pytest
 
-from grpojob.api import parse
+from tests.helpers.jobs import job_from
 
 from .procs import Proc
-
-
-@pytest.fixture(scope="session")
-def tiny_dir(tmp_path_factory) -> Path:
-    from grpojob.tiny import build
-    return build(tmp_path_factory.mktemp("models") / "tiny")
-
-
-@pytest.fixture(scope="session")
-def tiny_tied_dir(tmp_path_factory) -> Path:
-    from grpojob.tiny import build
-    return build(tmp_path_factory.mktemp("models") / "tiny-tied", tie_embeddings=True)
 
 
 BASE = {
@@ -31,18 +16,9 @@ BASE = {
 }
 
 
-def _merge(base: dict, over: dict) -> dict:
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def make_job(model_dir, **over):
     """A GRPOJob for the toy task on the tiny model; keyword overrides merge into the spec."""
-    spec = _merge(BASE, over)
-    spec["model"]["path"] = str(model_dir)
-    return parse({"apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "t"}, "spec": spec})
+    return job_from(BASE, model_dir, **over)
 
 
 @pytest.fixture

@@ -4,36 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from grpojob.local.processes import descendants, free_port  # noqa: F401 - re-exported
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def descendants(root: int) -> list[int]:
-    parents = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                parents[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-    out, todo = [], [root]
-    while todo:
-        parent = todo.pop()
-        kids = [pid for pid, ppid in parents.items() if ppid == parent]
-        out += kids
-        todo += kids
-    return out
 
 
 class Proc:
