@@ -224,6 +224,25 @@ def trainer_service(job: GRPOJob, role: plan.Role, namespace: str, owner: Option
             }}
 
 
+def _container(name: str, role: plan.Role, w: WorkloadSpec, image: str, mounts: list[dict[str, Any]],
+               probes: dict[str, Any]) -> dict[str, Any]:
+    """A role's container: the plan's command, env and ports verbatim, the user's image/resources."""
+    container: dict[str, Any] = {
+        "name": name,
+        "image": w.image or image,
+        "imagePullPolicy": w.image_pull_policy,
+        "command": list(role.command),
+        "env": container_env(role, w),
+        "ports": _ports(role),
+        "volumeMounts": mounts,
+        **probes,
+    }
+    resources = _resources(w)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
                         owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
@@ -235,20 +254,10 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
     else:  # survives container restarts, not pod deletion: mount a claim to resume after suspend
         volumes.append({"name": "checkpoints", "emptyDir": {}})
     mounts.append({"name": "checkpoints", "mountPath": checkpoint_dir(job)})
-    container: dict[str, Any] = {
-        "name": "trainer",
-        "image": w.image or image,
-        "imagePullPolicy": w.image_pull_policy,
-        "command": list(role.command),
-        "env": container_env(role, w),
-        "ports": _ports(role),
-        "volumeMounts": mounts,
+    container = _container("trainer", role, w, image, mounts, {
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
-    }
-    resources = _resources(w)
-    if resources:
-        container["resources"] = resources
+    })
     _, _, scheduler = _gang(job)
     pod = _pod_spec(job, w, container, volumes, TRAINER_GRACE_SECONDS, scheduler)
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
@@ -281,14 +290,7 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
         volumes.append({"name": "checkpoints", "persistentVolumeClaim": {
             "claimName": spec.checkpoint.volume_claim, "readOnly": True}})
         mounts.append({"name": "checkpoints", "mountPath": checkpoint_dir(job), "readOnly": True})
-    container: dict[str, Any] = {
-        "name": "rollout",
-        "image": w.image or image,
-        "imagePullPolicy": w.image_pull_policy,
-        "command": list(role.command),
-        "env": container_env(role, w),
-        "ports": _ports(role),
-        "volumeMounts": mounts,
+    container = _container("rollout", role, w, image, mounts, {
         "startupProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
                          "failureThreshold": ROLLOUT_STARTUP_SECONDS // 10},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 15,
@@ -296,10 +298,7 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
         # Ready only once it serves the current policy's weights.
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "failureThreshold": 3},
-    }
-    resources = _resources(w)
-    if resources:
-        container["resources"] = resources
+    })
     _, _, scheduler = _gang(job)
     pod = _pod_spec(job, w, container, volumes, ROLLOUT_GRACE_SECONDS, scheduler)
     return {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -210,14 +210,19 @@ class Server:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response(oai.models_response(self.model_name))
 
-    async def completions(self, request: web.Request) -> web.Response:
-        body, err = await self._body(request, oai.CompletionRequest, openai=True)
+    async def _openai_body(self, request: web.Request, cls):
+        """(request body, None) or (None, the error response): parse, unsupported options, readiness."""
+        body, err = await self._body(request, cls, openai=True)
         if err:
-            return err
+            return None, err
         if (why := body.unsupported()):
-            return self._error(400, why, "bad_request", openai=True)
-        if (resp := self._unavailable(openai=True)) is not None:
-            return resp
+            return None, self._error(400, why, "bad_request", openai=True)
+        return body, self._unavailable(openai=True)
+
+    async def completions(self, request: web.Request) -> web.Response:
+        body, err = await self._openai_body(request, oai.CompletionRequest)
+        if err is not None:
+            return err
         prompts = body.prompts(self.engine.tokenizer)
         sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
         try:
@@ -229,13 +234,9 @@ class Server:
                                                          self.model_name))
 
     async def chat(self, request: web.Request) -> web.Response:
-        body, err = await self._body(request, oai.ChatRequest, openai=True)
-        if err:
+        body, err = await self._openai_body(request, oai.ChatRequest)
+        if err is not None:
             return err
-        if (why := body.unsupported()):
-            return self._error(400, why, "bad_request", openai=True)
-        if (resp := self._unavailable(openai=True)) is not None:
-            return resp
         try:
             prompt = body.prompt_ids(self.engine.tokenizer)
         except Exception as e:  # a template that rejects these messages
