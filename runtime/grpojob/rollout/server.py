@@ -41,6 +41,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import config as job_config
+from .. import logs
 from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
 from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
@@ -263,19 +264,7 @@ def _bind_host(advertise: str) -> str:
 
 
 def setup_logging(fmt: str = "text") -> None:
-    class _Json(logging.Formatter):
-        def format(self, r: logging.LogRecord) -> str:
-            doc = {"time": self.formatTime(r), "level": r.levelname, "logger": r.name, "message": r.getMessage()}
-            if r.exc_info:
-                doc["exc"] = self.formatException(r.exc_info)
-            return json.dumps(doc)
-
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(_Json() if fmt == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
+    logs.setup(fmt)  # the root logger: vLLM's own logs come out in the same format
 
 
 async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, replica: str,

@@ -4,14 +4,13 @@ GRPOJOB_CONFIG, joins the process group, serves the leader endpoint on rank 0, t
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
-import sys
 import threading
 from typing import Any, Optional
 
+from .. import logs
 from ..api import GRPOJob
 from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT
 
@@ -21,28 +20,8 @@ PET_MASTER_ADDR = "PET_MASTER_ADDR"  # torchrun's rendezvous host, set by the pl
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
-class _JsonFormatter(logging.Formatter):
-    _skip = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc: dict[str, Any] = {"time": self.formatTime(record), "level": record.levelname,
-                               "logger": record.name, "message": record.getMessage()}
-        doc.update({k: v for k, v in record.__dict__.items() if k not in self._skip})
-        if record.exc_info:
-            doc["exception"] = self.formatException(record.exc_info)
-        return json.dumps(doc, default=str)
-
-
 def setup_logging(rank: int) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if os.environ.get(ENV_LOG_FORMAT, "text") == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)s %(name)s [rank {rank}] %(message)s"))
-    root = logging.getLogger("grpojob")
-    root.handlers[:] = [handler]
-    root.setLevel(logging.INFO)
-    root.propagate = False
+    logs.setup(os.environ.get(ENV_LOG_FORMAT, "text"), tag=f"[rank {rank}]", logger="grpojob")
 
 
 # The plan always gives the trainer rollout servers; sampling inside the trainer process is for
