@@ -6,6 +6,7 @@ where things run and which ports are free.
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass, field
 from typing import Optional
@@ -56,6 +57,15 @@ class Role:
     env: dict[str, str]
     ports: dict[str, int]
     per_replica_env: dict[str, str] = field(default_factory=dict)  # ENV name -> REPLICA_* value
+
+
+def bind_host(address: str) -> str:
+    """Where a server listens, given the address peers reach it at: loopback stays on loopback
+    (local runs), anything else listens on every interface (pods behind a Service)."""
+    try:
+        return "127.0.0.1" if ipaddress.ip_address(address).is_loopback else "0.0.0.0"
+    except ValueError:  # a DNS name
+        return "127.0.0.1" if address == "localhost" else "0.0.0.0"
 
 
 def trainer_command() -> list[str]:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import logging
 import os
@@ -45,7 +44,7 @@ from .. import logs
 from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
 from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
-                    ENV_ROLLOUT_PORT, ENV_SYNC_ADDR)
+                    ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, bind_host)
 from . import engine as engines
 from . import openai_api as oai
 from .types import SamplingParams
@@ -256,13 +255,6 @@ class _BadRequest(ValueError):
 
 
 # ---- process ----------------------------------------------------------------------------------
-def _bind_host(advertise: str) -> str:
-    try:
-        return "127.0.0.1" if ipaddress.ip_address(advertise).is_loopback else "0.0.0.0"
-    except ValueError:  # a DNS name
-        return "127.0.0.1" if advertise == "localhost" else "0.0.0.0"
-
-
 def setup_logging(fmt: str = "text") -> None:
     logs.setup(fmt)  # the root logger: vLLM's own logs come out in the same format
 
@@ -273,7 +265,7 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
     server = Server(spec, engine, replica=replica)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, _bind_host(advertise), port)
+    site = web.TCPSite(runner, bind_host(advertise), port)
     await site.start()
     if port == 0:  # an ephemeral port (tests): advertise the one the OS picked
         port = runner.addresses[0][1]

@@ -12,16 +12,20 @@ from typing import Any, Optional
 
 from .. import logs
 from ..api import GRPOJob
-from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT
+from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT, bind_host
 
 log = logging.getLogger("grpojob.trainer")
 
 PET_MASTER_ADDR = "PET_MASTER_ADDR"  # torchrun's rendezvous host, set by the plan
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def setup_logging(rank: int) -> None:
     logs.setup(os.environ.get(ENV_LOG_FORMAT, "text"), tag=f"[rank {rank}]", logger="grpojob")
+
+
+def _listen_host() -> str:
+    # Peers reach us at the rendezvous host: loopback locally, the pod's Service on a cluster.
+    return bind_host(os.environ.get(PET_MASTER_ADDR, "127.0.0.1"))
 
 
 # The plan always gives the trainer rollout servers; sampling inside the trainer process is for
@@ -42,11 +46,6 @@ def make_source(job: GRPOJob, trainer) -> Any:
     from .remote import make_remote
 
     return make_remote(job, trainer, _listen_host())
-
-
-def _listen_host() -> str:
-    # Local runs put every process on loopback; in a pod the operator's Service must reach us.
-    return "127.0.0.1" if os.environ.get(PET_MASTER_ADDR, "127.0.0.1") in _LOOPBACK else "0.0.0.0"
 
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
