@@ -36,8 +36,8 @@ from grpojob.api import parse  # noqa: E402
 from grpojob_operator import children  # noqa: E402
 from grpojob_operator import names as n  # noqa: E402
 from grpojob_operator.kube import Kube  # noqa: E402
-from tests.operator.conftest import job_manifest, job_path  # noqa: E402
-from tests.operator.kmock_shim import CONFIGMAPS, DEPLOYMENTS, GRPOJOBS, SERVICES, STATEFULSETS, Emulator  # noqa: E402
+from tests.operator_k8s.conftest import job_manifest, job_path  # noqa: E402
+from tests.operator_k8s.kmock_shim import CONFIGMAPS, DEPLOYMENTS, GRPOJOBS, SERVICES, STATEFULSETS, Emulator  # noqa: E402
 
 NS = "bench"
 KINDS = (CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)
