@@ -44,6 +44,22 @@ TRAINER = (
     MetricDef("grpojob_learning_rate", "gauge", "Current learning rate."),
     MetricDef("grpojob_tokens_per_second", "gauge", "Training tokens per second at the last step."),
     MetricDef("grpojob_policy_staleness", "gauge", "Mean policy-version lag of the last step's samples."),
+    # The async pipeline (algorithm.maxStaleness): what the trainer waited for and what generation did.
+    MetricDef("grpojob_policy_staleness_max", "gauge", "Largest policy-version lag among the last step's "
+              "samples."),
+    MetricDef("grpojob_trainer_wait_seconds", "gauge", "Seconds the trainer waited for groups in the last step."),
+    MetricDef("grpojob_rollout_idle_fraction", "gauge", "Fraction of the last step during which no group was "
+              "being generated."),
+    MetricDef("grpojob_groups_in_flight", "gauge", "Groups being generated or ready ahead of training at the "
+              "end of the last step."),
+    MetricDef("grpojob_resampled_groups_total", "counter", "Extra groups generated to replace groups dropped "
+              "by dynamic sampling (all-equal rewards)."),
+    MetricDef("grpojob_stale_groups_total", "counter", "Groups dropped because they became older than "
+              "maxStaleness allows (their prompts are generated again)."),
+    MetricDef("grpojob_generation_paused_seconds", "gauge", "Seconds generation was paused by the last weight "
+              "push."),
+    MetricDef("grpojob_rollout_server_lag", "gauge", "Policy versions each rollout server is behind the trainer.",
+              ("replica",)),
     MetricDef("grpojob_stage_seconds", "histogram", "Time per step stage "
               "(generate, score, train, sync, checkpoint).", ("stage",), _STAGE_BUCKETS),
     MetricDef("grpojob_step_seconds", "histogram", "Wall time per step.", (), _STAGE_BUCKETS),

@@ -108,7 +108,14 @@ class AlgorithmSpec(Model):
                                "of training; 0 is strictly on-policy.")
     importance_cap: float = field(2.0, ge=1, description="Cap of the truncated importance weight "
                                   "pi_old/pi_rollout that corrects stale rollout samples.")
-    dynamic_sampling: bool = field(False, description="Drop groups whose rewards are all equal (DAPO).")
+    dynamic_sampling: bool = field(False, description="Drop groups whose rewards are all equal (DAPO) and "
+                                   "replace them with newly sampled groups, up to maxResampleFactor.")
+    max_resample_factor: float = field(3.0, ge=1, le=100, description="Dynamic sampling: at most this many "
+                                       "times promptsPerStep groups are generated for one step; a step "
+                                       "that still has too few trains on what it has.")
+    partial_rollouts: bool = field(False, description="When a weight push lands mid-generation, abort the "
+                                   "in-flight requests and resume them on the new weights (tokens keep the "
+                                   "version that produced them); false lets them finish on the old weights.")
     epochs: int = field(1, ge=1, description="Optimisation passes over each step's samples.")
     overlong: OverlongSpec = field(default_factory=OverlongSpec, description="Handling of truncated completions.")
 

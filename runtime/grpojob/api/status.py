@@ -26,6 +26,13 @@ class Condition(Model):
     observed_generation: Optional[int] = field(None, description="Spec generation this condition reflects.")
 
 
+class RolloutLag(Model):
+    """One rollout server as the trainer sees it."""
+    replica: str = field(description="Rollout server (pod) name.")
+    version: Optional[int] = field(None, description="Policy version it serves.")
+    lag: Optional[int] = field(None, description="Policy versions it is behind the trainer.")
+
+
 class Progress(Model):
     step: int = field(0, description="Optimizer steps completed.")
     total_steps: int = field(0, description="Steps the job will run.")
@@ -35,6 +42,9 @@ class Progress(Model):
     tokens_per_second: Optional[float] = field(None, description="Training throughput at the last step.")
     last_checkpoint_step: Optional[int] = field(None, description="Step of the newest checkpoint.")
     weights_in_sync: Optional[bool] = field(None, description="All rollout servers serve the newest policy.")
+    rollouts: list[RolloutLag] = field(default_factory=list, description="Policy lag of each rollout server.")
+    weight_sync_backend: Optional[str] = field(None, description="Weight-sync path in use (nccl, cuda-ipc, "
+                                               "gloo, checkpoint).")
 
 
 class ReplicaStatus(Model):
@@ -70,4 +80,6 @@ class TrainerStatus(Model):
     tokens_per_second: Optional[float] = field(None, description="Training tokens/s at the last step.")
     last_checkpoint_step: Optional[int] = field(None, description="Newest checkpoint step.")
     weights_in_sync: Optional[bool] = field(None, description="Every rollout serves policyVersion.")
+    rollouts: list[RolloutLag] = field(default_factory=list, description="Policy lag of each rollout server.")
+    weight_sync_backend: Optional[str] = field(None, description="Weight-sync path in use.")
     message: str = field("", description="Detail (the error on failure).")
