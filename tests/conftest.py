@@ -1,7 +1,43 @@
-"""Fixtures every layer shares: the tiny models, built once per test session (nothing from a hub)."""
+"""Fixtures every layer shares: the tiny models, built once per test session (nothing from a hub).
+
+Every test runs on the CPU unless it is marked `gpu`: GRPOJOB_DEVICE=cpu is set for this process
+and the processes it starts, so a machine with a GPU runs the same tests the same way. A `gpu`
+test pins cuda and is skipped where no CUDA device is visible.
+"""
+import os
 from pathlib import Path
 
 import pytest
+
+from grpojob.devices import ENV_DEVICE
+
+os.environ[ENV_DEVICE] = "cpu"
+
+
+def _cuda_devices() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config, items):
+    gpus = None
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is None:
+            continue
+        gpus = _cuda_devices() if gpus is None else gpus
+        need = int(marker.kwargs.get("count", 1))
+        if gpus < need:
+            item.add_marker(pytest.mark.skip(reason=f"needs {need} CUDA device(s), {gpus} visible"))
+
+
+@pytest.fixture(autouse=True)
+def _pin_device(request, monkeypatch):
+    if request.node.get_closest_marker("gpu") is not None:
+        monkeypatch.setenv(ENV_DEVICE, "cuda")
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from .. import devices
 from ..api.spec import GRPOJobSpec
 from ..sync import buckets as bk
 from ..sync import files
@@ -40,7 +41,7 @@ class HFEngine:
 
     def __init__(self, spec: GRPOJobSpec, *, device: Optional[str] = None, max_batch: int = 256):
         self.spec = spec
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.device = torch.device(device) if device else devices.default()
         self.max_batch = max_batch
         self.version, self.weights = 0, DISK
         self.model = None

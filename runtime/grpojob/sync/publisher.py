@@ -97,7 +97,9 @@ class WeightPublisher:
         self.heartbeat_timeout = heartbeat_timeout
         backend = backend or ws.backend
         if device is None:
-            device = "cuda" if backend in ("auto", "nccl") and torch.cuda.is_available() else "cpu"
+            from .. import devices
+
+            device = devices.default() if backend in ("auto", "nccl") else "cpu"
         self.device = torch.device(device)
         self.backend = backend if backend == "checkpoint" else grp.resolve_backend(backend, self.device)
         self.checkpoint_dir = checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR)

@@ -47,9 +47,9 @@ def init(timeout_seconds: float = 600) -> DistEnv:
 
 
 def _device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+    from .. import devices
+
+    return devices.default(local_rank)
 
 
 def shutdown(env: DistEnv, clean: bool = True) -> None:

@@ -1,0 +1,40 @@
+"""Which device a process computes on: one rule for the trainer, the rollout engines and weight sync.
+
+GRPOJOB_DEVICE pins it (`cpu`, `cuda`, or `cuda:N`); unset, a process uses its local GPU when it
+has one and the CPU otherwise. Tests pin `cpu` so they behave the same on any machine; GPU tests
+pin `cuda`. torch is imported only when a device is asked for (the core package stays light).
+"""
+from __future__ import annotations
+
+import os
+
+ENV_DEVICE = "GRPOJOB_DEVICE"
+
+
+class DeviceError(RuntimeError):
+    pass
+
+
+def requested() -> str | None:
+    """The pinned device kind ('cpu' or 'cuda[:N]'), or None."""
+    value = os.environ.get(ENV_DEVICE, "").strip()
+    if not value:
+        return None
+    kind, _, index = value.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise DeviceError(f"{ENV_DEVICE}={value!r}: use cpu, cuda or cuda:N")
+    return value
+
+
+def default(local_rank: int = 0):
+    """This process's torch.device: the pinned one, else GPU `local_rank` (mod the GPU count), else CPU."""
+    import torch
+
+    want = requested()
+    if want == "cpu" or (want is None and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DeviceError(f"{ENV_DEVICE}={want}: no CUDA device is visible to this process")
+    if want and ":" in want:
+        return torch.device(want)
+    return torch.device("cuda", local_rank % torch.cuda.device_count())
