@@ -12,8 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpojob.plan import CONFIG_FILE, ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_RUN_DIR, render_config
-from grpojob.trainer.loop import Trainer
-from grpojob.trainer.sources import InProcessSource
+from grpojob.trainer.build import build
 
 from .conftest import make_job
 from .procs import ROOT, free_port
@@ -26,10 +25,9 @@ OVER = dict(training={"steps": 3, "promptsPerStep": 8, "microBatchTokens": 128},
 @pytest.fixture(scope="module")
 def one_rank(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    tr = Trainer(make_job(tiny_dir, **OVER), checkpoint_dir=str(out / "ck"), run_dir=str(out),
-                 source=lambda t: InProcessSource.for_trainer(t, per_prompt_seed=True))
-    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    tr.run()
+    run = build(make_job(tiny_dir, **OVER), checkpoint_dir=str(out / "ck"), run_dir=str(out))
+    before = {k: v.clone() for k, v in run.trainer.model.state_dict().items()}
+    run.run()
     return before, load_file(str(out / "final-model" / "model.safetensors")), out / "ck" / "step-000002"
 
 

@@ -3,6 +3,7 @@
 deterministic, resumable stream of prompt batches sharded by data-parallel rank."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
@@ -110,46 +111,43 @@ def load_samples(spec: GRPOJobSpec, tokenizer: Any) -> list[Sample]:
 
 
 class PromptStream:
-    """Global batches of promptsPerStep samples in a seeded per-epoch order; rank r of `world`
-    gets every world-th sample of each global batch, so the global batch is the same for any
-    world size (the distributed-equivalence property)."""
+    """The job's prompts as one endless stream in a seeded per-epoch order (rank 0's rollout
+    manager owns it). Each sample carries `seq`, its position in the stream (epoch x rows +
+    position), which names it in checkpoints and seeds its sampling; `sample_at(seq)` rebuilds
+    any sample of the stream, so prompts issued but not trained when a checkpoint is taken are
+    generated again after a resume, neither skipped nor trained twice."""
 
-    def __init__(self, spec: GRPOJobSpec, tokenizer: Any, rank: int = 0, world: int = 1,
-                 samples: list[Sample] | None = None):
-        if spec.training.prompts_per_step % world:
-            raise DatasetError("training.promptsPerStep must be a multiple of the data-parallel world size")
+    def __init__(self, spec: GRPOJobSpec, tokenizer: Any, samples: list[Sample] | None = None):
         self.samples = samples if samples is not None else load_samples(spec, tokenizer)
-        self.batch = spec.training.prompts_per_step
         self.shuffle, self.seed = spec.dataset.shuffle, spec.training.seed
-        self.rank, self.world = rank, world
         self.epoch, self.position = 0, 0
-        self._order = self._make_order()
+        self._orders: dict[int, list[int]] = {}
 
-    def _make_order(self) -> list[int]:
-        order = list(range(len(self.samples)))
-        if self.shuffle:
-            random.Random(self.seed * 100003 + self.epoch).shuffle(order)
-        return order
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.samples)))
+            if self.shuffle:
+                random.Random(self.seed * 100003 + epoch).shuffle(order)
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}  # keep two epochs
+            self._orders[epoch] = order
+        return self._orders[epoch]
 
-    def _next_global(self) -> list[Sample]:
-        out = []
-        while len(out) < self.batch:
-            if self.position >= len(self._order):
-                self.epoch, self.position = self.epoch + 1, 0
-                self._order = self._make_order()
-            out.append(self.samples[self._order[self.position]])
-            self.position += 1
-        return out
+    def sample_at(self, seq: int) -> Sample:
+        epoch, position = divmod(seq, len(self.samples))
+        return dataclasses.replace(self.samples[self._order(epoch)[position]], seq=seq)
 
-    def next_global_batch(self) -> list[Sample]:
-        return self._next_global()
+    def next(self) -> Sample:
+        if self.position >= len(self.samples):
+            self.epoch, self.position = self.epoch + 1, 0
+        sample = self.sample_at(self.epoch * len(self.samples) + self.position)
+        self.position += 1
+        return sample
 
-    def next_batch(self) -> list[Sample]:
-        return self._next_global()[self.rank::self.world]
+    def take(self, n: int) -> list[Sample]:
+        return [self.next() for _ in range(n)]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._make_order()

@@ -40,7 +40,7 @@ class RewardScorer:
         self.tokenizer = tokenizer
         self.specs = list(spec.rewards)
         self.fns = [resolve(r) for r in self.specs]
-        self.names = _unique_names(self.specs)
+        self.names = reward_names(spec)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -84,9 +84,11 @@ class RewardScorer:
         asyncio.run(self.score_async(groups))
 
 
-def _unique_names(specs: list[RewardSpec]) -> list[str]:
+def reward_names(spec: GRPOJobSpec) -> list[str]:
+    """One metric name per reward function: its name (the attribute of a 'module:function'),
+    numbered when the same function appears twice."""
     names, seen = [], {}
-    for r in specs:
+    for r in spec.rewards:
         base = r.name.split(":")[-1]
         seen[base] = seen.get(base, 0) + 1
         names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")

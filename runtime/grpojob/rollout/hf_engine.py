@@ -38,6 +38,7 @@ class _Request:
 class HFEngine:
     backend = "hf"
     workers = 1
+    last_pause_seconds: Optional[float] = None  # generation stopped by the last weight load
 
     def __init__(self, spec: GRPOJobSpec, *, device: Optional[str] = None, max_batch: int = 256):
         self.spec = spec

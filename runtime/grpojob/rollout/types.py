@@ -36,6 +36,9 @@ class Completion:
     loss_mask: Optional[list[int]] = None
     # Set by workflows that score their own trajectories; else the trainer's rewards score it.
     reward: Optional[float] = None
+    # The policy version of each token, when a weight push landed mid-generation (partial
+    # rollouts); None: every token has `policy_version`, which is always the OLDEST of them.
+    versions: Optional[list[int]] = None
 
     @property
     def truncated(self) -> bool:
@@ -49,6 +52,7 @@ class Sample:
     prompt: str  # text as rendered for the model (chat template applied)
     prompt_ids: list[int]
     row: dict[str, Any] = field(default_factory=dict)  # every field of the row (answer, ...)
+    seq: int = -1  # position in the job's prompt stream (data.PromptStream); -1 outside it
 
 
 @dataclass

@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from ..algorithms import Algorithm
 from ..algorithms.losses import token_coefficients
 from ..api.spec import OverlongSpec
+from ..rewards.shaping import shaped_rewards, zero_variance
 from ..rollout.types import Group
 from .dist import DistEnv, all_max, all_sum
 from .packing import TrainSeq
 
 log = logging.getLogger("grpojob.trainer")
-
-
-def overlong_penalty(length: int, truncated: bool, max_tokens: int, buffer_tokens: int, penalty: float) -> float:
-    """DAPO's soft overlong punishment (a non-positive reward term): 0 up to max_tokens - buffer,
-    then a linear ramp down to -penalty at max_tokens; a truncated completion gets -penalty."""
-    if truncated or length >= max_tokens:
-        return -penalty
-    start = max_tokens - buffer_tokens
-    if buffer_tokens <= 0 or length <= start:
-        return 0.0
-    return (start - length) / buffer_tokens * penalty
 
 
 @dataclass
@@ -57,9 +47,14 @@ def skips_zero_advantage(algorithm: Algorithm) -> bool:
     return type(algorithm).policy_loss is Algorithm.policy_loss and algorithm.settings.kl_beta == 0
 
 
+Advantages = Callable[[Sequence[Sequence[float]], Optional[Sequence[Optional[float]]]], list[list[float]]]
+
+
 def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpec, max_tokens: int,
-            policy_version: int, env: DistEnv, reward_names: Sequence[str] = ()) -> Prepared:
-    """Collective: every rank calls it once per step, even with no groups."""
+            policy_version: int, env: DistEnv, reward_names: Sequence[str] = (),
+            advantage_fn: Optional[Advantages] = None) -> Prepared:
+    """Collective: every rank calls it once per step, even with no groups. `advantage_fn(rewards,
+    baselines)` (collective too) defaults to the algorithm's."""
     s = algorithm.settings
     for g in groups:
         if g.rewards is None or len(g.rewards) != len(g.completions):
@@ -68,19 +63,14 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
         if not g.sample.prompt_ids:
             raise ValueError(f"sample {g.sample.index}: empty prompt (no tokens)")
 
-    shaped = []
-    for g in groups:
-        rewards = list(g.rewards)
-        if overlong.mode == "penalty":
-            rewards = [r + overlong_penalty(len(c.completion_ids), c.truncated, max_tokens,
-                                            overlong.buffer_tokens, overlong.penalty)
-                       for r, c in zip(rewards, g.completions)]
-        shaped.append(rewards)
-    zero_std = [len(set(r)) <= 1 for r in shaped]
+    shaped = [shaped_rewards(g, overlong, max_tokens) for g in groups]
+    zero_std = [zero_variance(r) for r in shaped]
     keep = [i for i in range(len(groups)) if not (s.dynamic_sampling and zero_std[i])]
     baselines = [groups[i].baseline_reward for i in keep]  # greedy-baseline workflow (ReMax)
-    advantages = algorithm.advantages([shaped[i] for i in keep], allreduce=lambda t: all_sum(t, env),
-                                      baselines=baselines if any(b is not None for b in baselines) else None)
+    if advantage_fn is None:
+        def advantage_fn(rewards, base):
+            return algorithm.advantages(rewards, allreduce=lambda t: all_sum(t, env), baselines=base)
+    advantages = advantage_fn([shaped[i] for i in keep], baselines if any(b is not None for b in baselines) else None)
 
     seqs: list[TrainSeq] = []
     for gi, adv in zip(keep, advantages):

@@ -8,10 +8,9 @@ import logging
 import os
 import signal
 import threading
-from typing import Any, Optional
+from typing import Optional
 
 from .. import logs
-from ..api import GRPOJob
 from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT, bind_host
 
 log = logging.getLogger("grpojob.trainer")
@@ -28,31 +27,17 @@ def _listen_host() -> str:
     return bind_host(os.environ.get(PET_MASTER_ADDR, "127.0.0.1"))
 
 
-# The plan always gives the trainer rollout servers; sampling inside the trainer process is for
+# The plan always gives the trainer rollout servers; generating inside the trainer process is for
 # running the trainer alone (its own tests, debugging).
 ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
-
-
-def make_source(job: GRPOJob, trainer) -> Any:
-    """The group source and weight publisher of this rank: the rollout servers registered with
-    the weight-sync store hosted here, or an in-process sampler."""
-    kind = os.environ.get(ENV_ROLLOUT_SOURCE, "remote")
-    if kind == "inprocess":
-        from .sources import InProcessSource
-
-        return InProcessSource.for_trainer(trainer)
-    if kind != "remote":
-        raise ValueError(f"{ENV_ROLLOUT_SOURCE}={kind}: use remote or inprocess")
-    from .remote import make_remote
-
-    return make_remote(job, trainer, _listen_host())
 
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
     from .. import config
     from . import dist
-    from .loop import Trainer, TrainerError
+    from .build import build
     from .server import LeaderServer, StatusBoard
+    from .trainer import TrainerError
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
@@ -78,12 +63,10 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             board.suspend_requested = suspend
             port = int(os.environ.get(ENV_TRAINER_PORT) or job.spec.trainer.port)
             server = LeaderServer(board, _listen_host(), port).start()
-        trainer = Trainer(job, env=env, source=lambda tr: make_source(job, tr), board=board, suspend_event=suspend)
-        try:
-            phase = trainer.run()
-        finally:
-            getattr(trainer.source, "close", lambda: None)()
-        log.info("trainer %s", phase, extra={"step": trainer.step_count})
+        run = build(job, env=env, rollouts=os.environ.get(ENV_ROLLOUT_SOURCE, "remote"),
+                    listen_host=_listen_host(), board=board, suspend=suspend)
+        phase = run.run()
+        log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True
         return 0
     except BaseException as e:  # noqa: BLE001 - report every failure in /status and the exit code

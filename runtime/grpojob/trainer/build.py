@@ -1,0 +1,63 @@
+"""One trainer rank, assembled: learner, rollout side, checkpoints and loop, in the order their
+dependencies need (a resume restores the learner and the rollout side's data position before the
+first step). `grpojob trainer` and the trainer's tests use the same assembly."""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from .. import checkpoint
+from ..api import GRPOJob
+from ..plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
+from . import dist
+from .loop import Loop
+from .record import StepRecord
+from .rollouts import Rollouts, connect
+from .server import StatusBoard
+from .trainer import GRPOTrainer
+
+
+@dataclass
+class TrainerRun:
+    trainer: GRPOTrainer
+    rollouts: Rollouts
+    checkpoints: checkpoint.CheckpointManager
+    loop: Loop
+    resumed_from: Optional[Path] = None
+
+    def run(self) -> str:
+        """The loop to its end (completed or suspended); the rollout side is closed either way."""
+        try:
+            return self.loop.run()
+        finally:
+            self.rollouts.close()
+
+    def request_suspend(self) -> None:
+        self.loop.request_suspend()
+
+
+def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "inprocess",
+          listen_host: str = "127.0.0.1", checkpoint_dir: Optional[str] = None, run_dir: Optional[str] = None,
+          board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
+          suspend: Optional[threading.Event] = None) -> TrainerRun:
+    env = env or dist.DistEnv()
+    spec = job.spec
+    trainer = GRPOTrainer(job, env)
+    root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
+    found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
+    side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
+                   dynamic_sampling=trainer.algorithm.settings.dynamic_sampling)
+    try:
+        checkpoints = checkpoint.CheckpointManager(root, trainer, side.source, spec.checkpoint.keep_last)
+        if found is not None:
+            checkpoints.load(found)
+        run_dir = run_dir or os.environ.get(ENV_RUN_DIR)
+        loop = Loop(trainer, side.source, side.publisher, checkpoints, run_dir=Path(run_dir) if run_dir else None,
+                    board=board, on_step=on_step, suspend=suspend)
+    except BaseException:
+        side.close()
+        raise
+    return TrainerRun(trainer, side, checkpoints, loop, found)
