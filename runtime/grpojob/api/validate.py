@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterable, Optional
 
-import yaml
 from pydantic import ValidationError
 
 from . import plugins
@@ -132,35 +130,3 @@ def parse(doc: Any, resolve_plugins: bool = False) -> GRPOJob:
         raise InvalidSpec(errors)
     assert job is not None
     return job
-
-
-def load_file(path: str | Path) -> Any:
-    """Read the GRPOJob document of a YAML file (the first document of kind GRPOJob)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InvalidSpec([FieldError("", f"cannot read {path}: {e.strerror}")]) from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise InvalidSpec([FieldError("", f"{path}: not valid YAML: {e}")]) from None
-    for d in docs:
-        if isinstance(d, dict) and d.get("kind") == "GRPOJob":
-            return d
-    if len(docs) == 1:
-        return docs[0]
-    raise InvalidSpec([FieldError("kind", f"{path}: no document of kind GRPOJob")])
-
-
-def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
-    """Apply a `--set a.b.c=value` override (the path is relative to spec unless it starts with a
-    top-level key); the value is parsed as YAML so numbers and booleans keep their types."""
-    keys = dotted.split(".")
-    if keys[0] not in ("spec", "metadata"):
-        keys = ["spec", *keys]
-    node = doc
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise InvalidSpec([FieldError(dotted, "cannot set a field inside a non-object")])
-    node[keys[-1]] = yaml.safe_load(value) if isinstance(value, str) else value
