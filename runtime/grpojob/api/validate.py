@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterable, Optional
 
 from pydantic import ValidationError
 
-from . import plugins
+from . import k8s, plugins
+from .base import FIELD_ERROR
 from .spec import GRPOJob
 
 
@@ -25,16 +27,21 @@ class InvalidSpec(ValueError):
         super().__init__("\n".join(str(e) for e in errors))
 
 
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    from .crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
+
+    return openapi_schema()
+
+
 def _path(loc: Iterable[Any]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith(("function-after", "function-before", "function-wrap")):
-            continue  # pydantic's validator wrappers are not part of the user's path
-        else:
-            out += ("." if out else "") + str(part)
-    return out
+    """`spec.trainer.tolerations[0].key`: fields with dots, list items and map keys in brackets."""
+    parts = [p for p in loc if not str(p).startswith(("function-after", "function-before", "function-wrap"))]
+    return k8s.subpath(_schema(), parts).lstrip(".")
+
+
+def _join(path: str, sub: str) -> str:
+    return path + sub if sub.startswith("[") or not path else f"{path}.{sub.lstrip('.')}"
 
 
 _OPS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
@@ -75,18 +82,15 @@ def _message(err: dict[str, Any]) -> str:
     return msg.removeprefix("Value error, ")
 
 
-_UNION_TAGS = {"int", "str", "float", "bool"}
-
-
 def errors_of(exc: ValidationError) -> list[FieldError]:
     out: list[FieldError] = []
     for err in exc.errors():
         loc = list(err["loc"])
-        if loc and loc[-1] in _UNION_TAGS:  # int|str quantities: one error per field, not per branch
-            loc.pop()
-            if out and out[-1].path == _path(loc):
-                continue
-            out.append(FieldError(_path(loc), "must be a number or a quantity string"))
+        if err["type"] == k8s.ERROR_TYPE:  # a Kubernetes sub-object: one error per problem inside it
+            out += [FieldError(_join(_path(loc), sub), msg) for sub, msg in err["ctx"]["errors"]]
+            continue
+        if err["type"] == FIELD_ERROR:
+            out.append(FieldError(_join(_path(loc), err["ctx"]["subpath"]), err["ctx"]["message"]))
             continue
         path, msg = _path(loc), _message(err)
         # Cross-field messages already name their fields relative to spec.
