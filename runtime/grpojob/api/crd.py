@@ -124,6 +124,11 @@ def crd() -> dict[str, Any]:
                     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
                     {"name": "Policy", "type": "integer", "jsonPath": ".status.progress.policyVersion",
                      "priority": 1},
+                    # Policy versions each rollout server is behind, e.g. 0,1,0 (kubectl get grpo -o wide).
+                    {"name": "Lag", "type": "string", "jsonPath": ".status.progress.rollouts[*].lag",
+                     "priority": 1},
+                    {"name": "Sync", "type": "string", "jsonPath": ".status.progress.weightSyncBackend",
+                     "priority": 1},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],
             }],
