@@ -210,8 +210,10 @@ class RunPolicy(Model):
 
 
 class SchedulingSpec(Model):
-    gang: Literal["none", "kueue", "volcano"] = field("none", description="Gang scheduling of trainer and "
-                                                      "rollout pods together: Kueue pod group or Volcano PodGroup.")
+    gang: Literal["none", "kueue", "volcano"] = field(
+        "none", description="Gang scheduling. kueue: the trainer pods are one Kueue pod group (all nodes "
+        "start together) and each rollout pod is admitted on its own, so scaling the rollouts restarts no "
+        "trainer pod; volcano: one PodGroup of trainer and rollout pods.")
     queue_name: Optional[str] = field(None, description="Kueue LocalQueue or Volcano queue.")
     scheduler_name: Optional[str] = field(None, description="Pod scheduler (volcano sets it by default).")
 
