@@ -102,6 +102,11 @@ def test_crd_shape():
     assert version["subresources"] == {"status": {}}
     cols = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert cols == ["Phase", "Step", "Reward", "Age"]
+    wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
+    assert wide["Lag"] == ".status.progress.rollouts[*].lag"  # each rollout server's policy lag
+    assert wide["Sync"] == ".status.progress.weightSyncBackend"
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]["properties"]
+    assert {"lag", "replica", "version"} <= set(status["rollouts"]["items"]["properties"])
     assert crd()["spec"]["names"]["shortNames"] == ["grpo"]
     algo = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["algorithm"]
     assert algo["properties"]["groupSize"]["minimum"] == 2

@@ -147,3 +147,11 @@ async def test_a_restricted_namespace_gets_running_pods(emulator, cluster, opera
     await eventually(lambda: emulator.get_obj(STATEFULSETS, NS, n.trainer_name("loud")), what="StatefulSet")
     await asyncio.sleep(0.5)
     assert not cluster.pods(NS, "loud", "trainer") and len(cluster.pods(NS, "loud", "rollout")) == 2
+
+
+async def test_a_bad_kubernetes_object_in_the_spec_is_InvalidSpec_with_its_path(emulator, cluster, operator, trainer):
+    """kmock does not apply the CRD's schema; the operator checks the same official schemas."""
+    await cluster.create(job_path(), job_manifest("tol", trainer={"tolerations": [{"key": {"name": "gpu"}}]}))
+    await eventually(lambda: cond(emulator, "tol", "InvalidSpec").get("status") == "True", what="InvalidSpec")
+    assert cond(emulator, "tol", "InvalidSpec")["message"] == "spec.trainer.tolerations[0].key: must be a string"
+    assert not kids(emulator, "tol")
