@@ -30,8 +30,9 @@ from .views import ChildView, applied_spec
 log = logging.getLogger("grpojob.operator")
 
 INDEXED_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment")
-# Children a job runs without: left out, with a warning, when the cluster does not serve their kind.
-OPTIONAL_KINDS = ("PodMonitor",)
+# Children a job runs without (kind -> the field asking for it): left out, with a warning, when the
+# cluster does not serve their kind.
+OPTIONAL_KINDS = {"PodMonitor": "spec.monitoring.podMonitor"}
 OPTIONAL_RETRY_SECONDS = 300.0  # look for a missing optional kind again after this long
 
 
@@ -226,7 +227,7 @@ class Controller:
                 self.metrics.child_error(kind)
                 if kind in OPTIONAL_KINDS and e.unserved_kind:
                     why = (f"{kind} left out: this cluster does not serve {obj['apiVersion']} (install its CRDs, "
-                           f"or set the field that asks for it to false); looking again every "
+                           f"or set {OPTIONAL_KINDS[kind]}: false); looking again every "
                            f"{OPTIONAL_RETRY_SECONDS:.0f}s")
                     self._unserved[(obj["apiVersion"], kind)] = (why, clock)
                     warnings.append(why)

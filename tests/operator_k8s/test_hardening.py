@@ -50,7 +50,8 @@ async def test_a_missing_monitoring_crd_warns_and_the_job_carries_on(emulator, c
     await running(emulator, cluster, trainer, "mon", monitoring={"podMonitor": True})
     created = cond(emulator, "mon", "Created")
     assert (created["status"], created["reason"]) == ("True", "OptionalChildSkipped")
-    assert "PodMonitor left out: this cluster does not serve monitoring.coreos.com/v1" in created["message"]
+    assert "PodMonitor left out: this cluster does not serve monitoring.coreos.com/v1 (install its CRDs, or set " \
+        "spec.monitoring.podMonitor: false)" in created["message"]
     assert len(kids(emulator, "mon")) == 5
     await eventually(lambda: ("Warning", "OptionalChildSkipped") in events(emulator, "mon"), what="warning event")
     # It is not retried on every look.
@@ -91,18 +92,19 @@ async def test_suspend_never_scales_a_running_unreachable_trainer_down_without_a
         emulator, cluster, kubeconfig, operator_config, trainer):
     from .harness import OperatorThread
 
-    op = await OperatorThread(operator_config(suspend_timeout=2.0)).start()
+    op = await OperatorThread(operator_config(suspend_timeout=5.0)).start()
     try:
         await running(emulator, cluster, trainer, "deaf")
         trainer.unreachable.add((NS, "deaf"))
         await cluster.patch(job_path(NS, "deaf"), {"spec": {"runPolicy": {"suspend": True}}})
-        await eventually(lambda: trainer.suspends.count((NS, "deaf")) >= 2, what="asked twice")
-        assert replicas(emulator, "deaf") == (2, 2), "scaled down before the timeout"
-        msg = cond(emulator, "deaf", "Suspended")["message"]
-        assert cond(emulator, "deaf", "Suspended")["reason"] == "Checkpointing" and "HTTP 503" in msg
+        # One snapshot once it was asked twice: still at full scale, still waiting, saying why.
+        scale, asking = await eventually(lambda: trainer.suspends.count((NS, "deaf")) >= 2 and (
+            replicas(emulator, "deaf"), cond(emulator, "deaf", "Suspended")), what="asked twice")
+        assert scale == (2, 2), "scaled down before the timeout"
+        assert asking["reason"] == "Checkpointing" and "HTTP 503" in asking["message"]
         await eventually(lambda: status(emulator, "deaf").get("phase") == "Suspended", what="suspended after timeout")
         c = cond(emulator, "deaf", "Suspended")
-        assert c["reason"] == "CheckpointTimeout" and "no checkpoint confirmed within 2s" in c["message"]
+        assert c["reason"] == "CheckpointTimeout" and "no checkpoint confirmed within 5s" in c["message"]
         await eventually(lambda: replicas(emulator, "deaf") == (0, 0), what="scaled down")
         await eventually(lambda: ("Warning", "CheckpointTimeout") in events(emulator, "deaf"), what="event")
     finally:
@@ -155,3 +157,24 @@ async def test_a_bad_kubernetes_object_in_the_spec_is_InvalidSpec_with_its_path(
     await eventually(lambda: cond(emulator, "tol", "InvalidSpec").get("status") == "True", what="InvalidSpec")
     assert cond(emulator, "tol", "InvalidSpec")["message"] == "spec.trainer.tolerations[0].key: must be a string"
     assert not kids(emulator, "tol")
+
+
+async def test_an_object_the_job_does_not_own_is_reported_not_taken_over(emulator, cluster, operator, trainer):
+    """`grpojob render | kubectl apply`, then the job: its ConfigMap exists without an owner. Taking
+    it over would change its owner references, which OwnerReferencesPermissionEnforcement (acted
+    out) allows only with `delete` on configmaps, a verb the operator does not have."""
+    from grpojob.api import parse
+    from grpojob_operator import children
+
+    (config,) = [o for o in children.build(parse(job_manifest("pre")), namespace=NS) if o["kind"] == "ConfigMap"]
+    await cluster.create(f"/api/v1/namespaces/{NS}/configmaps", config)
+    await cluster.create(job_path(), job_manifest("pre"))
+    await eventually(lambda: cond(emulator, "pre", "Created").get("reason") == "ChildError", what="ChildError")
+    assert "ConfigMap ml/pre-config exists and is not this GRPOJob's (controller: none)" in \
+        cond(emulator, "pre", "Created")["message"]
+    assert "ownerReferences" not in emulator.get_obj(kmock.resource("", "v1", "configmaps"), NS, "pre-config")["metadata"]
+    await eventually(lambda: len(kids(emulator, "pre")) == 5, what="the other children")
+    await eventually(lambda: ("Warning", "ChildError") in events(emulator, "pre"), what="event")
+    # Deleted by its user: the operator creates its own.
+    await cluster.delete(f"/api/v1/namespaces/{NS}/configmaps/pre-config")
+    await eventually(lambda: cond(emulator, "pre", "Created").get("status") == "True", what="Created")
