@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -32,9 +33,14 @@ def available() -> tuple[bool, str]:
     for tool in ("unshare", "setpriv", "chroot", "mount"):
         if not shutil.which(tool):
             return False, f"no {tool}"
-    probe = subprocess.run(["unshare", "-m", "--propagation", "private", "true"], capture_output=True)
+    with tempfile.TemporaryDirectory() as d:  # the mounts script() needs, in a throwaway namespace
+        probe = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-euc",
+             f"mount -t tmpfs tmpfs {d} && mkdir {d}/u {d}/w {d}/r && "
+             f"mount -t overlay overlay -o lowerdir=/,upperdir={d}/u,workdir={d}/w {d}/r && "
+             f"mount -o remount,ro,bind {d}/r"], capture_output=True)
     if probe.returncode:
-        return False, f"unshare -m refused: {probe.stderr.decode().strip()}"
+        return False, f"mount namespaces or overlayfs refused: {probe.stderr.decode().strip()}"
     return True, ""
 
 
