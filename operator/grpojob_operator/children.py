@@ -15,8 +15,9 @@ from typing import Any, Optional
 
 from grpojob import plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
-from grpojob.api.spec import WorkloadSpec
+from grpojob.api.workload import WorkloadSpec
 
+from . import gang, pods
 from . import names as n
 
 Manifest = dict[str, Any]
@@ -29,10 +30,6 @@ ROLLOUT_STARTUP_SECONDS = 1800
 
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 PODMONITOR_API = "monitoring.coreos.com/v1"
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
-KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
-KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
-VOLCANO_GROUP = "scheduling.k8s.io/group-name"
 
 
 @dataclass(frozen=True)
@@ -82,114 +79,29 @@ def spec_hash(obj: Manifest) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _meta(job: str, namespace: str, name: str, component: str,
-          owner: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _meta(job: str, namespace: str, name: str, component: str, owner: Optional[dict[str, Any]],
+          extra_labels: Optional[dict[str, str]] = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace,
-                            "labels": {**n.common_labels(job), n.LABEL_COMPONENT: component}}
+                            "labels": {**(extra_labels or {}), **n.common_labels(job), n.LABEL_COMPONENT: component}}
     if owner:
         meta["ownerReferences"] = [owner]
     return meta
 
 
-def _quantities(values: dict[str, Any]) -> dict[str, str]:
-    return {k: str(v) for k, v in values.items()}
-
-
-def _resources(w: WorkloadSpec) -> dict[str, Any]:
-    out = {}
-    if w.resources.requests:
-        out["requests"] = _quantities(w.resources.requests)
-    if w.resources.limits:
-        out["limits"] = _quantities(w.resources.limits)
-    return out
-
-
-_PER_REPLICA_SOURCES = {
-    plan.REPLICA_INDEX: {"fieldRef": {"fieldPath": f"metadata.labels['{n.POD_INDEX_LABEL}']"}},
-    plan.REPLICA_HOST: {"fieldRef": {"fieldPath": "status.podIP"}},
-    plan.REPLICA_NAME: {"fieldRef": {"fieldPath": "metadata.name"}},
-}
-
-
-def container_env(role: plan.Role, w: WorkloadSpec) -> list[dict[str, Any]]:
-    """The plan's environment verbatim, per-replica values from the downward API, then the user's
-    extra variables (a user variable with a plan name replaces it in place)."""
-    env: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in role.env.items()}
-    for key, source in role.per_replica_env.items():
-        env[key] = {"name": key, "valueFrom": copy.deepcopy(_PER_REPLICA_SOURCES[source])}
-    for var in w.env:
-        item: dict[str, Any] = {"name": var.name}
-        if var.value_from is not None:
-            item["valueFrom"] = var.value_from
-        else:
-            item["value"] = var.value or ""
-        env[var.name] = item
-    return list(env.values())
-
-
-def _gang(job: GRPOJob) -> tuple[dict[str, str], dict[str, str], Optional[str]]:
-    """Pod labels, pod annotations and scheduler name for the job's gang-scheduling choice."""
-    s = job.spec.scheduling
-    total = job.spec.trainer.replicas + job.spec.rollout.replicas
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    scheduler = s.scheduler_name
-    if s.gang == "kueue":
-        labels[KUEUE_GROUP] = job.metadata.name
-        if s.queue_name:
-            labels[KUEUE_QUEUE] = s.queue_name
-        annotations[KUEUE_TOTAL] = str(total)
-    elif s.gang == "volcano":
-        annotations[VOLCANO_GROUP] = job.metadata.name
-        scheduler = scheduler or "volcano"
-    return labels, annotations, scheduler
-
-
-def _pod_spec(job: GRPOJob, w: WorkloadSpec, container: dict[str, Any], volumes: list[dict[str, Any]],
-              grace: int, scheduler: Optional[str]) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [container],
-        "volumes": volumes,
-        "enableServiceLinks": False,  # one job's pods need no env vars for every Service in the namespace
-        "terminationGracePeriodSeconds": grace,
-    }
-    if w.node_selector:
-        spec["nodeSelector"] = dict(w.node_selector)
-    if w.tolerations:
-        spec["tolerations"] = copy.deepcopy(w.tolerations)
-    if w.affinity:
-        spec["affinity"] = copy.deepcopy(w.affinity)
-    if w.priority_class_name:
-        spec["priorityClassName"] = w.priority_class_name
-    if w.service_account_name:
-        spec["serviceAccountName"] = w.service_account_name
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    return spec
-
-
-def _common_volumes(job: GRPOJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    name = job.metadata.name
-    volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": n.config_name(name)}},
-        {"name": "run", "emptyDir": {}},
-        # NCCL and vLLM move tensors through /dev/shm; the container default (64 MiB) is too small.
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-    ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
-        {"name": "run", "mountPath": n.RUN_DIR},
-        {"name": "dshm", "mountPath": n.SHM_DIR},
-    ]
+def _base_volumes(job: GRPOJob) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(volume, mount) of every pod: the runtime config, the scratch emptyDirs, the model claim."""
+    pairs = [({"name": pods.CONFIG_VOLUME, "configMap": {"name": n.config_name(job.metadata.name)}},
+              {"name": pods.CONFIG_VOLUME, "mountPath": n.CONFIG_DIR, "readOnly": True})]
+    pairs += pods.scratch_volumes()
     if job.spec.model.volume_claim:
-        volumes.append({"name": "models", "persistentVolumeClaim": {
-            "claimName": job.spec.model.volume_claim, "readOnly": True}})
-        mounts.append({"name": "models", "mountPath": n.MODELS_DIR, "readOnly": True})
-    return volumes, mounts
+        pairs.append(({"name": pods.MODELS_VOLUME, "persistentVolumeClaim": {
+            "claimName": job.spec.model.volume_claim, "readOnly": True}},
+            {"name": pods.MODELS_VOLUME, "mountPath": n.MODELS_DIR, "readOnly": True}))
+    return pairs
 
 
 def _pod_template(job: GRPOJob, role: str, w: WorkloadSpec, pod_spec: dict[str, Any]) -> dict[str, Any]:
-    gang_labels, gang_annotations, _ = _gang(job)
+    gang_labels, gang_annotations = gang.pod_metadata(job, role)
     labels = {**w.labels, **gang_labels, **n.common_labels(job.metadata.name),
               n.LABEL_COMPONENT: role, n.LABEL_ROLE: role}
     meta: dict[str, Any] = {"labels": labels}
@@ -197,10 +109,6 @@ def _pod_template(job: GRPOJob, role: str, w: WorkloadSpec, pod_spec: dict[str, 
     if annotations:
         meta["annotations"] = annotations
     return {"metadata": meta, "spec": pod_spec}
-
-
-def _ports(role: plan.Role) -> list[dict[str, Any]]:
-    return [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in role.ports.items()]
 
 
 def config_map(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
@@ -224,44 +132,23 @@ def trainer_service(job: GRPOJob, role: plan.Role, namespace: str, owner: Option
             }}
 
 
-def _container(name: str, role: plan.Role, w: WorkloadSpec, image: str, mounts: list[dict[str, Any]],
-               probes: dict[str, Any]) -> dict[str, Any]:
-    """A role's container: the plan's command, env and ports verbatim, the user's image/resources."""
-    container: dict[str, Any] = {
-        "name": name,
-        "image": w.image or image,
-        "imagePullPolicy": w.image_pull_policy,
-        "command": list(role.command),
-        "env": container_env(role, w),
-        "ports": _ports(role),
-        "volumeMounts": mounts,
-        **probes,
-    }
-    resources = _resources(w)
-    if resources:
-        container["resources"] = resources
-    return container
-
-
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
                         owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
     w = spec.trainer
-    volumes, mounts = _common_volumes(job)
-    if spec.checkpoint.volume_claim:
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {
-            "claimName": spec.checkpoint.volume_claim}})
-    else:  # survives container restarts, not pod deletion: mount a claim to resume after suspend
-        volumes.append({"name": "checkpoints", "emptyDir": {}})
-    mounts.append({"name": "checkpoints", "mountPath": checkpoint_dir(job)})
-    container = _container("trainer", role, w, image, mounts, {
+    # An emptyDir survives container restarts, not pod deletion: mount a claim to resume after suspend.
+    source = {"persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim}} if spec.checkpoint.volume_claim \
+        else {"emptyDir": {}}
+    volumes, mounts = pods.volumes(_base_volumes(job) + [(
+        {"name": pods.CHECKPOINTS_VOLUME, **source},
+        {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})], w)
+    container = pods.container("trainer", role, w, image, mounts, {
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
     })
-    _, _, scheduler = _gang(job)
-    pod = _pod_spec(job, w, container, volumes, TRAINER_GRACE_SECONDS, scheduler)
+    pod = pods.pod_spec(w, container, volumes, TRAINER_GRACE_SECONDS, gang.scheduler(job))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner),
+            "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner, gang.workload_labels(job)),
             "spec": {
                 "serviceName": n.trainer_name(name),
                 "replicas": replicas,
@@ -285,12 +172,13 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
                        owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
     w = spec.rollout
-    volumes, mounts = _common_volumes(job)
+    base = _base_volumes(job)
     if spec.weight_sync.backend == "checkpoint" and spec.checkpoint.volume_claim:
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {
-            "claimName": spec.checkpoint.volume_claim, "readOnly": True}})
-        mounts.append({"name": "checkpoints", "mountPath": checkpoint_dir(job), "readOnly": True})
-    container = _container("rollout", role, w, image, mounts, {
+        base.append(({"name": pods.CHECKPOINTS_VOLUME, "persistentVolumeClaim": {
+            "claimName": spec.checkpoint.volume_claim, "readOnly": True}},
+            {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job), "readOnly": True}))
+    volumes, mounts = pods.volumes(base, w)
+    container = pods.container("rollout", role, w, image, mounts, {
         "startupProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
                          "failureThreshold": ROLLOUT_STARTUP_SECONDS // 10},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 15,
@@ -299,10 +187,9 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "failureThreshold": 3},
     })
-    _, _, scheduler = _gang(job)
-    pod = _pod_spec(job, w, container, volumes, ROLLOUT_GRACE_SECONDS, scheduler)
+    pod = pods.pod_spec(w, container, volumes, ROLLOUT_GRACE_SECONDS, gang.scheduler(job))
     return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": _meta(name, namespace, n.rollout_name(name), "rollout", owner),
+            "metadata": _meta(name, namespace, n.rollout_name(name), "rollout", owner, gang.workload_labels(job)),
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": n.selector(name, "rollout")},

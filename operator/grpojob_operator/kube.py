@@ -36,12 +36,19 @@ _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PR
 class KubeError(RuntimeError):
     def __init__(self, status: int, reason: str, what: str, body: str = ""):
         self.status, self.reason, self.what = status, reason, what
-        detail = body
+        detail, self.details = body, None
         try:
-            detail = json.loads(body).get("message", body)
+            doc = json.loads(body)
+            detail, self.details = doc.get("message", body), doc.get("details")
         except (ValueError, AttributeError):
             pass
         super().__init__(f"{what}: HTTP {status} {reason}" + (f": {detail}" if detail else ""))
+
+    @property
+    def unserved_kind(self) -> bool:
+        """404 for the resource type itself (its CRD is not installed), not for a named object or
+        a namespace: the API server's Status then names nothing."""
+        return self.status == 404 and not (self.details or {}).get("name")
 
 
 def path(api_version: str, kind: str, namespace: Optional[str], name: Optional[str] = None,

@@ -27,6 +27,10 @@ CONFIG_DIR = "/etc/grpojob"  # the ConfigMap mount
 RUN_DIR = "/var/run/grpojob"  # emptyDir for run-local files
 MODELS_DIR = "/models"  # model PVC mount (see ModelSpec.volume_claim)
 SHM_DIR = "/dev/shm"
+TMP_DIR = "/tmp"
+# The runtime image's user and home (images/runtime/Dockerfile; a test keeps them equal).
+RUNTIME_UID = 10001
+HOME_DIR = "/home/grpojob"
 
 # How the operator reaches a trainer leader; tests point it at a stand-in on 127.0.0.1.
 TRAINER_URL_ENV = "GRPOJOB_TRAINER_URL"

@@ -19,6 +19,9 @@ RBAC_RULES: tuple[Rule, ...] = (
     # The jobs: watched by kopf, annotated (kopf progress, restart ledger), deleted after their TTL.
     Rule(GROUP, PLURAL, ("get", "list", "watch", "patch", "delete")),
     Rule(GROUP, f"{PLURAL}/status", ("get", "patch")),
+    # Children carry blockOwnerDeletion on their owner reference to the job: with the API server's
+    # OwnerReferencesPermissionEnforcement admission (OpenShift enables it) that needs this verb.
+    Rule(GROUP, f"{PLURAL}/finalizers", ("update",)),
     # Children: watched into kopf indexes, created, and patched back into shape.
     Rule("", "configmaps", ("list", "watch", "create", "patch")),
     Rule("", "services", ("list", "watch", "create", "patch")),

@@ -7,8 +7,7 @@ import sys
 
 import yaml
 
-from grpojob.api import InvalidSpec, check
-from grpojob.cli import load_manifest
+from grpojob.api import InvalidSpec, check, load_manifest
 
 from . import children
 

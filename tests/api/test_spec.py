@@ -85,7 +85,7 @@ INVALID = [
      "multiple of the trainer ranks"),
     (with_("trainer.replicas", 0), "spec.trainer.replicas", ">= 1"),
     (with_("trainer.port", 80), "spec.trainer.port", ">= 1024"),
-    (with_("trainer.resources.limits", {"nvidia.com/gpu": [8]}), "spec.trainer.resources.limits.nvidia.com/gpu",
+    (with_("trainer.resources.limits", {"nvidia.com/gpu": [8]}), "spec.trainer.resources.limits[nvidia.com/gpu]",
      None),
     (with_("rollout.backend", "sglang"), "spec.rollout.backend", "one of"),
     (with_("rollout.sampling.topP", 0), "spec.rollout.sampling.topP", "> 0"),

@@ -12,6 +12,7 @@ import yaml
 from grpojob.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from grpojob_operator.config import OperatorConfig
 
+from . import admission
 from .cluster import Cluster
 from .harness import OperatorThread, TrainerStub
 from .kmock_shim import Emulator
@@ -42,7 +43,10 @@ def job_path(ns: str = NS, name: str = "") -> str:
 
 @pytest.fixture
 async def emulator() -> AsyncIterator[Emulator]:
+    """The API server: kmock, completed by the shim, with two admission plugins acted out."""
     async with Emulator() as emu, kmock.Server(emu):
+        admission.owner_references_permission_enforcement(emu)
+        admission.pod_security_admission(emu)
         yield emu
 
 

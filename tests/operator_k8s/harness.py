@@ -27,6 +27,7 @@ class TrainerStub:
         self.states: dict[tuple[str, str], TrainerStatus] = {}
         self.suspends: list[tuple[str, str]] = []
         self.on_suspend: Optional[Any] = None  # called with (ns, name) after a POST /suspend
+        self.unreachable: set[tuple[str, str]] = set()  # jobs whose trainer answers nothing (503)
         self._runner: Optional[web.AppRunner] = None
         self.port = 0
 
@@ -40,7 +41,8 @@ class TrainerStub:
         return f"http://127.0.0.1:{self.port}/{{namespace}}/{{name}}"
 
     async def _status(self, request: web.Request) -> web.Response:
-        st = self.states.get((request.match_info["ns"], request.match_info["name"]))
+        key = (request.match_info["ns"], request.match_info["name"])
+        st = None if key in self.unreachable else self.states.get(key)
         if st is None:
             return web.json_response({"error": "not up"}, status=503)
         return web.json_response(st.dump())
@@ -48,6 +50,8 @@ class TrainerStub:
     async def _suspend(self, request: web.Request) -> web.Response:
         key = (request.match_info["ns"], request.match_info["name"])
         self.suspends.append(key)
+        if key in self.unreachable:
+            return web.json_response({"error": "unreachable"}, status=503)
         if key in self.states:
             self.set(*key, phase="checkpointing")
         if self.on_suspend:

@@ -94,12 +94,15 @@ async def test_create_gives_exact_children_with_owner_references(emulator, clust
 
 async def test_ready_pods_give_running_with_trainer_progress(emulator, cluster, operator, trainer):
     await running(emulator, cluster, trainer, "prog")
+    lags = [{"replica": "prog-rollout-a", "version": 7, "lag": 0}, {"replica": "prog-rollout-b", "version": 6, "lag": 1}]
     trainer.set(NS, "prog", step=7, totalSteps=20, policyVersion=7, rewardMean=0.625, kl=0.01,
-                tokensPerSecond=1234.5, lastCheckpointStep=5, weightsInSync=True)
+                tokensPerSecond=1234.5, lastCheckpointStep=5, weightsInSync=True, rollouts=lags,
+                weightSyncBackend="gloo")
     await eventually(lambda: status(emulator, "prog").get("progress", {}).get("step") == 7, what="progress")
     st = status(emulator, "prog")
     assert st["progress"] == {"step": 7, "totalSteps": 20, "policyVersion": 7, "rewardMean": 0.625, "kl": 0.01,
-                              "tokensPerSecond": 1234.5, "lastCheckpointStep": 5, "weightsInSync": True}
+                              "tokensPerSecond": 1234.5, "lastCheckpointStep": 5, "weightsInSync": True,
+                              "rollouts": lags, "weightSyncBackend": "gloo"}
     assert st["trainer"] == {"desired": 2, "ready": 2} and st["rollout"] == {"desired": 2, "ready": 2}
     assert st["startTime"] and st["restarts"] == 0
     for t in ("TrainerReady", "RolloutReady", "Running"):
@@ -338,7 +341,7 @@ async def test_fifty_jobs_created_at_once_all_reach_their_children(emulator, clu
 
 async def test_every_request_of_the_operator_is_allowed_by_its_rbac_rules(emulator, cluster, operator, trainer):
     await running(emulator, cluster, trainer, "rbac", runPolicy={"ttlSecondsAfterFinished": 0})
-    trainer.set(NS, "rbac", phase="completed")
+    trainer.set(NS, "rbac", phase="completed", step=20)
     await eventually(lambda: emulator.get_obj(GRPOJOBS, NS, "rbac") is None, what="deleted after TTL")
     verbs = {"list": "list", "watch": "watch", "fetch": "get", "create": "create", "update": "patch",
              "delete": "delete"}

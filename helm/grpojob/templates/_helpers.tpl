@@ -73,6 +73,11 @@ namespace, or the ClusterRole. */}}
 - apiGroups: [grpojob.io]
   resources: [grpojobs/status]
   verbs: [get, patch]
+# Children set blockOwnerDeletion on their owner reference: OwnerReferencesPermissionEnforcement
+# (on in OpenShift) requires update on the owner's finalizers.
+- apiGroups: [grpojob.io]
+  resources: [grpojobs/finalizers]
+  verbs: [update]
 # Children: watched into kopf indexes, created, patched back into shape (deleted by ownerReferences).
 - apiGroups: [""]
   resources: [configmaps, services]

@@ -20,7 +20,18 @@ KINDS = {
     "workflow": BUILTIN_WORKFLOWS,
 }
 
-_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+# `module:attr` (dotted on both sides). The CRD pattern and the validator share it; a new kind of
+# reference (a file path, say) is one more alternative in REFERENCE_PATTERNS.
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+MODULE_ATTR = rf"{_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*"
+REFERENCE_PATTERNS: tuple[str, ...] = (MODULE_ATTR,)
+_REF = re.compile("^(" + "|".join(REFERENCE_PATTERNS) + ")$")
+
+
+def name_pattern(kind: str) -> str:
+    """The CRD's pattern for a plug-in name of `kind`: a built-in or a well-formed reference (the API
+    server refuses anything else; the validator's own message says which names exist)."""
+    return "^(" + "|".join((*KINDS[kind], *REFERENCE_PATTERNS)) + ")$"
 
 
 def is_reference(name: str) -> bool:

@@ -6,8 +6,9 @@ from typing import Literal, Optional
 from pydantic import field_validator, model_validator
 
 from . import plugins
-from .base import FreeForm, Model, Quantity, field
+from .base import FreeForm, Model, field
 from .status import GRPOJobStatus
+from .workload import WorkloadSpec
 
 GROUP = "grpojob.io"
 VERSION = "v1alpha1"
@@ -46,7 +47,8 @@ class DatasetSpec(Model):
     path: Optional[str] = field(None, description="A .jsonl or .parquet file, or a `datasets` directory "
                                 "saved with save_to_disk. Exactly one of path and factory.")
     factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or "
-                                   "'module:function' returning an iterable of dict rows.")
+                                   "'module:function' returning an iterable of dict rows.",
+                                   json_schema_extra={"pattern": plugins.name_pattern("dataset")})
     args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory.")
     format: Literal["auto", "jsonl", "parquet", "disk"] = field(
         "auto", description="File format of path; auto picks by extension (a directory means disk).")
@@ -73,7 +75,8 @@ class RewardSpec(Model):
     """One reward function and its weight."""
 
     name: str = field(description="A built-in reward (math_exact, format, countdown, exact_match, toy) or "
-                      "'module:function' with signature (prompt, completion, **row) -> float, sync or async.")
+                      "'module:function' with signature (prompt, completion, **row) -> float, sync or async.",
+                      json_schema_extra={"pattern": plugins.name_pattern("reward")})
     weight: float = field(1.0, description="Weight of this reward in the summed reward.")
     args: FreeForm = field(default_factory=dict, description="Keyword arguments bound to the reward function.")
 
@@ -92,7 +95,8 @@ class OverlongSpec(Model):
 
 
 class AlgorithmSpec(Model):
-    name: str = field("grpo", description="grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, or 'module:Class'.")
+    name: str = field("grpo", description="grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, or 'module:Class'.",
+                      json_schema_extra={"pattern": plugins.name_pattern("algorithm")})
     group_size: int = field(8, ge=2, description="Completions sampled per prompt (the GRPO group).")
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = field(
         "token-mean", description="How per-token losses become one number, over the global batch.")
@@ -140,35 +144,6 @@ class TrainingSpec(Model):
     gradient_checkpointing: bool = field(False, description="Recompute activations to save memory.")
 
 
-class EnvVar(Model):
-    """An environment variable of the pods."""
-
-    name: str = field(description="Environment variable name.", min_length=1)
-    value: Optional[str] = field(None, description="Literal value.")
-    value_from: Optional[FreeForm] = field(None, description="A Kubernetes EnvVarSource (secretKeyRef...).")
-
-
-class ResourceSpec(Model):
-    requests: dict[str, Quantity] = field(default_factory=dict, description="Kubernetes resource requests.")
-    limits: dict[str, Quantity] = field(default_factory=dict, description="Kubernetes resource limits "
-                                        "(e.g. nvidia.com/gpu: 8).")
-
-
-class WorkloadSpec(Model):
-    image: Optional[str] = field(None, description="Container image; defaults to the operator's runtime image.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = field(
-        "IfNotPresent", description="Kubernetes image pull policy.")
-    resources: ResourceSpec = field(default_factory=ResourceSpec, description="Per-pod resources.")
-    env: list[EnvVar] = field(default_factory=list, description="Extra environment variables.")
-    node_selector: dict[str, str] = field(default_factory=dict, description="Kubernetes node selector.")
-    tolerations: list[FreeForm] = field(default_factory=list, description="Kubernetes tolerations.")
-    affinity: Optional[FreeForm] = field(None, description="Kubernetes affinity.")
-    priority_class_name: Optional[str] = field(None, description="Kubernetes priority class.")
-    service_account_name: Optional[str] = field(None, description="Service account of the pods.")
-    labels: dict[str, str] = field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = field(default_factory=dict, description="Extra pod annotations.")
-
-
 class TrainerSpec(WorkloadSpec):
     replicas: int = field(1, ge=1, description="Trainer pods (nodes); torchrun --nnodes.")
     processes_per_replica: int = field(1, ge=1, description="Ranks per pod; torchrun --nproc-per-node "
@@ -195,7 +170,8 @@ class RolloutSpec(WorkloadSpec):
     enforce_eager: bool = field(False, description="Disable CUDA graphs in vLLM.")
     sampling: SamplingSpec = field(default_factory=SamplingSpec, description="Sampling parameters.")
     workflow: str = field("single-turn", description="Rollout workflow: single-turn, greedy-baseline, or "
-                          "'module:Class' with an async run(client, sample).")
+                          "'module:Class' with an async run(client, sample).",
+                          json_schema_extra={"pattern": plugins.name_pattern("workflow")})
     port: int = field(8000, ge=1024, le=65535, description="HTTP port of each rollout server.")
 
     @field_validator("workflow")
@@ -234,8 +210,10 @@ class RunPolicy(Model):
 
 
 class SchedulingSpec(Model):
-    gang: Literal["none", "kueue", "volcano"] = field("none", description="Gang scheduling of trainer and "
-                                                      "rollout pods together: Kueue pod group or Volcano PodGroup.")
+    gang: Literal["none", "kueue", "volcano"] = field(
+        "none", description="Gang scheduling. kueue: the trainer pods are one Kueue pod group (all nodes "
+        "start together) and each rollout pod is admitted on its own, so scaling the rollouts restarts no "
+        "trainer pod; volcano: one PodGroup of trainer and rollout pods.")
     queue_name: Optional[str] = field(None, description="Kueue LocalQueue or Volcano queue.")
     scheduler_name: Optional[str] = field(None, description="Pod scheduler (volcano sets it by default).")
 

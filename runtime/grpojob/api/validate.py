@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from functools import lru_cache
 from typing import Any, Iterable, Optional
 
-import yaml
 from pydantic import ValidationError
 
-from . import plugins
+from . import k8s, plugins
+from .base import FIELD_ERROR
 from .spec import GRPOJob
 
 
@@ -27,16 +27,21 @@ class InvalidSpec(ValueError):
         super().__init__("\n".join(str(e) for e in errors))
 
 
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    from .crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
+
+    return openapi_schema()
+
+
 def _path(loc: Iterable[Any]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith(("function-after", "function-before", "function-wrap")):
-            continue  # pydantic's validator wrappers are not part of the user's path
-        else:
-            out += ("." if out else "") + str(part)
-    return out
+    """`spec.trainer.tolerations[0].key`: fields with dots, list items and map keys in brackets."""
+    parts = [p for p in loc if not str(p).startswith(("function-after", "function-before", "function-wrap"))]
+    return k8s.subpath(_schema(), parts).lstrip(".")
+
+
+def _join(path: str, sub: str) -> str:
+    return path + sub if sub.startswith("[") or not path else f"{path}.{sub.lstrip('.')}"
 
 
 _OPS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
@@ -77,18 +82,15 @@ def _message(err: dict[str, Any]) -> str:
     return msg.removeprefix("Value error, ")
 
 
-_UNION_TAGS = {"int", "str", "float", "bool"}
-
-
 def errors_of(exc: ValidationError) -> list[FieldError]:
     out: list[FieldError] = []
     for err in exc.errors():
         loc = list(err["loc"])
-        if loc and loc[-1] in _UNION_TAGS:  # int|str quantities: one error per field, not per branch
-            loc.pop()
-            if out and out[-1].path == _path(loc):
-                continue
-            out.append(FieldError(_path(loc), "must be a number or a quantity string"))
+        if err["type"] == k8s.ERROR_TYPE:  # a Kubernetes sub-object: one error per problem inside it
+            out += [FieldError(_join(_path(loc), sub), msg) for sub, msg in err["ctx"]["errors"]]
+            continue
+        if err["type"] == FIELD_ERROR:
+            out.append(FieldError(_join(_path(loc), err["ctx"]["subpath"]), err["ctx"]["message"]))
             continue
         path, msg = _path(loc), _message(err)
         # Cross-field messages already name their fields relative to spec.
@@ -132,35 +134,3 @@ def parse(doc: Any, resolve_plugins: bool = False) -> GRPOJob:
         raise InvalidSpec(errors)
     assert job is not None
     return job
-
-
-def load_file(path: str | Path) -> Any:
-    """Read the GRPOJob document of a YAML file (the first document of kind GRPOJob)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InvalidSpec([FieldError("", f"cannot read {path}: {e.strerror}")]) from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise InvalidSpec([FieldError("", f"{path}: not valid YAML: {e}")]) from None
-    for d in docs:
-        if isinstance(d, dict) and d.get("kind") == "GRPOJob":
-            return d
-    if len(docs) == 1:
-        return docs[0]
-    raise InvalidSpec([FieldError("kind", f"{path}: no document of kind GRPOJob")])
-
-
-def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
-    """Apply a `--set a.b.c=value` override (the path is relative to spec unless it starts with a
-    top-level key); the value is parsed as YAML so numbers and booleans keep their types."""
-    keys = dotted.split(".")
-    if keys[0] not in ("spec", "metadata"):
-        keys = ["spec", *keys]
-    node = doc
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise InvalidSpec([FieldError(dotted, "cannot set a field inside a non-object")])
-    node[keys[-1]] = yaml.safe_load(value) if isinstance(value, str) else value

@@ -15,8 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..api import GRPOJob, InvalidSpec, check
-from ..cli import load_manifest
+from ..api import GRPOJob, InvalidSpec, check, load_manifest
 from ..plan import CONFIG_FILE, REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles
 from .processes import Child, free_port, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
