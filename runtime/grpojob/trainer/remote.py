@@ -45,7 +45,9 @@ class RemoteRollouts:
         self.publisher = self.manager = None
         if self.env.is_leader:
             _, port = sync_address()
-            self.publisher = WeightPublisher(spec, listen_host, port, initial_version=None if resumed else 0)
+            self.publisher = WeightPublisher(spec.weight_sync, host=listen_host, port=port,
+                                             device=self.env.device, initial_version=None if resumed else 0,
+                                             checkpoint_dir=str(trainer.checkpoint_dir))
             client = RolloutClient(self.publisher.rollout_addresses,
                                    timeout=float(spec.weight_sync.timeout_seconds) * 3)
             self.manager = RolloutManager(client, workflows.build(spec, trainer.tokenizer),
