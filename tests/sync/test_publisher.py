@@ -253,3 +253,23 @@ def test_a_server_the_explicit_backend_cannot_reach_is_refused_and_told_why(sync
 def test_a_gpu_backend_on_a_cpu_trainer_is_refused_before_the_store_opens(sync, backend):
     with pytest.raises(PlacementError, match=f"spec.weightSync.backend: {backend} needs the trainer on a GPU"):
         publisher(sync.model_copy(update={"backend": backend}), device="cpu")
+
+
+def test_a_full_dev_shm_fails_the_push_clearly_and_the_servers_go_on(sync, agents, monkeypatch):
+    """/dev/shm without room (acted out: this machine's has room) is a setup error that reaches the
+    trainer; the servers skip the command that never came and take the next push."""
+    from grpojob.sync import handoff
+
+    with publisher(sync.model_copy(update={"backend": "shm"}), heartbeat_timeout=3) as pub:
+        a = agents(f"127.0.0.1:{pub.port}", "a")
+        wait_for(a.ready, 20, "registration")
+        real = handoff.ShmSegment.__init__
+
+        def full(self, path, layout):
+            raise handoff.ShmFull(f"weightSync.backend shm: no room for 4 MiB in {path.parent}")
+        monkeypatch.setattr(handoff.ShmSegment, "__init__", full)
+        with pytest.raises(handoff.ShmFull, match="no room"):
+            pub.push(weights(1).items(), version=1)
+        monkeypatch.setattr(handoff.ShmSegment, "__init__", real)
+        assert pub.push(weights(2).items(), version=2)["servers"] == 1
+        assert a.held[0] == 2 and _equal(a.sink, weights(2)) and a.ready()

@@ -101,6 +101,10 @@ class Delivery:
                 r.close()
             r = self.retained = Retained(layout)
         r.version, r.weights, r.filled = version, wid, set()
+        # GPU buffers are fresh for every version (the caching allocator hands the same memory
+        # back): each CUDA IPC share wraps its storage in one more reference-counting layer,
+        # which only goes when the storage does.
+        r.media.pop("device", None)
         if self.checkpoint_dir:
             r.path = files.save(self.checkpoint_dir, version, named)
         return r
@@ -154,8 +158,10 @@ class Delivery:
                 if attempt < MAX_ATTEMPTS:
                     log.warning("retrying version %d on %d server(s)", r.version, len(targets))
                 continue
-            except BaseException:  # a setup error: publish a no-op so the servers' sequence goes on
-                if not self.store.check([key("cmd", seq)]):
+            except BaseException as e:  # a setup error or an interrupt: the servers must not wait for it
+                if self.store.check([key("cmd", seq)]):
+                    self.store.set(key("cancel", seq), f"the trainer stopped the push: {type(e).__name__}")
+                else:  # a no-op keeps the servers' command sequence going
                     set_json(self.store, key("cmd", seq), {"seq": seq, "kind": "noop", "targets": []})
                 raise
             ok = []
@@ -189,8 +195,11 @@ class Delivery:
                "groups": {}, "handoff": {}}
         if "shm" in by_path:
             cmd["handoff"]["shm"] = r.shm.doc()
-        if "cuda-ipc" in by_path:
-            cmd["handoff"]["cuda-ipc"] = handoff.share_cuda(r.media["device"])
+        if "cuda-ipc" in by_path:  # one share per receiver: each releases its own reference
+            ipc: dict[str, list] = {m.instance: [None] * len(m.routes) for m, _ in by_path["cuda-ipc"]}
+            for m, i in by_path["cuda-ipc"]:
+                ipc[m.instance][i] = handoff.share_cuda(r.media["device"])
+            cmd["handoff"]["cuda-ipc"] = ipc
         plans = {}
         for p in COLLECTIVES:
             if p not in by_path:

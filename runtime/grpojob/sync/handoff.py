@@ -112,7 +112,8 @@ def _bytes(text: Optional[str]) -> bytes:
 
 
 def share_cuda(buffers: Sequence[torch.Tensor]) -> list[dict]:
-    """CUDA IPC handles of the publisher's bucket buffers (each a whole storage of its own)."""
+    """CUDA IPC handles of the publisher's bucket buffers (each a whole storage of its own), for
+    one receiver: each share carries a reference count that its receiver drops when it lets go."""
     docs = []
     for buf in buffers:
         _dev, handle, size, offset, ref, ref_offset, event, event_sync = buf.untyped_storage()._share_cuda_()
@@ -130,7 +131,7 @@ def copy_cuda(docs: Sequence[dict], device: torch.device, out: Sequence[torch.Te
         storage = torch.UntypedStorage._new_shared_cuda(
             index, _bytes(d["handle"]), d["size"], d["offset"], _bytes(d["ref"]), d["ref_offset"],
             _bytes(d["event"]), d["event_sync"])
-        src = torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (d["nbytes"],))
+        src = torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (d["nbytes"],), (1,))
         bk.wire(buf).copy_(src)
         del src, storage  # let go of the mapping: the trainer may free or reuse its buffer
     torch.cuda.current_stream(device).synchronize()

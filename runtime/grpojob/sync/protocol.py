@@ -21,8 +21,8 @@ Keys (all under `grpojob/`):
   * push: {"kind": "push", "version", "weights", "layout", "timeout", "targets", "routes":
     {instance: [path per endpoint]}, "groups": {path: {"id", "world", "ranks": {instance: [rank
     or null per endpoint]}}} for the collective paths (nccl, gloo; the publisher is rank 0),
-    "handoff": {"shm": segment, "cuda-ipc": [handle per bucket]}}: every endpoint receives the
-    buckets of `layout` over its route.
+    "handoff": {"shm": segment, "cuda-ipc": {instance: [[handle per bucket] or null per
+    endpoint]}}}: every endpoint receives the buckets of `layout` over its route.
   * load: {"kind": "load", "version", "weights", "path", "targets"}: load the safetensors in
     `path` (relative to the checkpoint dir; null = the model directory).
 - `join/<group>/<rank>`: a receiver is about to build the group (so the publisher does not

@@ -50,22 +50,20 @@ class PushReceiver:
         try:
             bufs = self._buffers(layout, path, what)
             if path in COLLECTIVES:
-                try:
-                    self._collective(cmd, path, endpoint, layout, bufs, poll, deadline, what)
-                except WeightSyncError as e:
-                    self._nack(cmd["seq"], path, e)
-                    raise
+                self._collective(cmd, path, endpoint, layout, bufs, poll, deadline, what)
             elif path == "shm":
                 self._shm.copy(cmd["handoff"]["shm"], layout, bufs)
             elif path == "cuda-ipc":
-                handoff.copy_cuda(cmd["handoff"]["cuda-ipc"], self.device, bufs)
+                handoff.copy_cuda(cmd["handoff"]["cuda-ipc"][self.instance][endpoint], self.device, bufs)
             else:
                 raise WeightSyncError(f"{what}: unknown path '{path}'")
             reason = poll()  # a handoff copy is whole only if the push still stands
             if reason:
                 raise WeightSyncError(f"{what}: {reason}")
-        except WeightSyncError:
+        except WeightSyncError as e:
             self._kept = None  # a failed transfer may still write into these until it times out
+            if path in COLLECTIVES:
+                self._nack(cmd["seq"], path, e)
             raise
         return [nt for b, buf in zip(layout.buckets, bufs) for nt in bk.unpack(b, buf)]
 
