@@ -43,6 +43,7 @@ log = logging.getLogger("grpojob.sync")
 
 MAX_ATTEMPTS = 3
 ACK_POLL_SECONDS = 0.002  # only while a command waits for its acknowledgements
+NACK_POLL_SECONDS = 0.05  # a store round trip: not on every 10 ms poll of a transfer
 MEDIUM = {"nccl": "device", "cuda-ipc": "device", "gloo": "host", "shm": "shm"}
 HANDOFF = ("cuda-ipc", "shm")
 
@@ -318,12 +319,16 @@ class Delivery:
     def _liveness(self, targets: list[Member], nack: Optional[str] = None):
         """A poll: the first target that died, or (for one path's transfer) one that failed to receive."""
         by_instance = {m.instance: m for m in targets}
+        checked = [0.0]
 
         def poll() -> Optional[str]:
             for m in targets:
                 if m.dead:
                     return f"{m} {m.dead}"
-            if nack and self.store.check([nack]):
+            if not nack or time.monotonic() - checked[0] < NACK_POLL_SECONDS:
+                return None
+            checked[0] = time.monotonic()
+            if self.store.check([nack]):
                 instance, _, error = self.store.get(nack).decode().partition("\n")
                 return f"{by_instance.get(instance, instance)} failed to receive: {error}"
             return None
