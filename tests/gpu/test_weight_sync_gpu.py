@@ -12,8 +12,7 @@ from grpojob.api.spec import WeightSyncSpec
 from grpojob.sync.publisher import WeightPublisher
 
 from ..rollout.harness import wait_for
-from ..sync.peer import digest, weights
-from ..sync.test_publisher import _peer, _reap
+from ..sync.peer import digest, reap, spawn, weights
 
 SYNC = WeightSyncSpec(timeout_seconds=60, bucket_size_mb=1)
 
@@ -31,20 +30,20 @@ def _push_and_check(pub, out, replica, path):
 def test_nccl_between_processes_on_two_gpus(tmp_path):
     out = tmp_path / "loaded.json"
     with WeightPublisher(SYNC, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10) as pub:
-        peer = _peer("serve", f"127.0.0.1:{pub.port}", "gpu1", "cuda:1", str(out), log_path=tmp_path / "peer.log")
+        peer = spawn("serve", f"127.0.0.1:{pub.port}", "gpu1", "cuda:1", str(out), log_path=tmp_path / "peer.log")
         try:
             wait_for(lambda: pub.rollout_addresses(), 120, "the peer on cuda:1", proc=peer)
             assert pub.servers()[0]["routes"] == ["nccl"]
             _push_and_check(pub, out, "gpu1", "nccl")
         finally:
-            _reap(peer)
+            reap(peer)
 
 
 @pytest.mark.gpu
 def test_cuda_ipc_between_processes_on_one_gpu(tmp_path):
     out = tmp_path / "loaded.json"
     with WeightPublisher(SYNC, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10) as pub:
-        peer = _peer("serve", f"127.0.0.1:{pub.port}", "same-gpu", "cuda:0", str(out), log_path=tmp_path / "peer.log")
+        peer = spawn("serve", f"127.0.0.1:{pub.port}", "same-gpu", "cuda:0", str(out), log_path=tmp_path / "peer.log")
         try:
             wait_for(lambda: pub.rollout_addresses(), 120, "the peer on cuda:0", proc=peer)
             assert pub.servers()[0]["routes"] == ["cuda-ipc"]  # auto never picks NCCL on one GPU
@@ -55,14 +54,14 @@ def test_cuda_ipc_between_processes_on_one_gpu(tmp_path):
                 pub.push(w.items(), version=version)
             assert torch.cuda.mem_get_info(0)[0] > free - 64 * 2**20
         finally:
-            _reap(peer)
+            reap(peer)
 
 
 @pytest.mark.gpu
 def test_explicit_nccl_on_one_gpu_is_refused_naming_the_server(tmp_path):
     nccl = SYNC.model_copy(update={"backend": "nccl"})
     with WeightPublisher(nccl, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10) as pub:
-        peer = _peer("serve", f"127.0.0.1:{pub.port}", "same-gpu", "cuda:0", str(tmp_path / "x.json"),
+        peer = spawn("serve", f"127.0.0.1:{pub.port}", "same-gpu", "cuda:0", str(tmp_path / "x.json"),
                      log_path=tmp_path / "peer.log")
         try:
             reason = wait_for(lambda: pub.refused().get("same-gpu"), 120, "the refusal", proc=peer)
@@ -70,4 +69,4 @@ def test_explicit_nccl_on_one_gpu_is_refused_naming_the_server(tmp_path):
             assert pub.rollout_addresses() == [] and pub.push(weights(1).items(), version=1)["servers"] == 0
             wait_for(lambda: "the trainer refused this server" in peer.log_path.read_text(), 30, "the peer's log")
         finally:
-            _reap(peer)
+            reap(peer)

@@ -17,13 +17,16 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 from grpojob.sync import group
 
+REPO = Path(__file__).resolve().parents[2]
 SHAPES = {f"layer{i}.weight": (256, 256) for i in range(16)}
 
 
@@ -38,6 +41,23 @@ def digest(named: dict[str, torch.Tensor]) -> str:
         h.update(n.encode())
         h.update(named[n].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+def spawn(*args: str, log_path) -> subprocess.Popen:
+    """This module as a process of its own (its own session: `reap` ends it and its children)."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.sync.peer", *args], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    proc.log_path = log_path
+    return proc
+
+
+def reap(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGCONT)  # a stopped peer must wake up to die
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(10)
 
 
 def _die_in_transfer(sig: int) -> None:

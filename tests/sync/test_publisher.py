@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,8 +17,8 @@ from grpojob.sync.placement import PlacementError
 from grpojob.sync.protocol import DISK
 from grpojob.sync.publisher import WeightPublisher
 
-from ..rollout.harness import REPO, free_port, wait_for
-from .peer import SHAPES, digest, weights
+from ..rollout.harness import free_port, wait_for
+from .peer import SHAPES, digest, reap, spawn, weights
 from .sinks import TensorSink
 
 
@@ -147,21 +143,6 @@ def test_a_server_that_cannot_load_is_named_and_dropped(sync, agents, caplog):
         assert pub.rollout_addresses() == ["http://ok:1"]
 
 
-def _peer(*args, log_path):
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "tests.sync.peer", *args], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    proc.log_path = log_path
-    return proc
-
-
-def _reap(proc):
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGCONT)
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(10)
-
-
 @pytest.mark.slow
 def test_servers_that_die_or_hang_mid_broadcast_are_named_and_the_push_completes(sync, agents, caplog, tmp_path):
     """One server is SIGKILLed and one is SIGSTOPped while the buckets are in flight: the push
@@ -169,7 +150,7 @@ def test_servers_that_die_or_hang_mid_broadcast_are_named_and_the_push_completes
     with publisher(sync, heartbeat_timeout=2) as pub:
         addr = f"127.0.0.1:{pub.port}"
         survivor = agents(addr, "survivor")
-        victims = [_peer("receiver", addr, name, mode, log_path=tmp_path / f"{name}.log")
+        victims = [spawn("receiver", addr, name, mode, log_path=tmp_path / f"{name}.log")
                    for name, mode in (("crashes", "die"), ("hangs", "hang"))]
         try:
             wait_for(lambda: len(pub.rollout_addresses()) == 3, 60, "three servers")
@@ -187,13 +168,13 @@ def test_servers_that_die_or_hang_mid_broadcast_are_named_and_the_push_completes
             assert "sent no heartbeat" in caplog.text
         finally:
             for v in victims:
-                _reap(v)
+                reap(v)
 
 
 @pytest.mark.slow
 def test_a_trainer_that_dies_mid_broadcast_fails_the_receivers_fast(agents, tmp_path):
     port_file = tmp_path / "port"
-    trainer = _peer("publisher", str(port_file), "2", log_path=tmp_path / "trainer.log")
+    trainer = spawn("publisher", str(port_file), "2", log_path=tmp_path / "trainer.log")
     try:
         port = int(wait_for(lambda: port_file.exists() and port_file.read_text(), 60, "the trainer's store",
                             proc=trainer))
@@ -209,7 +190,7 @@ def test_a_trainer_that_dies_mid_broadcast_fails_the_receivers_fast(agents, tmp_
         wait_for(lambda: not any(a.ready() for a in rx), 20, "not ready")
         assert "waiting for the trainer's weight-sync store" in rx[0].not_ready_reason()
     finally:
-        _reap(trainer)
+        reap(trainer)
 
 
 def test_shm_moves_weights_to_another_process_without_a_collective(sync, tmp_path):
@@ -217,7 +198,7 @@ def test_shm_moves_weights_to_another_process_without_a_collective(sync, tmp_pat
     /dev/shm (what CUDA IPC does on one GPU, here on the CPU)."""
     out = tmp_path / "loaded.json"
     with publisher(sync.model_copy(update={"backend": "shm"}), heartbeat_timeout=5) as pub:
-        peer = _peer("serve", f"127.0.0.1:{pub.port}", "shm-peer", "cpu", str(out), log_path=tmp_path / "peer.log")
+        peer = spawn("serve", f"127.0.0.1:{pub.port}", "shm-peer", "cpu", str(out), log_path=tmp_path / "peer.log")
         try:
             wait_for(lambda: pub.rollout_addresses() == ["http://shm-peer"], 60, "the peer", proc=peer)
             assert pub.servers()[0]["routes"] == ["shm"] and pub.backend_in_use() == "shm"
@@ -230,7 +211,7 @@ def test_shm_moves_weights_to_another_process_without_a_collective(sync, tmp_pat
                 segments |= {p.name for p in Path("/dev/shm").glob(f"grpojob-{pub.run}-*.weights")}
             assert len(segments) == 1  # one segment, repacked for the second version
         finally:
-            _reap(peer)
+            reap(peer)
     assert not list(Path("/dev/shm").glob(f"grpojob-{pub.run}*"))  # segment and probe are gone
 
 

@@ -11,7 +11,6 @@ publisher routes those two only to endpoints that registered a GPU.
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import Optional
 
@@ -23,9 +22,6 @@ from . import group as grp
 from . import handoff
 from .placement import COLLECTIVES
 from .protocol import Deadline, WeightSyncError, connect, key, short_error
-
-log = logging.getLogger("grpojob.sync")
-
 
 class PushReceiver:
     def __init__(self, store_addr: str, instance: str, device: torch.device | str, *,
