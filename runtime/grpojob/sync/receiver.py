@@ -23,6 +23,7 @@ from . import handoff
 from .placement import COLLECTIVES
 from .protocol import Deadline, WeightSyncError, connect, key, short_error
 
+
 class PushReceiver:
     def __init__(self, store_addr: str, instance: str, device: torch.device | str, *,
                  connect_timeout: float = 30.0):
