@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from grpojob.devices import ENV_DEVICE
 from grpojob.local.processes import free_port  # noqa: F401 - re-exported for the tests
 from grpojob.plan import (
     ENV_ADVERTISE_HOST,
@@ -81,12 +82,13 @@ def proc_tail(proc, n: int = 4000) -> str:
 
 
 class RolloutProcess:
-    """A real `grpojob rollout` process (killed on stop)."""
+    """A real `grpojob rollout` process (killed on stop), computing on `device` (the tests compare
+    it with references computed on that device)."""
 
     def __init__(self, config: Path, log_dir: Path, *, replica: str, backend: str = "hf",
                  sync_addr: Optional[str] = None, port: Optional[int] = None,
-                 checkpoint_dir: Optional[str] = None):
-        self.config, self.replica, self.backend = config, replica, backend
+                 checkpoint_dir: Optional[str] = None, device: str = "cpu"):
+        self.config, self.replica, self.backend, self.device = config, replica, backend, device
         self.sync_addr, self.checkpoint_dir = sync_addr, checkpoint_dir
         self.port = port or free_port()
         self.log_path = log_dir / f"{replica}.log"
@@ -99,7 +101,7 @@ class RolloutProcess:
     def start(self) -> "RolloutProcess":
         env = {**os.environ, ENV_CONFIG: str(self.config), ENV_ROLLOUT_PORT: str(self.port),
                ENV_REPLICA_ID: self.replica, ENV_BACKEND: self.backend, ENV_ADVERTISE_HOST: "127.0.0.1",
-               ENV_LOG_FORMAT: "text", "PYTHONUNBUFFERED": "1"}
+               ENV_LOG_FORMAT: "text", ENV_DEVICE: self.device, "PYTHONUNBUFFERED": "1"}
         env.pop(ENV_SYNC_ADDR, None)
         if self.sync_addr:
             env[ENV_SYNC_ADDR] = self.sync_addr

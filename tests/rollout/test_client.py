@@ -96,7 +96,7 @@ def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path,
     job = make_job(tiny_dir, algorithm={"groupSize": 4}, rollout={"sampling": {"maxTokens": 48}},
                    training={"promptsPerStep": 8, "steps": 10})
     config = write_config(job, tmp_path / "job.json")
-    pub = WeightPublisher(job.spec, "127.0.0.1", 0, heartbeat_timeout=2)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=2)
     addr = f"127.0.0.1:{pub.port}"
     servers = [RolloutProcess(config, tmp_path, replica=f"r{i}", sync_addr=addr).start() for i in range(2)]
     client = RolloutClient(pub.rollout_addresses, timeout=120)

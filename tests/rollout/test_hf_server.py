@@ -28,7 +28,7 @@ def synced(request, tmp_path_factory, tiny_dir, tiny_tied_dir):
         from .harness import wait_for
         wait_for(lambda: srv.status("/info")[1].get("engine") == "up", 60, "engine up", proc=srv.proc)
         before = {"readyz": srv.status("/readyz"), "generate": srv.generate([5, 6, 7], temperature=0, max_tokens=3)}
-        pub = WeightPublisher(job.spec, "127.0.0.1", port, heartbeat_timeout=5)
+        pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=port, device="cpu", heartbeat_timeout=5)
         srv.wait_ready()
         yield {"pub": pub, "srv": srv, "model_dir": model_dir, "before": before, "job": job}
     finally:
@@ -53,6 +53,7 @@ def test_push_then_greedy_equals_the_trainers_model(synced, tokenizer):
         trainer = perturb(load_model(model_dir), seed=seed)
         stats = pub.push(trainer.state_dict().items(), version=version)
         assert stats["servers"] == 1 and stats["dropped"] == [] and stats["version"] == version
+        assert stats["paths"] == {"gloo": [srv.replica]}  # both ends pinned to the CPU
         after = []
         for p in prompts:
             out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
@@ -147,7 +148,8 @@ def test_checkpoint_backend_serves_the_pushed_weights(tmp_path, tiny_dir, tokeni
     """weightSync.backend checkpoint: the weights go through a shared directory, not a collective."""
     job = make_job(tiny_dir, weightSync={"backend": "checkpoint"})
     shared = tmp_path / "checkpoints"
-    pub = WeightPublisher(job.spec, "127.0.0.1", 0, checkpoint_dir=str(shared), heartbeat_timeout=5)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", checkpoint_dir=str(shared),
+                          heartbeat_timeout=5)
     srv = RolloutProcess(write_config(job, tmp_path / "job.json"), tmp_path, replica="hf-ckpt",
                          sync_addr=f"127.0.0.1:{pub.port}", checkpoint_dir=str(shared)).start()
     try:

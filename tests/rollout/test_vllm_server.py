@@ -22,7 +22,7 @@ MAX_TOKENS = 12
 def vllm_server(tmp_path_factory, tiny_tied_dir):
     tmp = tmp_path_factory.mktemp("vllm")
     job = make_job(tiny_tied_dir, rollout={"backend": "vllm"})
-    pub = WeightPublisher(job.spec, "127.0.0.1", 0, heartbeat_timeout=10)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=10)
     state = {"pub": pub}
     srv = RolloutProcess(write_config(job, tmp / "job.json"), tmp, replica="vllm-0", backend="vllm",
                          sync_addr=f"127.0.0.1:{pub.port}").start()
@@ -118,10 +118,11 @@ def test_a_restarted_trainer_gets_the_model_directory_back(vllm_server, tied_tok
     pub, srv = vllm_server["pub"], vllm_server["srv"]
     if srv.status("/info")[1]["policy_version"] == 0:
         pub.push(perturb(load_model(vllm_server["model_dir"]), seed=5, scale=1.0).state_dict().items(), version=1)
-    port, spec = pub.port, pub.spec
+    port, sync = pub.port, pub.sync
     pub.close()
     wait_for(lambda: srv.status("/readyz")[0] == 503, 30, "not ready without a trainer")
-    pub = vllm_server["pub"] = WeightPublisher(spec, "127.0.0.1", port, heartbeat_timeout=10)
+    pub = vllm_server["pub"] = WeightPublisher(sync, host="127.0.0.1", port=port, device="cpu",
+                                               heartbeat_timeout=10)
     srv.wait_ready(timeout=60)
     assert srv.status("/info")[1]["policy_version"] == 0
     _check_greedy(srv, load_model(vllm_server["model_dir"]), tied_tokenizer, version=0)

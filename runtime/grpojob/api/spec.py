@@ -181,9 +181,11 @@ class RolloutSpec(WorkloadSpec):
 
 
 class WeightSyncSpec(Model):
-    backend: Literal["auto", "nccl", "gloo", "checkpoint"] = field(
-        "auto", description="auto: NCCL on GPU, gloo on CPU; checkpoint: rollouts reload the newest "
-                            "checkpoint from a shared volume.")
+    backend: Literal["auto", "nccl", "cuda-ipc", "shm", "gloo", "checkpoint"] = field(
+        "auto", description="auto picks per rollout endpoint: NCCL between different GPUs, CUDA IPC on "
+                            "the trainer's own GPU, gloo with a CPU on either side. cuda-ipc and shm "
+                            "(/dev/shm) need the trainer's host (grpojob run); checkpoint: rollouts "
+                            "load each version from files on a shared volume.")
     bucket_size_mb: int = field(256, ge=1, description="Flat broadcast bucket size in MiB.")
     every_steps: int = field(1, ge=1, description="Push weights every N optimizer steps.")
     timeout_seconds: int = field(600, ge=1, description="Timeout of every weight-sync collective.")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..api import GRPOJob, InvalidSpec, check, load_manifest
+from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
 from ..plan import CONFIG_FILE, REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles
 from .processes import Child, free_port, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
@@ -149,6 +149,18 @@ class Run:
             plot(records, self.run_dir / "reward.png")
 
 
+def _check_weight_sync(job: GRPOJob) -> None:
+    """Refuse, before any process starts, a weightSync.backend that cannot work on this machine."""
+    backend = job.spec.weight_sync.backend
+    if backend not in ("nccl", "cuda-ipc"):
+        return
+    from ..sync import placement
+
+    reason = placement.check_local_run(backend, placement.visible_gpus())
+    if reason:
+        raise InvalidSpec([FieldError(placement.BACKEND_FIELD, reason)])
+
+
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
@@ -168,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
         if errors:
             raise InvalidSpec(errors)
         assert job is not None
+        _check_weight_sync(job)
         run_dir.mkdir(parents=True, exist_ok=True)
         _ensure_model(job, out)
         (run_dir / CONFIG_FILE).write_text(render_config(job))

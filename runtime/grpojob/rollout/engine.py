@@ -20,7 +20,6 @@ BACKENDS = ("hf", "vllm")
 
 class Engine(Protocol):
     backend: str
-    workers: int
     version: int  # policy version of the weights loaded now
     weights: str  # weights id (see grpojob.sync.protocol)
     tokenizer: object
@@ -34,6 +33,10 @@ class Engine(Protocol):
     def load_info(self) -> tuple[int, int]:
         """(requests waiting for the engine, requests being generated)."""
         ...
+
+    # The weight sink (grpojob.sync.agent.WeightSink): where each receiving process computes,
+    # and the two ways weights arrive.
+    def endpoints(self) -> list: ...
 
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None: ...
 

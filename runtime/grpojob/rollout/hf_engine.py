@@ -18,7 +18,8 @@ import torch
 from .. import devices
 from ..api.spec import GRPOJobSpec
 from ..sync import buckets as bk
-from ..sync import files
+from ..sync import files, placement
+from ..sync.placement import Endpoint
 from ..sync.protocol import DISK
 from . import hf_generate
 from .engine import torch_dtype_name
@@ -37,7 +38,6 @@ class _Request:
 
 class HFEngine:
     backend = "hf"
-    workers = 1
     last_pause_seconds: Optional[float] = None  # generation stopped by the last weight load
 
     def __init__(self, spec: GRPOJobSpec, *, device: Optional[str] = None, max_batch: int = 256):
@@ -138,14 +138,16 @@ class HFEngine:
         return groups
 
     # ---- weight sink ----------------------------------------------------------------------------
+    def endpoints(self) -> list[Endpoint]:
+        return [placement.local(self.device)]
+
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
         from ..sync.receiver import PushReceiver
 
         rx = self._receiver
         if rx is None or rx.addr != store_addr or rx.instance != instance:
-            rx = self._receiver = PushReceiver(store_addr, instance)
-        named = rx.receive(cmd, device="cpu" if cmd["backend"] == "gloo" else self.device)
-        self.load(named, cmd["version"], cmd["weights"])
+            rx = self._receiver = PushReceiver(store_addr, instance, self.device)
+        self.load(rx.receive(cmd), cmd["version"], cmd["weights"])
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
         self.load(files.iter_dir(path), version, weights)

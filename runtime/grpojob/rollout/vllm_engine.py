@@ -22,6 +22,7 @@ from typing import Optional
 import torch
 
 from ..api.spec import GRPOJobSpec
+from ..sync.placement import Endpoint
 from ..sync.protocol import DISK, WeightSyncError
 from .engine import max_model_len, torch_dtype_name
 from .types import Completion, SamplingParams
@@ -144,6 +145,10 @@ class VLLMEngine:
         return None
 
     # ---- weight sink (called from the sync agent's thread) ----------------------------------------
+    def endpoints(self) -> list[Endpoint]:
+        """Each worker receives its own share of a push: one endpoint per worker, in rank order."""
+        return [Endpoint.from_json(doc) for doc in self._rpc("grpojob_endpoint", (), 60.0)]
+
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
         self._rpc("grpojob_receive_push", (json.dumps(cmd), store_addr, instance), float(cmd["timeout"]))
         self.version, self.weights = cmd["version"], cmd["weights"]

@@ -1,10 +1,14 @@
 """SyncAgent: a rollout server's side of weight sync (a background thread).
 
 It connects to the trainer's store (retrying for as long as the server lives: the trainer may
-start later or restart), registers the server, heartbeats, and applies the commands that name it
-through a `WeightSink` (the engine). Readiness (`ready()`): the server holds the weights the
-publisher calls current. When the trainer restarts, the agent re-registers with the new store
-and is brought to the new trainer's current version before it reports ready again.
+start later or restart), registers the server with its endpoints (where each receiving process
+computes, and whether it shares memory with the trainer: the publisher routes each push by
+them), heartbeats, and applies the commands that name it through a `WeightSink` (the engine).
+Readiness (`ready()`): the server holds the weights the publisher calls current. When the trainer
+restarts, the agent re-registers with the new store and is brought to the new trainer's current
+version before it reports ready again. A registration the trainer refuses (an explicit backend
+that cannot reach this server) leaves the server not ready, with the reason, until the trainer
+restarts.
 """
 from __future__ import annotations
 
@@ -17,6 +21,8 @@ from typing import Optional, Protocol
 
 from torch.distributed import DistError
 
+from . import placement
+from .placement import Endpoint
 from .protocol import DISK, WeightSyncError, connect, get_json, key, set_json, wait_key
 
 log = logging.getLogger("grpojob.sync")
@@ -27,7 +33,8 @@ HOT_SECONDS = 120.0  # after a command, poll for the next one every 5 ms for thi
 class WeightSink(Protocol):
     """What the agent loads weights into (the rollout engine). Both calls block until the new
     weights serve requests, and switch the engine's policy version together with the weights."""
-    workers: int  # ranks the engine takes in a push group (vLLM: one per worker)
+
+    def endpoints(self) -> list[Endpoint]: ...  # one per receiving process (vLLM: one per worker)
 
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None: ...
 
@@ -54,6 +61,7 @@ class SyncAgent:
         self.instance: Optional[str] = None
         self.last_sync_seconds: Optional[float] = None
         self.last_error: Optional[str] = None  # the last failed command, for logs and tests
+        self.refused: Optional[str] = None  # why the trainer refused this registration
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="grpojob-sync-agent", daemon=True)
 
@@ -73,6 +81,8 @@ class SyncAgent:
         if not self.connected:
             return f"waiting for the trainer's weight-sync store at {self.addr}"
         cur = self.current
+        if self.refused:
+            return f"the trainer refused this server: {self.refused}"
         if not self.accepted:
             return "registered; waiting for the trainer to accept the registration"
         if cur is None:
@@ -113,12 +123,14 @@ class SyncAgent:
     def _session(self, store) -> bool:
         """One registration with one store; returns True when the publisher dropped us."""
         self.instance = f"{self.replica}-{uuid.uuid4().hex[:6]}"
-        self.accepted, self.current, self._confirming = False, None, None
+        self.accepted, self.refused, self.current, self._confirming = False, None, None, None
         next_seq = store.add(key("cmd", "n"), 0) + 1  # commands before registering never name us
         version, weights = self.held
+        endpoints = [e.to_json() for e in self.sink.endpoints()]
+        shared = placement.shares_memory(get_json(store, key("probe")))
         i = store.add(key("reg", "n"), 1)
         set_json(store, key("reg", i), {"instance": self.instance, "replica": self.replica,
-                                         "url": self.url, "workers": self.sink.workers,
+                                         "url": self.url, "endpoints": endpoints, "shares_memory": shared,
                                          "version": version, "weights": weights})
         self.current = get_json(store, key("current"))
         self.connected = True
@@ -130,6 +142,9 @@ class SyncAgent:
         last_cmd = time.monotonic()
         try:
             while not self._stop.is_set():
+                if self.refused or store.check([key("refused", self.instance)]):
+                    self._refused(store)
+                    continue
                 reason = store.get(key("dropped", self.instance)).decode() \
                     if store.check([key("dropped", self.instance)]) else None
                 if reason:
@@ -141,7 +156,7 @@ class SyncAgent:
                 hot = time.monotonic() - last_cmd < HOT_SECONDS
                 if wait_key(store, key("cmd", next_seq), 0.5, interval=0.005 if hot else 0.05):
                     cmd = get_json(store, key("cmd", next_seq))
-                    if self.instance in cmd.get("ranks", ()) or self.instance in cmd.get("targets", ()):
+                    if self.instance in cmd["targets"]:
                         self._apply(store, cmd)
                     next_seq += 1
                     last_cmd = time.monotonic()
@@ -155,6 +170,14 @@ class SyncAgent:
             return False
         finally:
             beat_stop.set()
+
+    def _refused(self, store) -> None:
+        """Refused: say why once, then idle until the store goes (a new trainer may accept us)."""
+        if not self.refused:
+            self.refused = store.get(key("refused", self.instance)).decode()
+            log.error("replica %s: the trainer refused this server: %s", self.replica, self.refused)
+        self._stop.wait(1.0)
+        store.check([key("run")])  # raises once the trainer's store is gone
 
     def _apply(self, store, cmd: dict) -> None:
         start = time.monotonic()

@@ -1,28 +1,35 @@
 """The weight-sync rendezvous: keys in the TCPStore that trainer rank 0 hosts.
 
 Everything the two sides tell each other goes through this store; only the weights themselves go
-through a collective group (or files, for backend checkpoint).
+another way: a collective group, a same-host handoff (`handoff`), or files (backend checkpoint).
 
 Keys (all under `grpojob/`):
 - `run`: id of the publisher's incarnation (a restarted trainer has a new one).
+- `probe`: JSON {"path", "token"} of a file under /dev/shm: a server that can read it shares
+  memory with the trainer (see `placement`).
 - `current`: JSON {"version", "weights"} of the policy the rollout servers should hold. `weights`
   names the bytes: "disk" for the model directory of `spec.model.path` (version 0 before any
   push), "<run>:<version>" for a pushed version.
 - `reg/n` (counter) and `reg/<i>`: JSON registration of a rollout server: {"instance", "replica",
-  "url", "workers", "version", "weights"}. `instance` is unique per process start.
-- `accepted/<instance>`: the publisher took the registration (the server is in its table).
+  "url", "endpoints": [{"device", "gpu", "host"}] (one per process that receives: vLLM workers),
+  "shares_memory", "version", "weights"}. `instance` is unique per process start.
+- `accepted/<instance>`: the publisher took the registration (the server is in its table), or
+  `refused/<instance>`: why it did not (an explicit backend that cannot reach this server).
 - `hb/<instance>` (counter): heartbeat, bumped every second by each server.
 - `cmd/n` (counter) and `cmd/<k>`: the commands, in order. A server reads them from the count it
-  saw before registering; it acts on those that name it and skips the rest. Kinds:
-  * push: {"kind": "push", "version", "weights", "group", "backend", "world", "ranks":
-    {instance: first rank}, "layout", "timeout"}: join the collective group `group` (the
-    publisher is rank 0; a server with several workers takes consecutive ranks) and receive the
-    buckets of `layout`.
-  * load: {"kind": "load", "version", "weights", "path", "targets": [instance]}: load the
-    safetensors in `path` (relative to the checkpoint dir; null = the model directory).
-- `join/<group>/<instance>`: a server is about to build the group (so the publisher does not
-  wait a whole timeout on a server that died before joining).
+  saw before registering; it acts on those whose "targets" name it and skips the rest. Kinds:
+  * push: {"kind": "push", "version", "weights", "layout", "timeout", "targets", "routes":
+    {instance: [path per endpoint]}, "groups": {path: {"id", "world", "ranks": {instance: [rank
+    or null per endpoint]}}} for the collective paths (nccl, gloo; the publisher is rank 0),
+    "handoff": {"shm": segment, "cuda-ipc": {instance: [[handle per bucket] or null per
+    endpoint]}}}: every endpoint receives the buckets of `layout` over its route.
+  * load: {"kind": "load", "version", "weights", "path", "targets"}: load the safetensors in
+    `path` (relative to the checkpoint dir; null = the model directory).
+- `join/<group>/<rank>`: a receiver is about to build the group (so the publisher does not
+  wait a whole timeout on a server that died before joining); rank 0's key: everyone joined.
 - `ack/<k>/<instance>`: JSON {"ok", "version", "seconds", "error"} once a command is applied.
+- `nack/<k>/<path>`: "<instance>\n<error>" of an endpoint whose collective transfer failed (the
+  publisher stops waiting for that group at once).
 - `cancel/<k>`: the publisher gave up on command k (a peer died): receivers stop waiting.
 - `dropped/<instance>`: the publisher removed this server from the group (reason); the server
   registers again under a new instance id.
@@ -101,6 +108,14 @@ def wait_key(store: TCPStore, k: str, seconds: float, interval: float = 0.01) ->
             return False
         time.sleep(interval)
     return True
+
+
+def short_error(e: BaseException) -> str:
+    """The first line of a c10d error, without gloo's source path prefix: what a reader needs."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.replace(" GLHF!", "").replace(" 🏖️", "")
 
 
 class Deadline:

@@ -49,7 +49,7 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
     root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
     found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
-                   dynamic_sampling=trainer.algorithm.settings.dynamic_sampling)
+                   dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root))
     try:
         checkpoints = checkpoint.CheckpointManager(root, trainer, side.source, spec.checkpoint.keep_last)
         if found is not None:

@@ -26,17 +26,19 @@ def sync_address() -> tuple[str, int]:
 class RemotePublisher:
     """The WeightPublisher of a trainer with rollout servers (grpojob.sync)."""
 
-    def __init__(self, spec: GRPOJobSpec, host: str, port: int, *, resumed: bool):
+    def __init__(self, spec: GRPOJobSpec, host: str, port: int, *, resumed: bool, device: torch.device,
+                 checkpoint_dir: str):
         from ..sync import WeightPublisher
 
-        self.sync = WeightPublisher(spec, host, port, initial_version=None if resumed else 0)
+        self.sync = WeightPublisher(spec.weight_sync, host=host, port=port, device=device,
+                                    initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir)
         self.rollout_addresses = self.sync.rollout_addresses
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport:
         stats = self.sync.push(named_tensors, version)
         log.info("weights pushed", extra={"version": version, "seconds": round(stats["seconds"], 3),
                                           "servers": stats["servers"], "backend": stats["backend"]})
-        return PushReport(version=version, seconds=stats["seconds"], backend=stats["backend"],
+        return PushReport(version=version, seconds=stats["seconds"], backend=self.sync.backend_in_use(),
                           servers=stats["servers"], paused_seconds=stats.get("paused_seconds"),
                           dropped=tuple(stats.get("dropped", ())))
 

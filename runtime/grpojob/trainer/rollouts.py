@@ -37,7 +37,7 @@ class PushReport:
     """What one weight push did."""
     version: int
     seconds: float
-    backend: str
+    backend: Optional[str]  # the path(s) it took (nccl, cuda-ipc, shm, gloo, checkpoint, inprocess)
     servers: int = 0
     paused_seconds: Optional[float] = None  # generation stopped for it (longest over servers)
     dropped: tuple[str, ...] = ()
@@ -141,7 +141,7 @@ class EnginePublisher:
 
 
 def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote", listen_host: str = "127.0.0.1",
-            resumed: bool = False, dynamic_sampling: bool = False) -> Rollouts:
+            resumed: bool = False, dynamic_sampling: bool = False, checkpoint_dir: str = "") -> Rollouts:
     """The rollout side of this rank. Rank 0 builds the manager (and hosts the weight-sync store for
     kind remote); other ranks only take their shares. dynamic_sampling: as the algorithm resolved
     it (DAPO turns it on whatever the spec says)."""
@@ -169,7 +169,8 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
 
     # A resumed policy differs from the weights on disk: no version is current until the
     # loop's first push (it pushes once after a resume, before its first step).
-    publisher = RemotePublisher(spec, listen_host, sync_address()[1], resumed=resumed)
+    publisher = RemotePublisher(spec, listen_host, sync_address()[1], resumed=resumed, device=env.device,
+                                checkpoint_dir=checkpoint_dir)
     client = RolloutClient(publisher.rollout_addresses, timeout=float(spec.weight_sync.timeout_seconds) * 3)
     manager = RolloutManager(client, **pieces)
     return Rollouts(GroupSource(env, manager), publisher, engine_close=client.close)
