@@ -224,4 +224,4 @@ class Controller:
         for ev in transitions(prev, d.status):
             kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])
             log.info("%s/%s: %s %s: %s", namespace, name, ev.type, ev.reason, ev.message)
-        self.metrics.job(namespace, name, d.status)
+        self.metrics.job(namespace, name, d.status, body.get("spec"))

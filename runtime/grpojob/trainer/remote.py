@@ -46,6 +46,8 @@ class RemoteRollouts:
         if self.env.is_leader:
             _, port = sync_address()
             self.publisher = WeightPublisher(spec, listen_host, port, initial_version=None if resumed else 0)
+            if trainer.board is not None:  # grpojob_rollout_servers and _server_lag, read at each scrape
+                trainer.board.watch_rollouts(self.publisher.servers)
             client = RolloutClient(self.publisher.rollout_addresses,
                                    timeout=float(spec.weight_sync.timeout_seconds) * 3)
             self.manager = RolloutManager(client, workflows.build(spec, trainer.tokenizer),
