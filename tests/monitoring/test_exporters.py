@@ -18,7 +18,8 @@ from grpojob_operator import children
 from grpojob_operator.metrics import CHILD_KINDS, RECONCILE_RESULTS, OperatorMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPORTER_SOURCES = [*(ROOT / "runtime" / "grpojob").rglob("*.py"), *(ROOT / "operator" / "grpojob_operator").rglob("*.py")]
+EXPORTER_SOURCES = [*(ROOT / "runtime" / "grpojob").rglob("*.py"),
+                    *(ROOT / "operator" / "grpojob_operator").rglob("*.py")]
 
 
 def parse(text: bytes | str) -> dict[tuple[str, tuple], float]:
@@ -91,8 +92,9 @@ def test_kl_not_computed_has_no_sample_and_no_value_outlives_its_step():
     assert s[("grpojob_kl", ())] == 0.01 and s[("grpojob_advantage_std", ())] == 0.9
     assert s[("grpojob_reward_mean", (("reward", "toy"),))] == 0.25
     board.observe({**RECORD, "step": 2, "kl": None, "entropy": None, "reward_mean": None})  # klBeta 0
-    s = parse(board.prometheus_text())
-    assert "grpojob_kl" not in names(board.prometheus_text()) and "grpojob_entropy" not in names(board.prometheus_text())
+    text = board.prometheus_text()
+    s = parse(text)
+    assert "grpojob_kl" not in names(text) and "grpojob_entropy" not in names(text)
     assert ("grpojob_reward_mean", (("reward", "total"),)) not in s
     assert s[("grpojob_reward_mean", (("reward", "toy"),))] == 0.25
 

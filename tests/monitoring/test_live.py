@@ -120,10 +120,13 @@ def scraped(prometheus):
 
 def test_prometheus_scrapes_exactly_the_monitored_endpoints(scraped, scene):
     """The chart's selectors keep the trainer leader's and the rollout server's http port and the
-    operator's metrics port; every other container port is dropped; all three are up."""
+    operator's metrics port; every other container port is dropped; all three are scraped (a 1 s
+    scrape may time out now and then on a loaded machine: most must succeed)."""
     prom, _ = scraped
     targets = prom.targets()
-    assert all(t["health"] == "up" for t in targets), [(t["scrapeUrl"], t["lastError"]) for t in targets]
+    for t in targets:
+        ok = prom.query(f'avg_over_time(up{{instance="{t["labels"]["instance"]}", job="{t["labels"]["job"]}"}}[1m])')
+        assert ok and ok[0]["value"] >= 0.8, (t["scrapeUrl"], ok, t["lastError"])
     got = {(t["labels"]["job"], t["labels"]["namespace"], t["labels"]["pod"], t["labels"]["endpoint"])
            for t in targets}
     pods = {(JOB, NAMESPACE, p["metadata"]["name"], "http") for p in scene.pods()}
@@ -147,6 +150,17 @@ def test_every_dashboard_query_returns_plausible_series(scraped):
                                     re.S).group(1)
             assert {"namespace": NAMESPACE, "job": JOB}[label] in prom.label_values(label, selector), v["name"]
 
+    # A failed scrape marks its target's series stale until the next one: a panel empty for that
+    # reason is asked again a scrape later; one that stays wrong fails.
+    for _ in range(5):
+        problems = panel_problems(prom, dash, values)
+        if not problems:
+            return
+        time.sleep(1.5)
+    raise AssertionError("\n".join(problems))
+
+
+def panel_problems(prom, dash: dict, values: dict[str, str]) -> list[str]:
     problems = []
     for panel in dash["panels"]:
         for target in panel.get("targets", []):
@@ -165,7 +179,7 @@ def test_every_dashboard_query_returns_plausible_series(scraped):
                 problems.append(f"{where}: NaN in {result}")
             else:
                 problems += [f"{where}: {p}" for p in PANELS[panel["title"]].problems(got)]
-    assert not problems, "\n".join(problems)
+    return problems
 
 
 def test_steps_increase_while_scraped(scraped):
