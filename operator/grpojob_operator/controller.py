@@ -252,4 +252,4 @@ class Controller:
             kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])
             log.log(logging.WARNING if ev.type == "Warning" else logging.INFO, "%s/%s: %s %s: %s",
                     namespace, name, ev.type, ev.reason, ev.message)
-        self.metrics.job(namespace, name, d.status)
+        self.metrics.job(namespace, name, d.status, body.get("spec"))

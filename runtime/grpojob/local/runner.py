@@ -6,6 +6,7 @@ where files go (the run directory) and which ports are free.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -16,12 +17,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
-from ..plan import CONFIG_FILE, REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles
+from ..plan import (CONFIG_FILE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME,
+                    Placement, Role, render_config, roles)
 from .processes import Child, free_port, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
 
 log = logging.getLogger("grpojob.local")
 
+ENDPOINTS_FILE = "endpoints.json"  # {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ...}: /metrics, /status
 BUILD_TINY = "grpojob.io/build-tiny-model"  # annotation: build a tiny random model if model.path is missing
 EXIT_INTERRUPTED = 130
 
@@ -68,7 +71,7 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
         for i in range(role.replicas):
             env = {**base_env, **role.env, **_per_replica(role, i, host)}
             if role.name == "rollout":
-                env["GRPOJOB_ROLLOUT_PORT"] = str(free_port())  # replicas share this host
+                env[ENV_ROLLOUT_PORT] = str(free_port())  # replicas share this host
                 if backend:
                     env["GRPOJOB_ROLLOUT_BACKEND"] = backend
             exe = shutil.which(role.command[0], path=env["PATH"])
@@ -77,6 +80,13 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
             out.append(Child(f"{role.name}-{i}", [exe, *role.command[1:]], env,
                              run_dir / "logs" / f"{role.name}-{i}.log"))
     return out
+
+
+def _endpoints(children: list[Child]) -> dict[str, str]:
+    """Base URL of each process's HTTP endpoint: the trainer leader's and every rollout server's."""
+    port_env = {"trainer-0": ENV_TRAINER_PORT}
+    return {c.name: f"http://127.0.0.1:{c.env[port_env.get(c.name, ENV_ROLLOUT_PORT)]}" for c in children
+            if c.name in port_env or c.name.startswith("rollout-")}
 
 
 def _per_replica(role: Role, index: int, host: str) -> dict[str, str]:
@@ -101,6 +111,7 @@ class Run:
     def run(self) -> int:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            (self.run_dir / ENDPOINTS_FILE).write_text(json.dumps(_endpoints(self.children), indent=1))
             for c in self.children:
                 c.start()
             return self._watch()

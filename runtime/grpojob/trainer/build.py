@@ -50,6 +50,8 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
     found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
                    dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root))
+    if board is not None and side.publisher is not None:  # rollout server count and lag, read at each scrape
+        board.watch_rollouts(side.publisher.servers)
     try:
         checkpoints = checkpoint.CheckpointManager(root, trainer, side.source, spec.checkpoint.keep_last)
         if found is not None:
