@@ -81,8 +81,7 @@ INVALID = [
     (with_("training.seed", 1.5), "spec.training.seed", "integer"),
     (with_("training.microBatchTokens", 64), "spec.training.microBatchTokens", "whole sequence"),
     # Cross-field rules report the field that must change.
-    (with_("trainer.processesPerReplica", 2, "training.promptsPerStep", 3), "spec.training.promptsPerStep",
-     "multiple of the trainer ranks"),
+    (with_("algorithm.partialRollouts", True), "spec.algorithm.partialRollouts", "maxStaleness >= 1"),
     (with_("trainer.replicas", 0), "spec.trainer.replicas", ">= 1"),
     (with_("trainer.port", 80), "spec.trainer.port", ">= 1024"),
     (with_("trainer.resources.limits", {"nvidia.com/gpu": [8]}), "spec.trainer.resources.limits[nvidia.com/gpu]",

@@ -109,7 +109,7 @@ def test_status_updates_move_step_and_version_gauges():
 def test_counters_from_the_step_record_add_up():
     board = StatusBoard()
     for n in (2, 0, 3):
-        board.observe({"resampled_groups": n, "stale_groups": 1})
+        board.observe({"groups_resampled": n, "groups_stale": 1})
     s = parse(board.prometheus_text())
     assert s[("grpojob_resampled_groups_total", ())] == 5 and s[("grpojob_stale_groups_total", ())] == 3
 

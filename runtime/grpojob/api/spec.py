@@ -250,10 +250,12 @@ class GRPOJobSpec(Model):
             raise ValueError(
                 f"training.microBatchTokens ({t.micro_batch_tokens}) must hold one whole sequence: "
                 f"dataset.maxPromptLength + rollout.sampling.maxTokens = {longest}")
-        ranks = self.trainer.replicas * self.trainer.processes_per_replica
-        if t.prompts_per_step % ranks:
-            raise ValueError(f"training.promptsPerStep ({t.prompts_per_step}) must be a multiple of the "
-                             f"trainer ranks (replicas x processesPerReplica = {ranks})")
+        a = self.algorithm
+        if a.partial_rollouts and a.max_staleness == 0:
+            # The floor follows the published version, so at maxStaleness 0 no generation runs
+            # while weights are pushed, whatever weightSync.everySteps is: nothing to resume.
+            raise ValueError("algorithm.partialRollouts needs algorithm.maxStaleness >= 1: at 0 no generation "
+                             "is in flight when weights are pushed, so there is nothing to resume")
         if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
             raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
         return self

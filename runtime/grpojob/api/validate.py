@@ -94,7 +94,7 @@ def errors_of(exc: ValidationError) -> list[FieldError]:
             continue
         path, msg = _path(loc), _message(err)
         # Cross-field messages already name their fields relative to spec.
-        if msg.startswith(("training.", "weightSync.", "rollout.", "dataset.")) and path in ("spec", ""):
+        if msg.startswith(("training.", "weightSync.", "rollout.", "dataset.", "algorithm.")) and path in ("spec", ""):
             path, msg = "spec." + msg.split(" ", 1)[0], msg.split(" ", 1)[1]
         out.append(FieldError(path, msg))
     return out

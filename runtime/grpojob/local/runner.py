@@ -176,25 +176,32 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
+def prepare(file: str, sets: list[str], run_dir: Optional[str], backend: Optional[str], out) -> tuple[GRPOJob, Path]:
+    """Validate the manifest (InvalidSpec with field paths), settle local paths, build the tiny
+    model when asked, and write the runtime config into the run directory."""
+    doc = load_manifest(file, sets)
+    if backend:
+        doc.setdefault("spec", {}).setdefault("rollout", {})["backend"] = backend
+    name = (doc.get("metadata") or {}).get("name", "grpojob")
+    where = Path(run_dir or Path("runs") / str(name)).resolve()
+    if isinstance(doc.get("spec"), dict):
+        _resolve_paths(doc, where)
+    job, errors = check(doc, resolve_plugins=True)
+    if errors:
+        raise InvalidSpec(errors)
+    assert job is not None
+    _check_weight_sync(job)
+    where.mkdir(parents=True, exist_ok=True)
+    _ensure_model(job, out)
+    (where / CONFIG_FILE).write_text(render_config(job))
+    return job, where
+
+
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
     out = sys.stderr
     try:
-        doc = load_manifest(args.file, args.set)
-        if args.backend:
-            doc.setdefault("spec", {}).setdefault("rollout", {})["backend"] = args.backend
-        name = (doc.get("metadata") or {}).get("name", "grpojob")
-        run_dir = Path(args.run_dir or Path("runs") / str(name)).resolve()
-        if isinstance(doc.get("spec"), dict):
-            _resolve_paths(doc, run_dir)
-        job, errors = check(doc, resolve_plugins=True)
-        if errors:
-            raise InvalidSpec(errors)
-        assert job is not None
-        _check_weight_sync(job)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _ensure_model(job, out)
-        (run_dir / CONFIG_FILE).write_text(render_config(job))
+        job, run_dir = prepare(args.file, args.set, args.run_dir, args.backend, out)
         done = len(read_records(run_dir / "metrics.jsonl"))
         print(f"grpojob run: {job.metadata.name} in {run_dir} ({job.spec.rollout.replicas} x "
               f"{job.spec.rollout.backend} rollout, trainer {job.spec.trainer.replicas} x "

@@ -77,12 +77,6 @@ class RewardScorer:
             values = [await self._call(i, fn, group.sample.prompt, text, row) for i, fn in enumerate(self.fns)]
             group.baseline_reward = sum(r.weight * v for r, v in zip(self.specs, values))
 
-    async def score_async(self, groups: list[Group]) -> None:
-        await asyncio.gather(*(self.score_group(g) for g in groups))
-
-    def score(self, groups: list[Group]) -> None:
-        asyncio.run(self.score_async(groups))
-
 
 def reward_names(spec: GRPOJobSpec) -> list[str]:
     """One metric name per reward function: its name (the attribute of a 'module:function'),
