@@ -10,7 +10,9 @@ while the trainer trains step n.
 
     python benchmarks/async_pipeline.py [--steps 24] [--device cpu|cuda]
 
-Prints, per staleness, steps/s over the steps after warm-up, the trainer's mean wait for groups,
+The settings take turns (0, 1, 2, 0, 1, 2, ... for --repeat rounds) so that a busy machine weighs on
+each alike; per staleness the median round counts. Prints, per staleness, steps/s over the steps
+after warm-up, the trainer's mean wait for groups,
 its train time, the generation time measured at staleness 0, the rollout idle fraction and the
 mean policy lag, each run's ratio to staleness 0, and closes with
 `async speedup (staleness 1 / 0): N.NNx`. Goal: >= 1.6x.
@@ -72,16 +74,19 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--epochs", type=int, default=2, help="optimisation passes per step (the train time)")
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--repeat", type=int, default=2, help="rounds; the median round of each setting counts")
     args = p.parse_args()
     os.environ["GRPOJOB_DEVICE"] = args.device
-    results = {}
+    rounds: dict[int, list[dict]] = {s: [] for s in args.staleness}
     with tempfile.TemporaryDirectory(prefix="grpojob-async-") as tmp:
-        for s in args.staleness:
-            results[s] = summary(run_one(Path(tmp), s, args), args.warmup)
-            r = results[s]
-            print(f"staleness {s}: {r['steps_per_s']:.2f} steps/s  wait {r['wait']:.3f}s  train {r['train']:.3f}s  "
-                  f"sync {r['sync']:.3f}s  rollout idle {r['idle']:.0%}  lag {r['lag']:.2f}  "
-                  f"reward {r['reward']:.3f}", flush=True)
+        for i in range(args.repeat):
+            for s in args.staleness:
+                r = summary(run_one(Path(tmp), s, args), args.warmup)
+                rounds[s].append(r)
+                print(f"round {i + 1} staleness {s}: {r['steps_per_s']:.2f} steps/s  wait {r['wait']:.3f}s  "
+                      f"train {r['train']:.3f}s  sync {r['sync']:.3f}s  rollout idle {r['idle']:.0%}  "
+                      f"lag {r['lag']:.2f}  reward {r['reward']:.3f}", flush=True)
+    results = {s: sorted(rs, key=lambda r: r["steps_per_s"])[len(rs) // 2] for s, rs in rounds.items()}
     base = results[args.staleness[0]]
     print(f"generate (the trainer's wait at staleness {args.staleness[0]}) {base['wait']:.3f}s vs train "
           f"{base['train']:.3f}s per step")

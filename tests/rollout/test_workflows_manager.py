@@ -14,7 +14,8 @@ from grpojob.data import PromptStream
 from grpojob.rewards import RewardError, RewardScorer
 from grpojob.rollout import workflows
 from grpojob.rollout.client import RolloutError
-from grpojob.rollout.manager import Pipeline, RolloutManager, derive_seed
+from grpojob.rollout.manager import Pipeline, RolloutManager
+from grpojob.rollout.types import derive_seed
 from grpojob.rollout.types import Sample
 
 from .harness import greedy, load_model, make_job, wait_for

@@ -13,6 +13,8 @@ from grpojob.sync.receiver import PushReceiver
 
 
 class TensorSink:
+    last_pause_seconds = None  # a sink that serves no generation pauses none
+
     def __init__(self, shapes: dict[str, tuple], device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.tensors = {n: torch.zeros(s, device=self.device) for n, s in shapes.items()}

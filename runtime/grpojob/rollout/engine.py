@@ -2,11 +2,12 @@
 
 An engine generates completions for token-id prompts (the `Generator` contract of `types.py`,
 plus bookkeeping) and is the `WeightSink` that weight sync loads into. Engines tag every
-completion with the policy version of the weights that produced it: `hf` switches weights
-between batches under a lock, so a completion comes from exactly one version; `vllm` swaps
-weights between engine steps (in flight), so a completion that spans a swap is tagged with the
-version it started at (the older one: its staleness is never under-counted). The per-token
-log-probs are those of the weights that actually produced each token either way.
+completion with the policy version of the weights that produced its tokens. When weights arrive
+while requests are being generated (algorithm.partialRollouts): false — the requests in flight
+finish on the old weights and carry the old version, new ones wait for the load; true — the
+requests in flight are stopped and go on from their tokens so far on the new weights, each token
+keeping the version that produced it (`Completion.versions`). Either way `last_pause_seconds`
+tells how long the last load kept generation from running.
 """
 from __future__ import annotations
 

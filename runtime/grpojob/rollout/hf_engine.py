@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
@@ -167,9 +168,11 @@ class HFEngine:
                 raise ValueError(f"tensor {n}: shape {tuple(t.shape)} does not match the model's "
                                  f"{tuple(self._params[n].shape)}")
         with self._lock, torch.no_grad(), bk.host_copies([self._params[named[0][0]]] if named else []):
+            t0 = time.perf_counter()  # generation waits for the lock from here on
             for n, t in named:
                 self._params[n].copy_(t)
             self.version, self.weights = version, weights
+            self.last_pause_seconds = time.perf_counter() - t0
 
     async def close(self) -> None:
         if self._task:

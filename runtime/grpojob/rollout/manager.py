@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-import hashlib
 import heapq
 import logging
 import threading
@@ -46,7 +45,7 @@ from typing import Any, Optional, Protocol
 from ..api.spec import GRPOJobSpec, OverlongSpec
 from ..rewards.shaping import shaped_rewards, zero_variance
 from .client import RolloutError
-from .types import Completion, Generator, Group, Sample, SamplingParams, Workflow
+from .types import Completion, Generator, Group, Sample, SamplingParams, Workflow, derive_seed
 
 log = logging.getLogger("grpojob.rollout.manager")
 
@@ -117,12 +116,6 @@ class StepGroups:
     resampled: int = 0  # groups beyond promptsPerStep (dynamic-sampling refills)
     stale: int = 0  # groups dropped as too old since the previous step (generated again)
     sample_ids: list[int] = field(default_factory=list)  # dataset rows of all the step's groups
-
-
-def derive_seed(*parts: int) -> int:
-    """A 31-bit seed from integers: stable across processes and Python versions."""
-    digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % (2 ** 31)
 
 
 def group_version(group: Group) -> int:

@@ -1,8 +1,15 @@
 """The contract between the trainer and the rollout side (no torch here)."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit sampling seed from integers: stable across processes and Python versions."""
+    digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % (2 ** 31)
 
 
 @dataclass(frozen=True)

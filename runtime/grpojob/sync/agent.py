@@ -32,7 +32,9 @@ HOT_SECONDS = 120.0  # after a command, poll for the next one every 5 ms for thi
 
 class WeightSink(Protocol):
     """What the agent loads weights into (the rollout engine). Both calls block until the new
-    weights serve requests, and switch the engine's policy version together with the weights."""
+    weights serve requests, and switch the engine's policy version together with the weights.
+    `last_pause_seconds`: how long the last load kept generation from running (None: unknown)."""
+    last_pause_seconds: Optional[float]
 
     def endpoints(self) -> list[Endpoint]: ...  # one per receiving process (vLLM: one per worker)
 
@@ -194,7 +196,7 @@ class SyncAgent:
             self.current = {"version": cmd["version"], "weights": cmd["weights"]}
             self._confirming = cmd["weights"]
             self.last_sync_seconds = time.monotonic() - start
-            ack.update(ok=True, seconds=self.last_sync_seconds)
+            ack.update(ok=True, seconds=self.last_sync_seconds, paused_seconds=self.sink.last_pause_seconds)
         except WeightSyncError as e:
             log.error("replica %s: %s", self.replica, e)
             self.last_error = str(e)

@@ -70,6 +70,7 @@ class Retained:
 class Outcome:
     ok: list[Member]
     dropped: list[Member]
+    paused_seconds: Optional[float] = None  # the longest a server's generation stopped for it
 
     @property
     def paths(self) -> dict[str, list[str]]:
@@ -165,17 +166,19 @@ class Delivery:
                 else:  # a no-op keeps the servers' command sequence going
                     set_json(self.store, key("cmd", seq), {"seq": seq, "kind": "noop", "targets": []})
                 raise
-            ok = []
+            ok, paused = [], []
             for m in targets:
                 a = acks[m.instance]
                 if a.get("ok"):
                     m.weights, m.version = r.weights, r.version
                     ok.append(m)
+                    if a.get("paused_seconds") is not None:
+                        paused.append(float(a["paused_seconds"]))
                 else:
                     log.error("%s failed to load version %d: %s", m, r.version, a.get("error"))
                     self.members.drop(m, f"failed to load version {r.version}: {a.get('error')}")
                     dropped.append(m)
-            return Outcome(ok, dropped)
+            return Outcome(ok, dropped, max(paused) if paused else None)
         for m in targets:
             self.members.drop(m, f"could not be brought to version {r.version} in {MAX_ATTEMPTS} attempts")
             dropped.append(m)

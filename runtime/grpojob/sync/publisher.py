@@ -126,7 +126,7 @@ class WeightPublisher:
         paths = out.paths
         stats = {"version": version, "seconds": time.perf_counter() - start, "bytes": retained.layout.nbytes,
                  "buckets": len(retained.layout.buckets), "servers": len(out.ok),
-                 "dropped": [m.replica for m in out.dropped], "paths": paths,
+                 "dropped": [m.replica for m in out.dropped], "paths": paths, "paused_seconds": out.paused_seconds,
                  "backend": placement.describe(paths) if paths else None}
         if targets:
             log.info("pushed weights version %d to %d server(s) via %s in %.3f s (%.1f MiB)%s", version,
