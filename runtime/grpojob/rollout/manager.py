@@ -94,7 +94,9 @@ class RolloutManager:
         self.generator, self.workflow, self.scorer, self.prompts = generator, workflow, scorer, prompts
         self.pipeline = pipeline
         self.environments = environments or EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit)
-        self._reserved = 0  # groups per step the environments' commitments held when this step began
+        # Groups per step the environments' commitments held when the step being taken began (None
+        # between steps: the commitments as they are). The workflow generates the rest.
+        self._step_reserved: Optional[int] = None
         self._waiting = ""  # what the step being taken waits for (in words, for logs and timeouts)
         self.published = published
         self.taken = taken  # steps handed to the trainer
@@ -143,10 +145,11 @@ class RolloutManager:
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
+            waiting = self._waiting  # before the cancelled step clears it
             fut.cancel()
             raise RolloutError(f"rollouts did not produce the step's groups within {timeout:.0f} s "
                                f"({len(self._inflight)} generating, {len(self._ready)} ready"
-                               + (f"; waiting for {self._waiting}" if self._waiting else "") + ")") from None
+                               + (f"; waiting for {waiting}" if waiting else "") + ")") from None
 
     # ---- environments (the trajectory API's handlers, any thread) -----------------------------------
     def register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
@@ -204,7 +207,10 @@ class RolloutManager:
     def _wanted(self) -> int:
         """Groups that should be ready or generating now."""
         p = self.pipeline
-        share = max(0, p.prompts_per_step - self._reserved)  # what environments' commitments leave
+        reserved = self._step_reserved
+        if reserved is None:
+            reserved = sum(self.environments.quotas().values())
+        share = max(0, p.prompts_per_step - reserved)  # what environments' commitments leave
         return p.steps_ahead(self.taken, self.published) * share - self._considered + self._extra
 
     def _fill(self) -> None:
@@ -284,7 +290,7 @@ class RolloutManager:
         taken: list[_Ready] = []
         kept = 0
         owed = self.environments.quotas()  # this step waits for these environments' groups
-        self._reserved = sum(owed.values())
+        self._step_reserved = sum(owed.values())
         if not self._started:
             self._begin()
         try:
@@ -303,7 +309,7 @@ class RolloutManager:
             raise
         finally:
             self._considered = self._extra = 0
-            self._waiting = ""
+            self._waiting, self._step_reserved = "", None
         self.taken += 1
         now = time.monotonic()
         if self._idle_since is not None:

@@ -121,6 +121,6 @@ def _who(body: bytes) -> tuple[Optional[str], int]:
         doc = json.loads(body)
         groups = doc.get("groups")
         return (doc.get("environment") if isinstance(doc.get("environment"), str) else None,
-                len(groups) if isinstance(groups, list) else 1)
+                max(1, len(groups)) if isinstance(groups, list) else 1)
     except (ValueError, AttributeError):
         return None, 1
