@@ -259,8 +259,20 @@ class MonitoringSpec(Model):
     log_format: Literal["json", "text"] = field("json", description="Structured log format of the processes.")
 
 
+# rollout.workflow none (environments only) is the one case without a dataset and rewards; the API
+# server refuses the rest at `kubectl apply`, as the model validator does (GRPOJobSpec._sources).
+_NO_WORKFLOW = f"has(self.rollout) && has(self.rollout.workflow) && self.rollout.workflow == '{plugins.NO_WORKFLOW}'"
+_SOURCES_CEL = [
+    {"rule": f"has(self.dataset) || ({_NO_WORKFLOW})",
+     "message": "dataset: required unless rollout.workflow is none (groups only from environments)"},
+    {"rule": f"(has(self.rewards) && size(self.rewards) > 0) || ({_NO_WORKFLOW})",
+     "message": "rewards: at least 1 reward is required unless rollout.workflow is none"},
+]
+
+
 class GRPOJobSpec(Model):
     """Desired state of a GRPOJob: the policy, its data and rewards, and how to train and serve it."""
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": _SOURCES_CEL}}
 
     model: ModelSpec = field(description="The policy model.")
     dataset: Optional[DatasetSpec] = field(None, description="Prompts (and reference answers) of the trainer's "
@@ -281,7 +293,9 @@ class GRPOJobSpec(Model):
     environments: list[EnvironmentSpec] = field(
         default_factory=list, description="Environments (Atropos style): processes that generate through the "
         "rollout servers' OpenAI endpoint and submit scored groups to the trainer's trajectory API. Their "
-        "groups join the trainer's own under the same staleness bound (docs/environments.md).")
+        "groups join the trainer's own under the same staleness bound (docs/environments.md).",
+        # The API server refuses two entries with one name (and server-side apply merges by name).
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
 
     @property
     def max_prompt_length(self) -> int:
