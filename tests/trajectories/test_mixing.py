@@ -111,7 +111,6 @@ def test_groups_without_a_commitment_go_first_and_displaced_workflow_groups_come
 
 
 def test_the_queue_and_registrations_survive_a_checkpoint_file(tiny_dir, tokenizer, model, tmp_path):
-    gen = ModelGenerator(model, tokenizer)
     job = _job(tiny_dir, rollout={"workflow": "none"}, training={"promptsPerStep": 2})
     spec = job.spec
     p = Pipeline.from_spec(spec)
@@ -150,7 +149,6 @@ def test_trainer_trains_on_submitted_groups_and_resumes_with_the_queued_ones(tin
     """rollout.workflow none: the trainer's steps are the environment's groups, its rewards are
     the environment's own (metrics.jsonl), and a checkpoint taken with groups still queued
     trains them after the resume, with no new submission."""
-    gen = ModelGenerator(model, tokenizer)
     groups = _wire(env_groups(model, tokenizer, 4))
     over = dict(rollout={"workflow": "none"}, training={"promptsPerStep": 2, "steps": 1},
                 algorithm={"maxStaleness": 1}, checkpoint={"everySteps": 1})

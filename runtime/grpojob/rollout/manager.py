@@ -239,7 +239,7 @@ class RolloutManager:
                 attempt = self._attempts.get(sample.seq, 0)
                 self._attempts[sample.seq] = attempt + 1
                 client = SampleClient(self.generator, self._floor,
-                                       derive_seed(self.pipeline.seed, sample.seq, attempt))
+                                      derive_seed(self.pipeline.seed, sample.seq, attempt))
                 group = await self.workflow.run(client, sample)
                 if not group.completions:
                     raise RolloutError(f"workflow returned no completions for sample {sample.index}")

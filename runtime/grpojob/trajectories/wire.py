@@ -111,7 +111,8 @@ class GroupIn(_In):
             raise invalid("completions", f"{len(self.completions)} completions; a group has "
                           f"algorithm.groupSize = {lim.group_size}")
         _outside(self.prompt_ids, lim.vocab_size, "prompt_ids")
-        for name, values in (("rewards", self.rewards), *((f"reward_parts.{k}", v) for k, v in self.reward_parts.items())):
+        parts = [(f"reward_parts.{k}", v) for k, v in self.reward_parts.items()]
+        for name, values in [("rewards", self.rewards), *parts]:
             if len(values) != len(self.completions):
                 raise invalid(name, f"{len(values)} values for {len(self.completions)} completions")
             _finite(values, name)
