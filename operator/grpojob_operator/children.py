@@ -2,8 +2,8 @@
 
 Commands, environment and ports come from `grpojob.plan.roles` (the one renderer `grpojob run` uses
 too); this module only decides where those processes run: a trainer StatefulSet behind a headless
-Service, a rollout Deployment behind a Service, the runtime config in a ConfigMap, and optional gang
-scheduling and monitoring objects.
+Service, a rollout Deployment behind a Service, a Deployment per environment (spec.environments),
+the runtime config in a ConfigMap, and optional gang scheduling and monitoring objects.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ Manifest = dict[str, Any]
 # The trainer checkpoints on SIGTERM before it exits; give it time to write a large model.
 TRAINER_GRACE_SECONDS = 300
 ROLLOUT_GRACE_SECONDS = 30
+ENVIRONMENT_GRACE_SECONDS = 30
 # vLLM may load a large model for many minutes before /healthz answers.
 ROLLOUT_STARTUP_SECONDS = 1800
 
@@ -52,6 +53,8 @@ def placement(job: GRPOJob, namespace: str) -> plan.Placement:
         config_path=f"{n.CONFIG_DIR}/{plan.CONFIG_FILE}",
         checkpoint_dir=checkpoint_dir(job),
         run_dir=n.RUN_DIR,
+        # Environments reach every rollout server through the rollout Service.
+        rollout_urls=(f"http://{n.rollout_name(job.metadata.name)}.{namespace}.svc:{job.spec.rollout.port}",),
     )
 
 
@@ -88,12 +91,13 @@ def _meta(job: str, namespace: str, name: str, component: str, owner: Optional[d
     return meta
 
 
-def _base_volumes(job: GRPOJob) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(volume, mount) of every pod: the runtime config, the scratch emptyDirs, the model claim."""
+def _base_volumes(job: GRPOJob, model: bool = True) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(volume, mount) of every pod: the runtime config, the scratch emptyDirs, the model claim
+    (not in environments' pods: they reach the model through the rollout servers)."""
     pairs = [({"name": pods.CONFIG_VOLUME, "configMap": {"name": n.config_name(job.metadata.name)}},
               {"name": pods.CONFIG_VOLUME, "mountPath": n.CONFIG_DIR, "readOnly": True})]
     pairs += pods.scratch_volumes()
-    if job.spec.model.volume_claim:
+    if model and job.spec.model.volume_claim:
         pairs.append(({"name": pods.MODELS_VOLUME, "persistentVolumeClaim": {
             "claimName": job.spec.model.volume_claim, "readOnly": True}},
             {"name": pods.MODELS_VOLUME, "mountPath": n.MODELS_DIR, "readOnly": True}))
@@ -197,6 +201,28 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
             }}
 
 
+def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
+                           owner: Optional[dict[str, Any]]) -> Manifest:
+    """An environment's pods: its command with the plan's environment (OpenAI base URL, trajectory
+    API), the same pod security as the other roles; no probes (the process is the user's)."""
+    name, env = job.metadata.name, role.environment
+    assert env is not None
+    w = next(e for e in job.spec.environments if e.name == env).workload()
+    volumes, mounts = pods.volumes(_base_volumes(job, model=False), w)
+    container = pods.container("environment", role, w, image, mounts, {})
+    pod = pods.pod_spec(w, container, volumes, ENVIRONMENT_GRACE_SECONDS, gang.scheduler(job))
+    template = _pod_template(job, plan.ENVIRONMENT_ROLE, w, pod)
+    template["metadata"]["labels"][n.LABEL_ENVIRONMENT] = env
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": _meta(name, namespace, n.environment_name(name, env), plan.ENVIRONMENT_ROLE, owner,
+                              {**gang.workload_labels(job), n.LABEL_ENVIRONMENT: env}),
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": n.environment_selector(name, env)},
+                "template": template,
+            }}
+
+
 def volcano_podgroup(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
     pg: dict[str, Any] = {"minMember": spec.trainer.replicas + spec.rollout.replicas}
@@ -223,7 +249,7 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None,
         job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": namespace})})
     image = n.runtime_image(image)
     scale = scale or Scale(job.spec.trainer.replicas, job.spec.rollout.replicas)
-    trainer, rollout = plan.roles(job, placement(job, namespace))
+    trainer, rollout, *environments = plan.roles(job, placement(job, namespace))
     objs = [
         config_map(job, namespace, owner),
         trainer_service(job, trainer, namespace, owner),
@@ -235,6 +261,9 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None,
         trainer_statefulset(job, trainer, namespace, image, scale.trainer, owner),
         rollout_deployment(job, rollout, namespace, image, scale.rollout, owner),
     ]
+    # Environments feed the trainer: they run while it does (suspend and cleanup stop them too).
+    objs += [environment_deployment(job, r, namespace, image, r.replicas if scale.trainer else 0, owner)
+             for r in environments]
     if job.spec.monitoring.pod_monitor:
         objs.append(pod_monitor(job, namespace, owner))
     for obj in objs:

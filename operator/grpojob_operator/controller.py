@@ -105,8 +105,9 @@ class Controller:
     def forget(self, uid: str, namespace: str, name: str) -> None:
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
-        self._built.pop(uid, None)
+        built = self._built.pop(uid, None)
         mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name)}
+        mine |= {o["metadata"]["name"] for o in (built[1] if built else ())}  # environments' Deployments
         for key in [k for k in self._applied if k[1] == namespace and k[2] in mine]:
             self._applied.pop(key, None)
         self.metrics.forget(namespace, name)

@@ -18,6 +18,7 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
+LABEL_ENVIRONMENT = f"{GROUP}/environment"  # an environment's pods: spec.environments[].name
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 
 ANN_HASH = f"{GROUP}/spec-hash"  # hash of the rendered child: drift shows as a different hash
@@ -55,6 +56,10 @@ def rollout_name(job: str) -> str:
     return f"{job}-rollout"
 
 
+def environment_name(job: str, environment: str) -> str:
+    return f"{job}-env-{environment}"
+
+
 def workload_name(job: str, role: str) -> str:
     return trainer_name(job) if role == "trainer" else rollout_name(job)
 
@@ -71,3 +76,7 @@ def common_labels(job: str) -> dict[str, str]:
 
 def selector(job: str, role: str) -> dict[str, str]:
     return {LABEL_JOB: job, LABEL_ROLE: role}
+
+
+def environment_selector(job: str, environment: str) -> dict[str, str]:
+    return {**selector(job, "environment"), LABEL_ENVIRONMENT: environment}

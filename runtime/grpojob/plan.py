@@ -27,6 +27,18 @@ ENV_ADVERTISE_HOST = "GRPOJOB_ADVERTISE_HOST"  # address the rollout server regi
 ENV_REPLICA_ID = "GRPOJOB_REPLICA_ID"
 ENV_BACKEND = "GRPOJOB_ROLLOUT_BACKEND"
 ENV_LOG_FORMAT = "GRPOJOB_LOG_FORMAT"
+# Environments (spec.environments): their name, the trainer's trajectory API, the rollout servers'
+# OpenAI endpoint (OPENAI_BASE_URL is what the `openai` client reads; the list holds every server).
+ENV_ENVIRONMENT = "GRPOJOB_ENVIRONMENT"
+ENV_TRAJECTORY_URL = "GRPOJOB_TRAJECTORY_URL"
+ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"
+ENV_OPENAI_BASE_URLS = "GRPOJOB_OPENAI_BASE_URLS"
+ENV_OPENAI_API_KEY = "OPENAI_API_KEY"
+# The `openai` client refuses to start without a key; the rollout servers do not check it.
+OPENAI_API_KEY = "grpojob"
+
+# The trajectory API is served on the trainer leader's HTTP port under this path.
+TRAJECTORY_PREFIX = "/trajectories"
 
 # Per-replica values: the operator fills them from the downward API, `grpojob run` from its index.
 REPLICA_INDEX = "index"  # trainer: StatefulSet pod ordinal
@@ -47,16 +59,32 @@ class Placement:
     sync_port: int = SYNC_STORE_PORT
     trainer_port: Optional[int] = None  # default: spec.trainer.port
     rollout_port: Optional[int] = None  # default: spec.rollout.port
+    # Base URLs (http://host:port) at which environments reach the rollout servers: the rollout
+    # Service on a cluster, each local server for `grpojob run`. Needed when spec.environments is set.
+    rollout_urls: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Role:
-    name: str  # trainer | rollout
+    name: str  # trainer | rollout | env-<environment name>
     replicas: int
     command: list[str]
     env: dict[str, str]
     ports: dict[str, int]
     per_replica_env: dict[str, str] = field(default_factory=dict)  # ENV name -> REPLICA_* value
+    environment: Optional[str] = None  # spec.environments[].name of an environment's role
+
+
+ENVIRONMENT_ROLE = "environment"  # GRPOJOB_ROLE of every environment process
+
+
+def environment_role_name(name: str) -> str:
+    return f"env-{name}"
+
+
+def trajectory_url(trainer_host: str, trainer_port: int) -> str:
+    """The trajectory API's base URL: the trainer leader's HTTP port."""
+    return f"http://{trainer_host}:{trainer_port}{TRAJECTORY_PREFIX}"
 
 
 def bind_host(address: str) -> str:
@@ -82,16 +110,19 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
     spec = job.spec
     trainer_port = where.trainer_port or spec.trainer.port
     rollout_port = where.rollout_port or spec.rollout.port
-    common = {
+    base = {
         ENV_CONFIG: where.config_path,
         ENV_JOB: job.metadata.name,
         ENV_NAMESPACE: job.metadata.namespace or "default",
+        ENV_LOG_FORMAT: spec.monitoring.log_format,
+        "PYTHONUNBUFFERED": "1",
+    }
+    common = {
+        **base,
         ENV_RUN_DIR: where.run_dir,
         ENV_CHECKPOINT_DIR: where.checkpoint_dir,
         ENV_SYNC_ADDR: f"{where.trainer_host}:{where.sync_port}",
         ENV_TRAINER_PORT: str(trainer_port),
-        ENV_LOG_FORMAT: spec.monitoring.log_format,
-        "PYTHONUNBUFFERED": "1",
     }
     trainer = Role(
         name="trainer",
@@ -115,7 +146,25 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         ports={"http": rollout_port},
         per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
     )
-    return [trainer, rollout]
+    return [trainer, rollout, *environment_roles(job, where, base, trainer_port)]
+
+
+def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trainer_port: int) -> list[Role]:
+    """One role per spec.environments entry: its command, the rollout servers' OpenAI endpoint and
+    the trajectory API. (Issue 15's job token joins the environment here, as for the other roles.)"""
+    if not job.spec.environments:
+        return []
+    if not where.rollout_urls:
+        raise ValueError("Placement.rollout_urls is empty: environments need the rollout servers' address")
+    openai = [f"{u.rstrip('/')}/v1" for u in where.rollout_urls]
+    env = {**base, ENV_ROLE: ENVIRONMENT_ROLE,
+           ENV_TRAJECTORY_URL: trajectory_url(where.trainer_host, trainer_port),
+           ENV_OPENAI_BASE_URL: openai[0], ENV_OPENAI_BASE_URLS: ",".join(openai),
+           ENV_OPENAI_API_KEY: OPENAI_API_KEY}
+    return [Role(name=environment_role_name(e.name), replicas=e.replicas, command=list(e.command),
+                 env={**env, ENV_ENVIRONMENT: e.name}, ports={},
+                 per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, environment=e.name)
+            for e in job.spec.environments]
 
 
 def render_config(job: GRPOJob) -> str:

@@ -81,7 +81,7 @@ def test_every_field_is_described_and_structural():
         assert not STRUCTURAL_FORBIDDEN & set(node), f"{path}: {STRUCTURAL_FORBIDDEN & set(node)}"
         assert node.get("type") or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
         assert not ("properties" in node and "additionalProperties" in node), path
-    assert embedded == 2 * 8, "each workload embeds eight Kubernetes objects"
+    assert embedded == 2 * 8 + 3, "each workload embeds eight Kubernetes objects, an environment three"
 
 
 def test_unknown_fields_are_kept_only_where_kubernetes_keeps_them_or_for_plugin_arguments():

@@ -63,6 +63,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[k] = True
         elif k == "additionalProperties" and v is False:
             continue  # structural schemas reject unknown fields by pruning; the API already forbids them
+        elif k.startswith("x-kubernetes-"):  # Kubernetes' own keywords (CEL rules, list types): verbatim
+            out[k] = copy.deepcopy(v)
         else:
             out[k] = _structural(v, defs)
     if out.get("type") == "object" and "properties" not in out:

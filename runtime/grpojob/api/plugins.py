@@ -12,12 +12,14 @@ BUILTIN_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
 BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match", "toy")
 BUILTIN_DATASETS = ("toy", "countdown")
 BUILTIN_WORKFLOWS = ("single-turn", "greedy-baseline")
+# rollout.workflow `none`: the trainer generates nothing itself; its groups come from environments.
+NO_WORKFLOW = "none"
 
 KINDS = {
     "algorithm": BUILTIN_ALGORITHMS,
     "reward": BUILTIN_REWARDS,
     "dataset": BUILTIN_DATASETS,
-    "workflow": BUILTIN_WORKFLOWS,
+    "workflow": (*BUILTIN_WORKFLOWS, NO_WORKFLOW),
 }
 
 # `module:attr` (dotted on both sides). The CRD pattern and the validator share it; a new kind of

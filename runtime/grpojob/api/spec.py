@@ -6,9 +6,9 @@ from typing import Literal, Optional
 from pydantic import field_validator, model_validator
 
 from . import plugins
-from .base import FreeForm, Model, field
+from .base import FreeForm, Model, field, invalid
 from .status import GRPOJobStatus
-from .workload import WorkloadSpec
+from .workload import EnvVar, Resources, Toleration, WorkloadSpec
 
 GROUP = "grpojob.io"
 VERSION = "v1alpha1"
@@ -169,8 +169,9 @@ class RolloutSpec(WorkloadSpec):
                                          "maxPromptLength + maxTokens.")
     enforce_eager: bool = field(False, description="Disable CUDA graphs in vLLM.")
     sampling: SamplingSpec = field(default_factory=SamplingSpec, description="Sampling parameters.")
-    workflow: str = field("single-turn", description="Rollout workflow: single-turn, greedy-baseline, or "
-                          "'module:Class' with an async run(client, sample).",
+    workflow: str = field("single-turn", description="Rollout workflow: single-turn, greedy-baseline, "
+                          "'module:Class' with an async run(client, sample), or none: the trainer generates "
+                          "nothing itself and trains only on groups its environments submit.",
                           json_schema_extra={"pattern": plugins.name_pattern("workflow")})
     port: int = field(8000, ge=1024, le=65535, description="HTTP port of each rollout server.")
 
@@ -178,6 +179,39 @@ class RolloutSpec(WorkloadSpec):
     @classmethod
     def _workflow(cls, v: str) -> str:
         return _plugin("workflow", v)
+
+
+class EnvironmentSpec(Model):
+    """An environment: a process of the user's own that generates through the rollout servers'
+    OpenAI endpoint and submits scored groups to the trainer's trajectory API (Atropos style).
+    Its pods get the trainer's and rollouts' pod security defaults; the fields a pod needs beyond
+    these (volumes, affinity, security contexts) belong in its image."""
+
+    name: str = field(description="Environment name: it registers with the trajectory API under it and "
+                      "names its Deployment (<job>-env-<name>).", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+                      max_length=20)
+    command: list[str] = field(description="The command to run (in the image, or locally from where "
+                               "`grpojob run` starts). It finds OPENAI_BASE_URL and GRPOJOB_TRAJECTORY_URL "
+                               "in its environment.", min_length=1)
+    replicas: int = field(1, ge=1, description="Processes (pods) of this environment; they share its "
+                          "name and its registration.")
+    image: Optional[str] = field(None, description="Container image; defaults to the operator's runtime image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = field(
+        "IfNotPresent", description="Kubernetes image pull policy.")
+    resources: Resources = field(default_factory=dict, description="Per-pod resources (a Kubernetes "
+                                 "ResourceRequirements).")
+    env: list[EnvVar] = field(default_factory=list, description="Extra environment variables (Kubernetes "
+                              "EnvVar; `grpojob run` takes values only).")
+    node_selector: dict[str, str] = field(default_factory=dict, description="Kubernetes node selector.")
+    tolerations: list[Toleration] = field(default_factory=list, description="Kubernetes tolerations.")
+    priority_class_name: Optional[str] = field(None, description="Kubernetes priority class.")
+    service_account_name: Optional[str] = field(None, description="Service account of the pods.")
+    labels: dict[str, str] = field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = field(default_factory=dict, description="Extra pod annotations.")
+
+    def workload(self) -> WorkloadSpec:
+        """The pod settings as the other roles' (for the operator's pod rendering)."""
+        return WorkloadSpec.model_validate(self.model_dump(exclude={"name", "command", "replicas"}))
 
 
 class WeightSyncSpec(Model):
@@ -225,12 +259,27 @@ class MonitoringSpec(Model):
     log_format: Literal["json", "text"] = field("json", description="Structured log format of the processes.")
 
 
+# rollout.workflow none (environments only) is the one case without a dataset and rewards; the API
+# server refuses the rest at `kubectl apply`, as the model validator does (GRPOJobSpec._sources).
+_NO_WORKFLOW = f"has(self.rollout) && has(self.rollout.workflow) && self.rollout.workflow == '{plugins.NO_WORKFLOW}'"
+_SOURCES_CEL = [
+    {"rule": f"has(self.dataset) || ({_NO_WORKFLOW})",
+     "message": "dataset: required unless rollout.workflow is none (groups only from environments)"},
+    {"rule": f"(has(self.rewards) && size(self.rewards) > 0) || ({_NO_WORKFLOW})",
+     "message": "rewards: at least 1 reward is required unless rollout.workflow is none"},
+]
+
+
 class GRPOJobSpec(Model):
     """Desired state of a GRPOJob: the policy, its data and rewards, and how to train and serve it."""
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": _SOURCES_CEL}}
 
     model: ModelSpec = field(description="The policy model.")
-    dataset: DatasetSpec = field(description="Prompts (and reference answers).")
-    rewards: list[RewardSpec] = field(description="Reward functions, summed with their weights.", min_length=1)
+    dataset: Optional[DatasetSpec] = field(None, description="Prompts (and reference answers) of the trainer's "
+                                           "own workflow; required unless rollout.workflow is none.")
+    rewards: list[RewardSpec] = field(default_factory=list, description="Reward functions, summed with their "
+                                      "weights; at least one unless rollout.workflow is none (environments "
+                                      "score their own groups).")
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec, description="GRPO-family algorithm.")
     training: TrainingSpec = field(default_factory=TrainingSpec, description="Optimisation settings.")
     trainer: TrainerSpec = field(default_factory=TrainerSpec, description="Trainer pods (torchrun).")
@@ -241,11 +290,25 @@ class GRPOJobSpec(Model):
     run_policy: RunPolicy = field(default_factory=RunPolicy, description="Lifecycle: suspend, failures, cleanup.")
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec, description="Gang scheduling hints.")
     monitoring: MonitoringSpec = field(default_factory=MonitoringSpec, description="Metrics and logs.")
+    environments: list[EnvironmentSpec] = field(
+        default_factory=list, description="Environments (Atropos style): processes that generate through the "
+        "rollout servers' OpenAI endpoint and submit scored groups to the trainer's trajectory API. Their "
+        "groups join the trainer's own under the same staleness bound (docs/environments.md).",
+        # The API server refuses two entries with one name (and server-side apply merges by name).
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+
+    @property
+    def max_prompt_length(self) -> int:
+        """dataset.maxPromptLength, or its default when the trainer reads no dataset."""
+        if self.dataset is None:
+            return DatasetSpec.model_fields["max_prompt_length"].default
+        return self.dataset.max_prompt_length
 
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOJobSpec":
+        self._sources()
         t = self.training
-        longest = self.dataset.max_prompt_length + self.rollout.sampling.max_tokens
+        longest = self.max_prompt_length + self.rollout.sampling.max_tokens
         if t.micro_batch_tokens < longest:
             raise ValueError(
                 f"training.microBatchTokens ({t.micro_batch_tokens}) must hold one whole sequence: "
@@ -259,6 +322,20 @@ class GRPOJobSpec(Model):
         if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
             raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
         return self
+
+    def _sources(self) -> None:
+        """Where the groups come from: the trainer's own workflow needs a dataset and rewards;
+        with rollout.workflow none the environments bring both."""
+        if self.rollout.workflow != plugins.NO_WORKFLOW:
+            if self.dataset is None:
+                raise invalid("dataset", "required unless rollout.workflow is none (groups only from environments)")
+            if not self.rewards:
+                raise invalid("rewards", "at least 1 reward is required unless rollout.workflow is none "
+                              "(environments score their own groups)")
+        names = [e.name for e in self.environments]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise invalid(f"environments[{i}].name", f"'{name}' is used twice")
 
 
 class ObjectMeta(Model):

@@ -104,7 +104,7 @@ def _plugin_refs(job: GRPOJob) -> list[tuple[str, str]]:
     spec = job.spec
     refs = [("spec.algorithm.name", spec.algorithm.name), ("spec.rollout.workflow", spec.rollout.workflow)]
     refs += [(f"spec.rewards[{i}].name", r.name) for i, r in enumerate(spec.rewards)]
-    if spec.dataset.factory:
+    if spec.dataset is not None and spec.dataset.factory:
         refs.append(("spec.dataset.factory", spec.dataset.factory))
     return [(p, n) for p, n in refs if plugins.is_reference(n)]
 

@@ -39,6 +39,8 @@ def _fmt(record: dict[str, Any]) -> dict[str, str]:
                             ("rollout_idle_fraction", "idle", "{:.0%}"), ("groups_in_flight", "ahead", "{}")):
         if record.get(key) is not None:
             out[label] = fmt.format(record[key])
+    if record.get("groups_from_environments"):  # groups submitted by environments (trajectory API)
+        out["env"] = str(record["groups_from_environments"])
     stages = record.get("stage_seconds") or {}
     if stages:
         out["stages"] = " ".join(f"{k[:3]}={v:.2f}s" for k, v in stages.items())

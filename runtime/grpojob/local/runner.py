@@ -17,14 +17,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
-from ..plan import (CONFIG_FILE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME,
-                    Placement, Role, render_config, roles)
+from ..plan import (CONFIG_FILE, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE, REPLICA_HOST,
+                    REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
 from .processes import Child, free_port, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
 
 log = logging.getLogger("grpojob.local")
 
-ENDPOINTS_FILE = "endpoints.json"  # {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ...}: /metrics, /status
+# {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ..., "trajectories": ...}: /metrics, /status, the
+# trajectory API (environments started by hand register there)
+ENDPOINTS_FILE = "endpoints.json"
 BUILD_TINY = "grpojob.io/build-tiny-model"  # annotation: build a tiny random model if model.path is missing
 EXIT_INTERRUPTED = 130
 
@@ -61,17 +63,21 @@ def _ensure_model(job: GRPOJob, out) -> None:
 
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
     host = "127.0.0.1"
+    rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]  # replicas share this host
     where = Placement(trainer_host=host, config_path=str(run_dir / CONFIG_FILE),
                       checkpoint_dir=job.spec.checkpoint.path, run_dir=str(run_dir),
-                      rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port())
+                      rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port(),
+                      rollout_urls=tuple(f"http://{host}:{p}" for p in rollout_ports))
     bin_dir = str(Path(sys.executable).parent)
     base_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     out: list[Child] = []
     for role in roles(job, where):
         for i in range(role.replicas):
             env = {**base_env, **role.env, **_per_replica(role, i, host)}
+            if role.environment is not None:
+                env.update(_user_env(job, role.environment))
             if role.name == "rollout":
-                env[ENV_ROLLOUT_PORT] = str(free_port())  # replicas share this host
+                env[ENV_ROLLOUT_PORT] = str(rollout_ports[i])
                 if backend:
                     env["GRPOJOB_ROLLOUT_BACKEND"] = backend
             exe = shutil.which(role.command[0], path=env["PATH"])
@@ -83,10 +89,26 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
 
 
 def _endpoints(children: list[Child]) -> dict[str, str]:
-    """Base URL of each process's HTTP endpoint: the trainer leader's and every rollout server's."""
+    """Base URL of each process's HTTP endpoint: the trainer leader's and every rollout server's,
+    and the trajectory API's."""
     port_env = {"trainer-0": ENV_TRAINER_PORT}
-    return {c.name: f"http://127.0.0.1:{c.env[port_env.get(c.name, ENV_ROLLOUT_PORT)]}" for c in children
-            if c.name in port_env or c.name.startswith("rollout-")}
+    out = {c.name: f"http://127.0.0.1:{c.env[port_env.get(c.name, ENV_ROLLOUT_PORT)]}" for c in children
+           if c.name in port_env or c.name.startswith("rollout-")}
+    trainer = next(c for c in children if c.name == "trainer-0")
+    out["trajectories"] = trajectory_url("127.0.0.1", int(trainer.env[ENV_TRAINER_PORT]))
+    return out
+
+
+def _user_env(job: GRPOJob, environment: str) -> dict[str, str]:
+    """spec.environments[i].env as local values (a valueFrom names a cluster object: refused)."""
+    i, spec = next((i, e) for i, e in enumerate(job.spec.environments) if e.name == environment)
+    out = {}
+    for j, var in enumerate(spec.env):
+        if "valueFrom" in var:
+            raise RunError(f"spec.environments[{i}].env[{j}] ({var['name']}): valueFrom reads the cluster; "
+                           "`grpojob run` needs a value")
+        out[var["name"]] = str(var.get("value", ""))
+    return out
 
 
 def _per_replica(role: Role, index: int, host: str) -> dict[str, str]:
@@ -99,6 +121,7 @@ class Run:
         self.job, self.run_dir, self.out = job, run_dir, out
         self.children = _children(job, run_dir, backend)
         self.trainers = [c for c in self.children if c.name.startswith("trainer")]
+        self.environments = {c.name for c in self.children if c.env.get(ENV_ROLE) == ENVIRONMENT_ROLE}
         self.progress = Progress(run_dir / "metrics.jsonl", job.spec.training.steps, enabled=progress, out=out)
         self.interrupted: Optional[int] = None
 
@@ -124,14 +147,19 @@ class Run:
             self._finish()
 
     def _watch(self) -> int:
+        watched = list(self.children)
         while True:
             self.progress.update()
             if self.interrupted is not None:
                 return self._interrupt()
-            dead = wait_any(self.children, timeout=0.5)
+            dead = wait_any(watched, timeout=0.5)
             if dead is None:
                 continue
             code = dead.poll()
+            if dead.name in self.environments and code == 0:  # an environment may finish its own work
+                print(f"{dead.name} exited (code 0); the trainer goes on with the other sources", file=self.out)
+                watched.remove(dead)
+                continue
             if dead in self.trainers and code == 0 and all(t.poll() == 0 for t in self.trainers):
                 self.progress.update()
                 return 0
@@ -205,7 +233,9 @@ def main(args: argparse.Namespace) -> int:
         done = len(read_records(run_dir / "metrics.jsonl"))
         print(f"grpojob run: {job.metadata.name} in {run_dir} ({job.spec.rollout.replicas} x "
               f"{job.spec.rollout.backend} rollout, trainer {job.spec.trainer.replicas} x "
-              f"{job.spec.trainer.processes_per_replica})" + (f", resuming after step {done}" if done else ""),
+              f"{job.spec.trainer.processes_per_replica}"
+              + "".join(f", environment {e.name} x {e.replicas}" for e in job.spec.environments) + ")"
+              + (f", resuming after step {done}" if done else ""),
               file=out)
         code = Run(job, run_dir, args.backend, progress=not args.no_progress, out=out).run()
     except InvalidSpec as e:

@@ -24,6 +24,13 @@ Dynamic sampling (DAPO). A step considers groups in stream order; those whose (s
 all equal are dropped and replaced by newly generated groups until promptsPerStep are kept or
 maxResampleFactor x promptsPerStep groups were considered; then the step trains on what it has.
 
+Environments (grpojob.trajectories). Groups that environments submit join the same steps under
+the same floor: a step takes first the groups of environments that committed to a number per
+step (waiting for them), then queued groups of the others, then the workflow's; the workflow
+generates only what commitments leave of promptsPerStep (with rollout.workflow none, nothing).
+Submitted groups are not from the prompt stream: the stream position and the pending prompts
+cover the workflow's groups, the queue's own state its registrations and queued groups.
+
 Seeds. Each sample's sampling seed is derived from training.seed, its stream position (step x
 promptsPerStep + prompt index) and the attempt, so a run with maxStaleness 0 is reproducible.
 
@@ -34,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import dataclasses
 import heapq
 import logging
 import threading
@@ -42,12 +48,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
 
-from ..api.spec import GRPOJobSpec, OverlongSpec
 from ..rewards.shaping import shaped_rewards, zero_variance
+from ..trajectories.queue import EnvironmentQueue, Queued, Refused
 from .client import RolloutError
-from .types import Completion, Generator, Group, Sample, SamplingParams, Workflow, derive_seed
+from .pipeline import Pipeline, SampleClient, StepGroups, derive_seed, group_version
+from .types import Generator, Group, Sample, Workflow
+
+__all__ = ["Pipeline", "RolloutManager", "StepGroups", "derive_seed", "group_version"]
 
 log = logging.getLogger("grpojob.rollout.manager")
+
+WAIT_LOG_SECONDS = 30.0  # a step still waiting for groups says what for this often
 
 
 class Scorer(Protocol):
@@ -64,91 +75,29 @@ class Prompts(Protocol):
     def load_state_dict(self, state: dict) -> None: ...
 
 
-@dataclass(frozen=True)
-class Pipeline:
-    """The settings of the pipeline, from the spec."""
-    prompts_per_step: int
-    total_steps: int
-    max_staleness: int = 0
-    every_steps: int = 1
-    dynamic_sampling: bool = False
-    max_resample_factor: float = 1.0
-    seed: int = 0
-    overlong: OverlongSpec = field(default_factory=OverlongSpec)
-    max_tokens: int = 256
-    max_concurrency: int = 1024
-    timeout: float = 3600.0
-
-    @classmethod
-    def from_spec(cls, spec: GRPOJobSpec, **kw: Any) -> "Pipeline":
-        a = spec.algorithm
-        kw.setdefault("dynamic_sampling", a.dynamic_sampling)
-        return cls(prompts_per_step=spec.training.prompts_per_step, total_steps=spec.training.steps,
-                   max_staleness=a.max_staleness, every_steps=spec.weight_sync.every_steps,
-                   max_resample_factor=a.max_resample_factor,
-                   seed=spec.training.seed, overlong=a.overlong, max_tokens=spec.rollout.sampling.max_tokens,
-                   timeout=float(spec.weight_sync.timeout_seconds) * 3, **kw)
-
-    def published_before(self, step: int, published: int) -> int:
-        """The version the rollouts will hold when the trainer takes `step` (pushes follow every
-        everySteps-th step, never the last), given that `published` is pushed now."""
-        last = min(step - 1, self.total_steps - 1)
-        return max(published, last - last % self.every_steps)
-
-    def steps_ahead(self, taken: int, published: int) -> int:
-        """How many of the next steps a group started now (at the `published` version) can still
-        be trained on: 0 while the trainer trains at maxStaleness 0 (nothing runs ahead)."""
-        step = taken
-        while step < self.total_steps and self.published_before(step + 1, published) - self.max_staleness <= published:
-            step += 1
-        return step - taken
-
-
-@dataclass
-class StepGroups:
-    """One step's groups (kept and dropped by dynamic sampling, in stream order) and what the
-    pipeline did for them."""
-    groups: list[Group]
-    wait_seconds: float = 0.0  # the trainer's wait for them
-    score_seconds: float = 0.0  # reward scoring of these groups (in the background)
-    idle_fraction: float = 0.0  # of the time since the previous step, with nothing generating
-    in_flight: int = 0  # groups generating or ready ahead, after this step took its own
-    resampled: int = 0  # groups beyond promptsPerStep (dynamic-sampling refills)
-    stale: int = 0  # groups dropped as too old since the previous step (generated again)
-    sample_ids: list[int] = field(default_factory=list)  # dataset rows of all the step's groups
-
-
-def group_version(group: Group) -> int:
-    return min(min(c.versions) if c.versions else c.policy_version for c in group.completions)
-
-
-class _SampleClient:
-    """The generator as a workflow sees it for one sample: every call asks for at least the
-    version floor and, when the workflow set no seed, gets one derived from the sample's."""
-
-    def __init__(self, generator: Generator, floor, seed: int):
-        self.generator, self.floor, self.seed, self.calls = generator, floor, seed, 0
-
-    async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
-        if sampling.seed is None and sampling.temperature > 0:
-            sampling = dataclasses.replace(sampling, seed=derive_seed(self.seed, self.calls))
-        self.calls += 1
-        return await self.generator.generate(prompt_ids, n, sampling, min_version=self.floor())
-
-
 @dataclass(order=True)
 class _Ready:
     seq: int
     version: int = field(compare=False)
     group: Group = field(compare=False)
     score_seconds: float = field(compare=False, default=0.0)
+    submitted: Optional[Queued] = field(compare=False, default=None)  # an environment's group
 
 
 class RolloutManager:
-    def __init__(self, generator: Generator, workflow: Workflow, scorer: Scorer, prompts: Prompts,
-                 pipeline: Pipeline, *, published: int = 0, taken: int = 0):
+    """workflow None (rollout.workflow none): no prompts, no scorer; every group comes from
+    `environments`."""
+
+    def __init__(self, generator: Optional[Generator], workflow: Optional[Workflow], scorer: Optional[Scorer],
+                 prompts: Optional[Prompts], pipeline: Pipeline, *, published: int = 0, taken: int = 0,
+                 environments: Optional[EnvironmentQueue] = None):
         self.generator, self.workflow, self.scorer, self.prompts = generator, workflow, scorer, prompts
         self.pipeline = pipeline
+        self.environments = environments or EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit)
+        # Groups per step the environments' commitments held when the step being taken began (None
+        # between steps: the commitments as they are). The workflow generates the rest.
+        self._step_reserved: Optional[int] = None
+        self._waiting = ""  # what the step being taken waits for (in words, for logs and timeouts)
         self.published = published
         self.taken = taken  # steps handed to the trainer
         self._ready: list[_Ready] = []  # heap by stream position
@@ -196,9 +145,25 @@ class RolloutManager:
         try:
             return fut.result(timeout)
         except concurrent.futures.TimeoutError:
+            waiting = self._waiting  # before the cancelled step clears it
             fut.cancel()
             raise RolloutError(f"rollouts did not produce the step's groups within {timeout:.0f} s "
-                               f"({len(self._inflight)} generating, {len(self._ready)} ready)") from None
+                               f"({len(self._inflight)} generating, {len(self._ready)} ready"
+                               + (f"; waiting for {waiting}" if waiting else "") + ")") from None
+
+    # ---- environments (the trajectory API's handlers, any thread) -----------------------------------
+    def register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
+        return self.run(self._register(name, groups_per_step), timeout=30)
+
+    def submit(self, name: str, groups: list[Group]) -> int:
+        """Queue an environment's scored groups (all or none); raises trajectories.Refused."""
+        return self.run(self._submit(name, groups), timeout=30)
+
+    def count_refused(self, name: Optional[str], reason: str, n: int) -> None:
+        self._loop.call_soon_threadsafe(self.environments.count_refused, name, reason, n)
+
+    def environment_status(self) -> dict[str, Any]:
+        return self.run(self._environment_status(), timeout=30)
 
     def close(self) -> None:
         if self._loop.is_closed():
@@ -226,6 +191,7 @@ class RolloutManager:
 
     def _on_published(self, version: int) -> None:
         self.published = version
+        self.environments.drop_stale(self._floor())
         keep = []
         for r in self._ready:
             if r.version >= self._floor():
@@ -241,10 +207,14 @@ class RolloutManager:
     def _wanted(self) -> int:
         """Groups that should be ready or generating now."""
         p = self.pipeline
-        return p.steps_ahead(self.taken, self.published) * p.prompts_per_step - self._considered + self._extra
+        reserved = self._step_reserved
+        if reserved is None:
+            reserved = sum(self.environments.quotas().values())
+        share = max(0, p.prompts_per_step - reserved)  # what environments' commitments leave
+        return p.steps_ahead(self.taken, self.published) * share - self._considered + self._extra
 
     def _fill(self) -> None:
-        if not self._started or self._error is not None:
+        if not self._started or self._error is not None or self.workflow is None:
             return
         while (len(self._inflight) + len(self._ready) < self._wanted()
                and len(self._inflight) < self.pipeline.max_concurrency):
@@ -268,8 +238,8 @@ class RolloutManager:
             while True:
                 attempt = self._attempts.get(sample.seq, 0)
                 self._attempts[sample.seq] = attempt + 1
-                client = _SampleClient(self.generator, self._floor,
-                                       derive_seed(self.pipeline.seed, sample.seq, attempt))
+                client = SampleClient(self.generator, self._floor,
+                                      derive_seed(self.pipeline.seed, sample.seq, attempt))
                 group = await self.workflow.run(client, sample)
                 if not group.completions:
                     raise RolloutError(f"workflow returned no completions for sample {sample.index}")
@@ -319,6 +289,8 @@ class RolloutManager:
             if p.dynamic_sampling else p.prompts_per_step
         taken: list[_Ready] = []
         kept = 0
+        owed = self.environments.quotas()  # this step waits for these environments' groups
+        self._step_reserved = sum(owed.values())
         if not self._started:
             self._begin()
         try:
@@ -326,23 +298,18 @@ class RolloutManager:
                 want = min(p.prompts_per_step - kept, budget - len(taken))
                 self._extra = max(0, len(taken) + want - p.prompts_per_step)
                 self._fill()
-                async with self._changed:
-                    while len(self._ready) < want:
-                        if self._error is not None:
-                            err, self._error = self._error, None
-                            raise err
-                        await self._changed.wait()
-                for _ in range(want):
-                    r = heapq.heappop(self._ready)
-                    taken.append(r)
-                    self._considered += 1
-                    kept += not (p.dynamic_sampling and self._zero_variance(r.group))
+                before = len(taken)
+                await self._gather(taken, want, owed, t0)
+                kept += sum(not (p.dynamic_sampling and self._zero_variance(r.group)) for r in taken[before:])
         except BaseException:
             for r in taken:  # nothing is lost: a failed step's groups go back (stream order)
-                heapq.heappush(self._ready, r)
+                if r.submitted is None:
+                    heapq.heappush(self._ready, r)
+            self.environments.put_back([r.submitted for r in taken if r.submitted is not None])
             raise
         finally:
             self._considered = self._extra = 0
+            self._waiting, self._step_reserved = "", None
         self.taken += 1
         now = time.monotonic()
         if self._idle_since is not None:
@@ -352,21 +319,80 @@ class RolloutManager:
         self._idle, self._window = 0.0, now
         stale, self._stale = self._stale, 0
         self._fill()
+        per_env, parts = self.environments.trained([r.submitted for r in taken if r.submitted is not None])
         return StepGroups(groups=[r.group for r in taken], wait_seconds=now - t0,
-                          score_seconds=sum(r.score_seconds for r in taken), idle_fraction=min(1.0, idle),
-                          in_flight=len(self._inflight) + len(self._ready),
+                          score_seconds=sum(r.score_seconds for r in taken),
+                          idle_fraction=min(1.0, idle) if self.workflow is not None else None,
+                          in_flight=len(self._inflight) + len(self._ready) + self.environments.queued(),
                           resampled=max(0, len(taken) - p.prompts_per_step), stale=stale,
-                          sample_ids=[r.group.sample.index for r in taken])
+                          sample_ids=[r.group.sample.index for r in taken if r.submitted is None],
+                          from_environments=sum(r.submitted is not None for r in taken), environments=per_env,
+                          environment_rewards=parts)
+
+    async def _gather(self, taken: list[_Ready], want: int, owed: dict[str, int], since: float) -> None:
+        """Append `want` groups to `taken`: environments' commitments first, then queued groups of
+        any environment, then the workflow's (stream order); wait for what is missing."""
+        need = len(taken) + want
+        async with self._changed:
+            while True:
+                n = need - len(taken)
+                picked = [_Ready(-1, q.version, q.group, submitted=q) for q in self.environments.take_owed(owed, n)]
+                room = n - len(picked) - sum(owed.values())
+                if room > 0:
+                    picked += [_Ready(-1, q.version, q.group, submitted=q) for q in self.environments.take_any(room)]
+                    room = n - len(picked) - sum(owed.values())
+                if 0 < room <= len(self._ready):  # all at once: the stream's oldest, whatever finished first
+                    picked += [heapq.heappop(self._ready) for _ in range(room)]
+                    self._considered += room
+                taken += picked
+                if len(taken) >= need:
+                    return
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+                self._waiting = self.environments.waiting_for(owed, need - len(taken), self.workflow is not None)
+                try:
+                    await asyncio.wait_for(self._changed.wait(), WAIT_LOG_SECONDS)
+                except asyncio.TimeoutError:
+                    log.warning("step %d has waited %.0f s for its groups: %s", self.taken + 1,
+                                time.monotonic() - since, self._waiting)
+
+    async def _register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
+        reg = self.environments.register(name, groups_per_step)
+        log.info("environment %s registered (%s groups per step)", name, groups_per_step or "no commitment")
+        await self._notify()
+        return {"name": reg.name, "groups_per_step": reg.groups_per_step, **self._versions()}
+
+    async def _submit(self, name: str, groups: list[Group]) -> int:
+        if not self._started:
+            raise Refused(503, "starting", "the trainer is not taking groups yet (loading, or resuming and "
+                          "publishing its weights): retry in a few seconds")
+        n = self.environments.submit(name, [(g, group_version(g)) for g in groups], floor=self._floor(),
+                                     newest=self.published + self.pipeline.every_steps)
+        await self._notify()
+        return n
+
+    async def _environment_status(self) -> dict[str, Any]:
+        return {**self._versions(), "steps_taken": self.taken, "started": self._started,
+                "workflow": self.workflow is not None, "waiting_for": self._waiting or None,
+                **self.environments.status()}
+
+    def _versions(self) -> dict[str, Any]:
+        return {"published_version": self.published, "version_floor": self._floor(),
+                "max_staleness": self.pipeline.max_staleness, "prompts_per_step": self.pipeline.prompts_per_step}
 
     async def _state(self) -> dict[str, Any]:
         pending = sorted({r.seq for r in self._ready} | set(self._inflight) | {s for s, _ in self._requeue})
-        return {"stream": self.prompts.state_dict(), "pending": pending, "taken": self.taken}
+        return {"stream": self.prompts.state_dict() if self.prompts is not None else {}, "pending": pending,
+                "taken": self.taken, "environments": self.environments.state_dict()}
 
     async def _load(self, state: dict[str, Any]) -> None:
         assert not self._started, "load_state_dict must come before start()"
-        self.prompts.load_state_dict(state["stream"])
-        self._requeue = [(seq, self.prompts.sample_at(seq)) for seq in state.get("pending", ())]
-        heapq.heapify(self._requeue)
+        if self.prompts is not None:
+            self.prompts.load_state_dict(state["stream"])
+            self._requeue = [(seq, self.prompts.sample_at(seq)) for seq in state.get("pending", ())]
+            heapq.heapify(self._requeue)
+        self.environments.load_state_dict(state.get("environments", {}))
         self.taken = int(state.get("taken", self.taken))
 
     async def _shutdown(self) -> None:

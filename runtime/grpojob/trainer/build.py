@@ -38,6 +38,20 @@ class TrainerRun:
     def request_suspend(self) -> None:
         self.loop.request_suspend()
 
+    def trajectory_api(self):
+        """Rank 0: the trajectory API over this run's RolloutManager (None on other ranks)."""
+        manager = self.rollouts.source.manager
+        if manager is None:
+            return None
+        from ..trajectories.api import TrajectoryAPI
+        from ..trajectories.wire import Limits
+
+        spec, model = self.trainer.spec, self.trainer.model
+        limits = Limits(group_size=spec.algorithm.group_size, vocab_size=model.get_input_embeddings().num_embeddings,
+                        max_sequence_tokens=spec.training.micro_batch_tokens)
+        return TrajectoryAPI(manager, limits, spec.rollout.sampling.model_dump(),
+                             policy_version=lambda: self.trainer.version)
+
 
 def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "inprocess",
           listen_host: str = "127.0.0.1", checkpoint_dir: Optional[str] = None, run_dir: Optional[str] = None,

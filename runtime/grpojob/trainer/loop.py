@@ -95,10 +95,10 @@ class Loop:
         if self.publisher is not None:
             rollouts = [{"replica": s["replica"], "version": s["version"], "lag": tr.version - s["version"]}
                         for s in self.publisher.servers()]
+        parts = {**got.environment_rewards, **prep.reward_parts}  # the spec's rewards, then environments' own
         return StepRecord(
             step=tr.step, policy_version=tr.version, **prep.stats, **stats,
-            rewards={k: v[0] for k, v in prep.reward_parts.items()},
-            rewards_std={k: v[1] for k, v in prep.reward_parts.items()},
+            rewards={k: v[0] for k, v in parts.items()}, rewards_std={k: v[1] for k, v in parts.items()},
             tokens=prep.total_tokens, trained_tokens=prep.n_tokens,
             tokens_per_second=prep.total_tokens / seconds if seconds > 0 else None,
             train_tokens_per_second=prep.total_tokens / (t2 - t1) if t2 > t1 else None,
@@ -106,7 +106,8 @@ class Loop:
             groups_resampled=got.resampled, groups_stale=got.stale, sync_seconds=t3 - t2,
             generation_paused_seconds=report.paused_seconds if report else None,
             weight_sync_backend=self.backend, rollouts=rollouts, published=report is not None,
-            sample_ids=list(got.sample_ids),
+            sample_ids=list(got.sample_ids), groups_from_environments=got.from_environments,
+            environments=got.environments,
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
                            "train": round(t2 - t1, 6), "sync": round(t3 - t2, 6), "checkpoint": round(t4 - t3, 6)},
             step_seconds=seconds)

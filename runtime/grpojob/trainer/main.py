@@ -65,6 +65,8 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             server = LeaderServer(board, _listen_host(), port).start()
         run = build(job, env=env, rollouts=os.environ.get(ENV_ROLLOUT_SOURCE, "remote"),
                     listen_host=_listen_host(), board=board, suspend=suspend)
+        if server is not None:
+            server.mount_trajectories(run.trajectory_api())
         phase = run.run()
         log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True

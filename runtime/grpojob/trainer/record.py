@@ -55,6 +55,10 @@ class StepRecord:
     rollouts: list[dict[str, Any]] = field(default_factory=list)  # replica, version, lag
     published: bool = False
     sample_ids: list[int] = field(default_factory=list)  # dataset rows this step considered
+    # environments (grpojob.trajectories): groups they submitted that this step trained on, and per
+    # environment: groups, reward_mean, rewards (their own parts), stale (dropped below the floor)
+    groups_from_environments: int = 0
+    environments: dict[str, dict[str, Any]] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
     step_seconds: float = 0.0
     time: float = field(default_factory=time.time)

@@ -152,11 +152,16 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
     from ..data import PromptStream
     from ..rewards import RewardScorer
     from ..rollout import workflows
+    from ..trajectories.queue import EnvironmentQueue
 
     spec = job.spec
-    pieces = dict(workflow=workflows.build(spec, tokenizer), scorer=RewardScorer(spec, tokenizer),
-                  prompts=PromptStream(spec, tokenizer),
-                  pipeline=Pipeline.from_spec(spec, dynamic_sampling=dynamic_sampling))
+    pipeline = Pipeline.from_spec(spec, dynamic_sampling=dynamic_sampling)
+    workflow = workflows.build(spec, tokenizer)  # None: rollout.workflow none, environments only
+    pieces = dict(workflow=workflow, pipeline=pipeline,
+                  scorer=RewardScorer(spec, tokenizer) if workflow is not None else None,
+                  prompts=PromptStream(spec, tokenizer) if workflow is not None else None,
+                  environments=EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit,
+                                                [e.name for e in spec.environments]))
     if kind == "inprocess":
         from ..rollout.hf_engine import HFEngine
 

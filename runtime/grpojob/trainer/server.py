@@ -1,6 +1,8 @@
 """The trainer leader's HTTP endpoint (rank 0, port GRPOJOB_TRAINER_PORT):
 GET /healthz, GET /status (TrainerStatus JSON), GET /metrics (Prometheus text of the TRAINER
-metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`)."""
+metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`), and the
+trajectory API under /trajectories (grpojob.trajectories.api, mounted once the rollout side is
+built; 503 before)."""
 from __future__ import annotations
 
 import json
@@ -14,6 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from .. import prom
 from ..api.status import TrainerStatus
 from ..metrics_names import TRAINER
+from ..plan import TRAJECTORY_PREFIX
 
 log = logging.getLogger("grpojob.trainer.server")
 
@@ -120,6 +123,7 @@ _FROM_RECORD = tuple(d for d in TRAINER if d.record)
 class _Handler(BaseHTTPRequestHandler):
     board: StatusBoard
     on_suspend: Optional[Callable[[], None]] = None
+    trajectories: Optional[Any] = None  # grpojob.trajectories.api.TrajectoryAPI, once mounted
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
@@ -128,9 +132,22 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _trajectories(self) -> None:
+        from ..trajectories.api import Request
+
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else b""
+        if self.trajectories is None:
+            code, doc = 503, {"error": "the trainer is still loading: the trajectory API opens once its rollout "
+                                       "side is built; retry", "reason": "starting"}
+        else:
+            code, doc = self.trajectories.handle(Request(self.command, self.path, dict(self.headers), body))
+        self._send(code, json.dumps(doc).encode())
+
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?")[0]
-        if path == "/healthz":
+        if path.startswith(TRAJECTORY_PREFIX + "/"):
+            self._trajectories()
+        elif path == "/healthz":
             self._send(200, b'{"ok": true}')
         elif path == "/status":
             self._send(200, json.dumps(self.board.snapshot()).encode())
@@ -141,7 +158,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?")[0]
-        if path == "/suspend":
+        if path.startswith(TRAJECTORY_PREFIX + "/"):
+            self._trajectories()
+        elif path == "/suspend":
             log.info("suspend requested over HTTP")
             self.board.suspend_requested.set()
             if self.on_suspend:
@@ -158,7 +177,7 @@ class LeaderServer:
     """Serves a StatusBoard from a daemon thread."""
 
     def __init__(self, board: StatusBoard, host: str, port: int):
-        handler = type("Handler", (_Handler,), {"board": board})
+        handler = self.handler = type("Handler", (_Handler,), {"board": board})
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)
         except OSError as e:
@@ -167,6 +186,10 @@ class LeaderServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="grpojob-leader-http", daemon=True)
+
+    def mount_trajectories(self, api: Any) -> None:
+        """Serve the trajectory API (grpojob.trajectories.api.TrajectoryAPI) from now on."""
+        self.handler.trajectories = api
 
     def start(self) -> "LeaderServer":
         self.thread.start()
