@@ -26,6 +26,10 @@ class RewardError(RuntimeError):
     pass
 
 
+def check_function(fn) -> Optional[str]:
+    return None if callable(fn) else "is not callable (a function (prompt, completion, **row) -> float is expected)"
+
+
 def resolve(spec: RewardSpec) -> RewardFn:
     fn = REWARDS[spec.name] if spec.name in REWARDS else plugins.resolve(spec.name)
     if not callable(fn):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+from typing import Optional
 
 from ..api import plugins
 from ..api.spec import GRPOJobSpec
@@ -51,6 +52,14 @@ class GreedyBaseline(SingleTurn):
 
 WORKFLOWS = {"single-turn": SingleTurn, "greedy-baseline": GreedyBaseline}
 assert tuple(WORKFLOWS) == plugins.BUILTIN_WORKFLOWS, "workflow registry out of step with the API"
+
+
+def check_class(cls) -> Optional[str]:
+    if not inspect.isclass(cls):
+        return "is not a class (a workflow class constructed as Class(spec, tokenizer) is expected)"
+    if not inspect.iscoroutinefunction(getattr(cls, "run", None)):
+        return "has no `async def run(self, client, sample)`"
+    return None
 
 
 def build(spec: GRPOJobSpec, tokenizer) -> Workflow:
