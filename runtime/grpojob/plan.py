@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .api.plugins import CODE_DIR_ENV
 from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
 
 # Environment contract read by the runtime processes.
@@ -27,6 +29,8 @@ ENV_ADVERTISE_HOST = "GRPOJOB_ADVERTISE_HOST"  # address the rollout server regi
 ENV_REPLICA_ID = "GRPOJOB_REPLICA_ID"
 ENV_BACKEND = "GRPOJOB_ROLLOUT_BACKEND"
 ENV_LOG_FORMAT = "GRPOJOB_LOG_FORMAT"
+ENV_CODE_DIR = CODE_DIR_ENV  # spec.code's modules (on PYTHONPATH; relative file references start here)
+ENV_SITE_DIR = "GRPOJOB_SITE_DIR"  # where spec.code.pip is installed (on PYTHONPATH)
 
 # Per-replica values: the operator fills them from the downward API, `grpojob run` from its index.
 REPLICA_INDEX = "index"  # trainer: StatefulSet pod ordinal
@@ -47,6 +51,8 @@ class Placement:
     sync_port: int = SYNC_STORE_PORT
     trainer_port: Optional[int] = None  # default: spec.trainer.port
     rollout_port: Optional[int] = None  # default: spec.rollout.port
+    code_dir: Optional[str] = None  # spec.code's modules, when it has some
+    site_dir: Optional[str] = None  # the writable directory spec.code.pip installs into
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,9 @@ class Role:
     env: dict[str, str]
     ports: dict[str, int]
     per_replica_env: dict[str, str] = field(default_factory=dict)  # ENV name -> REPLICA_* value
+    # Run once per replica before `command`, with the same environment (spec.code.pip): an init
+    # container in pods, a step before the processes start with `grpojob run`.
+    setup: Optional[list[str]] = None
 
 
 def bind_host(address: str) -> str:
@@ -78,6 +87,24 @@ def rollout_command() -> list[str]:
     return ["grpojob", "rollout"]
 
 
+def install_code_command() -> list[str]:
+    return ["grpojob", "install-code"]
+
+
+def code_env(job: GRPOJob, where: Placement) -> dict[str, str]:
+    """The environment that brings spec.code into a process: PYTHONPATH and where things are."""
+    env, path = {}, []
+    if where.code_dir:
+        env[ENV_CODE_DIR] = where.code_dir
+        path.append(where.code_dir)
+    if job.spec.code.pip and where.site_dir:
+        env[ENV_SITE_DIR] = where.site_dir
+        path.append(where.site_dir)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
 def roles(job: GRPOJob, where: Placement) -> list[Role]:
     spec = job.spec
     trainer_port = where.trainer_port or spec.trainer.port
@@ -92,7 +119,9 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         ENV_TRAINER_PORT: str(trainer_port),
         ENV_LOG_FORMAT: spec.monitoring.log_format,
         "PYTHONUNBUFFERED": "1",
+        **code_env(job, where),
     }
+    setup = install_code_command() if spec.code.pip else None
     trainer = Role(
         name="trainer",
         replicas=spec.trainer.replicas,
@@ -105,6 +134,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
              "PET_MAX_RESTARTS": "0"},
         ports={"rendezvous": where.rendezvous_port, "sync": where.sync_port, "http": trainer_port},
         per_replica_env={"PET_NODE_RANK": REPLICA_INDEX},
+        setup=setup,
     )
     rollout = Role(
         name="rollout",
@@ -114,6 +144,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
              ENV_BACKEND: spec.rollout.backend},
         ports={"http": rollout_port},
         per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
+        setup=setup,
     )
     return [trainer, rollout]
 

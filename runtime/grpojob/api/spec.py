@@ -351,6 +351,10 @@ class GRPOJobSpec(Model):
                              "is in flight when weights are pushed, so there is nothing to resume")
         if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
             raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
+        code_volume = (self.code.volume or {}).get("name")
+        for role in ("trainer", "rollout"):
+            if code_volume and code_volume in [v.get("name") for v in getattr(self, role).volumes]:
+                raise invalid("code.volume.name", f"'{code_volume}' is also a volume of spec.{role}.volumes")
         return self
 
 
