@@ -4,6 +4,7 @@ called at every step and checkpoint. MLflow's file store when mlflow is installe
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,8 +31,6 @@ def manifest(tmp_path: Path, model: Path, monitoring: dict, **spec) -> Path:
 
 
 def grpojob_run(path: Path, run_dir: Path, env: dict | None = None) -> str:
-    import os
-
     proc = subprocess.run([sys.executable, "-m", "grpojob", "run", str(path), "--run-dir", str(run_dir),
                            "--no-progress"], cwd=path.parent, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, timeout=300, env={**os.environ, **(env or {})})
@@ -74,17 +73,29 @@ def test_tensorboard_wandb_offline_and_a_pip_installed_callback(tmp_path, tiny_d
     assert [c["step"] for c in ckpts] == [2, 3] and all(Path(c["path"]).is_dir() for c in ckpts)
 
 
-@pytest.mark.slow
-def test_mlflow_file_store(tmp_path, tiny_dir):
-    pytest.importorskip("mlflow", reason="mlflow is not in the dev extra (a heavy install): "
-                        "pip install 'grpojob[trackers]' to run this test")
+def test_mlflow_file_store(tmp_path, monkeypatch):
+    """The MLflow tracker as the loop drives it (the wiring is the test above's): step records in,
+    metrics by step and the checkpoint tag out of its default file store."""
+    pytest.importorskip("mlflow", reason="mlflow-skinny is in the dev extra; install grpojob[dev] or [trackers]")
     from mlflow.tracking import MlflowClient
 
-    run_dir = tmp_path / "run"
-    grpojob_run(manifest(tmp_path, tiny_dir, {"reportTo": ["mlflow"]}), run_dir)
-    client = MlflowClient(tracking_uri=(run_dir / "mlruns").as_uri())
+    from grpojob.api import parse
+    from grpojob.trainer.callbacks import Callbacks
+    from grpojob.trainer.record import StepRecord
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the tracker sets it for its default store
+    doc = yaml.safe_load(manifest(tmp_path, tmp_path / "m", {"reportTo": ["mlflow"]}).read_text())
+    callbacks = Callbacks.build(parse(doc), tmp_path)
+    records = [StepRecord(step=s, policy_version=s, learning_rate=1e-3, reward_mean=0.1 * s, loss=1.0 / s,
+                          rewards={"toy": 0.1 * s}, extra={"aux": float(s)}) for s in (1, 2, 3)]
+    for r in records:
+        callbacks.on_step_end(r)
+    callbacks.on_checkpoint(3, tmp_path / "checkpoints" / "step-000003")
+    callbacks.close()
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
     (run,) = client.search_runs([client.get_experiment_by_name("grpojob").experiment_id])
-    history = client.get_metric_history(run.info.run_id, "reward_mean")
-    records = read_records(run_dir / "metrics.jsonl")
-    assert [(m.step, m.value) for m in history] == [(r["step"], pytest.approx(r["reward_mean"])) for r in records]
-    assert run.data.tags["last_checkpoint"].endswith("step-000003")
+    for key, want in (("reward_mean", [0.1, 0.2, 0.3]), ("rewards/toy", [0.1, 0.2, 0.3]), ("extra/aux", [1, 2, 3])):
+        history = client.get_metric_history(run.info.run_id, key)
+        assert [(m.step, m.value) for m in history] == [(s, pytest.approx(v)) for s, v in zip((1, 2, 3), want)], key
+    assert run.data.tags["last_checkpoint"].endswith("step-000003") and run.info.status == "FINISHED"

@@ -96,11 +96,15 @@ class WandB(Callback):
 
 
 class MLflow(Callback):
-    """An MLflow run named after the job: MLFLOW_TRACKING_URI, default a file store in <run dir>/mlruns."""
+    """An MLflow run named after the job: MLFLOW_TRACKING_URI, default a file store in <run dir>/mlruns
+    (no server, no database; MLflow 3 wants MLFLOW_ALLOW_FILE_STORE for it, set here for that default)."""
 
     def __init__(self, job: GRPOJob, run_dir: Path):
         self.mlflow = _need("mlflow", "mlflow")
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / MLRUNS_DIR).resolve().as_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI")
+        if not uri:
+            uri = (run_dir / MLRUNS_DIR).resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = self.mlflow.tracking.MlflowClient(tracking_uri=uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "grpojob")
         exp = self.client.get_experiment_by_name(name)
