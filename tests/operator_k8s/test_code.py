@@ -106,8 +106,8 @@ def test_a_code_volume_named_like_a_workload_volume_is_refused():
 
 
 # ---- a plug-in that does not load ---------------------------------------------------------------
-IMPORT = plugins.failure_message(plugins.IMPORT_FAILED,
-                                 ["spec.trainer.class: cannot import module 'my_trainer': No module named 'my_trainer'"])
+IMPORT = plugins.failure_message(
+    plugins.IMPORT_FAILED, ["spec.trainer.class: cannot import module 'my_trainer': No module named 'my_trainer'"])
 
 
 def _crashed_pod(message: str, init: bool = False) -> dict:

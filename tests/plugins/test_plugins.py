@@ -119,7 +119,8 @@ def test_an_engine_declares_the_weight_sync_it_receives(code):
     from grpojob.rollout import engine
 
     with pytest.raises(ValueError, match="spec.weightSync.backend: shm"):
-        engine.build("engines:GlooOnly", job(rollout={"backend": "engines:GlooOnly"}, weightSync={"backend": "shm"}).spec)
+        spec = job(rollout={"backend": "engines:GlooOnly"}, weightSync={"backend": "shm"}).spec
+        engine.build("engines:GlooOnly", spec)
     assert engine.weight_sync("hf") == ("auto", "cuda-ipc", "shm", "gloo", "checkpoint")
 
 

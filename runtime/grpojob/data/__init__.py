@@ -126,7 +126,8 @@ def load_rows(spec: GRPOJobSpec, tokenizer: Any = None) -> list[dict[str, Any]]:
     assert d.path is not None
     files = sorted(glob.glob(d.path)) if glob.has_magic(d.path) else [d.path]
     if not files or not Path(files[0]).exists():
-        raise DatasetError(f"spec.dataset.path: '{d.path}' does not exist" + (" (no file matches)" if files == [] else ""))
+        why = " (no file matches)" if files == [] else ""
+        raise DatasetError(f"spec.dataset.path: '{d.path}' does not exist{why}")
     fmt = _format(d, files[0])
     if fmt == "jsonl" and len(files) == 1:  # read here: errors name the line
         rows = []
