@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 from grpojob import plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
+from grpojob.api.spec import CODE_DIR
 from grpojob.api.workload import WorkloadSpec
 
 from . import gang, pods
@@ -55,6 +56,8 @@ def placement(job: GRPOJob, namespace: str) -> plan.Placement:
         run_dir=n.RUN_DIR,
         # Environments reach every rollout server through the rollout Service.
         rollout_urls=(f"http://{n.rollout_name(job.metadata.name)}.{namespace}.svc:{job.spec.rollout.port}",),
+        code_dir=CODE_DIR if job.spec.code.has_modules else None,
+        site_dir=n.SITE_DIR if job.spec.code.pip else None,
     )
 
 
@@ -101,7 +104,7 @@ def _base_volumes(job: GRPOJob, model: bool = True) -> list[tuple[dict[str, Any]
         pairs.append(({"name": pods.MODELS_VOLUME, "persistentVolumeClaim": {
             "claimName": job.spec.model.volume_claim, "readOnly": True}},
             {"name": pods.MODELS_VOLUME, "mountPath": n.MODELS_DIR, "readOnly": True}))
-    return pairs
+    return pairs + pods.code_volumes(job)
 
 
 def _pod_template(job: GRPOJob, role: str, w: WorkloadSpec, pod_spec: dict[str, Any]) -> dict[str, Any]:
@@ -150,7 +153,8 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
     })
-    pod = pods.pod_spec(w, container, volumes, TRAINER_GRACE_SECONDS, gang.scheduler(job))
+    pod = pods.pod_spec(w, container, volumes, TRAINER_GRACE_SECONDS, gang.scheduler(job),
+                        pods.init_containers(role, container))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner, gang.workload_labels(job)),
             "spec": {
@@ -191,7 +195,8 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "failureThreshold": 3},
     })
-    pod = pods.pod_spec(w, container, volumes, ROLLOUT_GRACE_SECONDS, gang.scheduler(job))
+    pod = pods.pod_spec(w, container, volumes, ROLLOUT_GRACE_SECONDS, gang.scheduler(job),
+                        pods.init_containers(role, container))
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": _meta(name, namespace, n.rollout_name(name), "rollout", owner, gang.workload_labels(job)),
             "spec": {

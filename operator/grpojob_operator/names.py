@@ -27,6 +27,7 @@ ANN_LEDGER = f"{GROUP}/restart-ledger"  # on the GRPOJob: restarts already count
 CONFIG_DIR = "/etc/grpojob"  # the ConfigMap mount
 RUN_DIR = "/var/run/grpojob"  # emptyDir for run-local files
 MODELS_DIR = "/models"  # model PVC mount (see ModelSpec.volume_claim)
+SITE_DIR = "/opt/grpojob/site"  # emptyDir that spec.code.pip is installed into (CODE_DIR: grpojob.api.spec)
 SHM_DIR = "/dev/shm"
 TMP_DIR = "/tmp"
 # The runtime image's user and home (images/runtime/Dockerfile; a test keeps them equal).

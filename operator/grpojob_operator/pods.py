@@ -12,6 +12,7 @@ import copy
 from typing import Any
 
 from grpojob import plan
+from grpojob.api.spec import CODE_DIR
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
 from . import names as n
@@ -61,6 +62,9 @@ CACHE_ENV: dict[str, str] = {
 CONFIG_VOLUME = f"{RESERVED_VOLUME_PREFIX}config"
 MODELS_VOLUME = f"{RESERVED_VOLUME_PREFIX}models"
 CHECKPOINTS_VOLUME = f"{RESERVED_VOLUME_PREFIX}checkpoints"
+CODE_VOLUME = f"{RESERVED_VOLUME_PREFIX}code"  # spec.code.configMap (spec.code.volume keeps its own name)
+SITE_VOLUME = f"{RESERVED_VOLUME_PREFIX}site"
+INSTALL_CONTAINER = "install-code"
 
 _PER_REPLICA_SOURCES = {
     plan.REPLICA_INDEX: {"fieldRef": {"fieldPath": f"metadata.labels['{n.POD_INDEX_LABEL}']"}},
@@ -105,6 +109,29 @@ def scratch_volumes() -> list[tuple[Volume, Mount]]:
             for name, path, empty_dir in SCRATCH]
 
 
+def code_volumes(job) -> list[tuple[Volume, Mount]]:
+    """spec.code in a pod: its modules read-only at CODE_DIR, an emptyDir for its pip requirements."""
+    c = job.spec.code
+    pairs = []
+    if c.config_map is not None:
+        pairs.append(({"name": CODE_VOLUME, "configMap": {"name": c.config_map}},
+                      {"name": CODE_VOLUME, "mountPath": CODE_DIR, "readOnly": True}))
+    elif c.volume is not None:
+        pairs.append((copy.deepcopy(c.volume), {"name": c.volume["name"], "mountPath": CODE_DIR, "readOnly": True}))
+    if c.pip:
+        pairs.append(({"name": SITE_VOLUME, "emptyDir": {}}, {"name": SITE_VOLUME, "mountPath": n.SITE_DIR}))
+    return pairs
+
+
+def init_containers(role: plan.Role, main: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan's setup step (spec.code.pip) before the main container: same image, environment,
+    mounts and security context, no ports or probes."""
+    if not role.setup:
+        return []
+    keep = ("image", "imagePullPolicy", "env", "volumeMounts", "securityContext")
+    return [{"name": INSTALL_CONTAINER, "command": list(role.setup), **{k: copy.deepcopy(main[k]) for k in keep}}]
+
+
 def pod_security(w: WorkloadSpec) -> dict[str, Any]:
     return {**copy.deepcopy(POD_SECURITY), **copy.deepcopy(w.pod_security_context or {})}
 
@@ -134,8 +161,9 @@ def container(name: str, role: plan.Role, w: WorkloadSpec, image: str, mounts: l
 
 
 def pod_spec(w: WorkloadSpec, container_: dict[str, Any], volumes_: list[Volume], grace: int,
-             scheduler: str | None) -> dict[str, Any]:
+             scheduler: str | None, init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
+        **({"initContainers": init} if init else {}),
         "containers": [container_],
         "volumes": volumes_,
         "securityContext": pod_security(w),

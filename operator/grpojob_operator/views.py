@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from grpojob import plan
+from grpojob.api import plugins
 
 from . import names as n
 from .status import PodView
@@ -37,6 +38,16 @@ def _last_exit(status: Mapping[str, Any]) -> str:
     return status.get("message") or status.get("reason") or ""
 
 
+def _failure(status: Mapping[str, Any]) -> Optional[tuple[str, str]]:
+    """A plug-in failure a container wrote as its termination message (init containers first)."""
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            found = plugins.parse_failure((state.get("terminated") or {}).get("message", ""))
+            if found:
+                return found
+    return None
+
+
 def _clean_exit(status: Mapping[str, Any]) -> bool:
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("lastState") or {}).get("terminated")
@@ -53,7 +64,8 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tup
     restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
     view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",
                    ready=_ready(status), restarts=restarts, message=_last_exit(status),
-                   deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status))
+                   deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status),
+                   failure=_failure(status))
     return (meta.get("namespace", ""), job), view
 
 

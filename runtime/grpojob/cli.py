@@ -7,6 +7,7 @@ import sys
 from typing import Callable, Optional
 
 from .api import InvalidSpec, check, load_manifest
+from .api.validate import check_plugins
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -23,7 +24,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         doc = load_manifest(args.file, args.set)
     except InvalidSpec as e:
         return _errors(args.file, e.errors)
-    job, errors = check(doc, resolve_plugins=not args.no_resolve)
+    job, errors = check(doc)
+    if job is not None and not args.no_resolve:  # import every plug-in here, spec.code.localPath included
+        from .code import use_locally
+
+        use_locally(job)
+        errors = check_plugins(job)
     if errors:
         return _errors(args.file, errors)
     s = job.spec
@@ -80,6 +86,11 @@ def _rollout() -> Command:
     return main
 
 
+def _install_code() -> Command:
+    from .code import main
+    return main
+
+
 def _operator() -> Command:
     from grpojob_operator.main import main
     return main
@@ -127,6 +138,9 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("rollout", help="(in pods) a rollout server")
     sp.set_defaults(fn=_lazy(_rollout))
+
+    sp = sub.add_parser("install-code", help="(in pods) install spec.code.pip into $GRPOJOB_SITE_DIR")
+    sp.set_defaults(fn=_lazy(_install_code))
 
     sp = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     sp.add_argument("-n", "--namespace", action="append", default=[],

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .api.plugins import CODE_DIR_ENV
 from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
 
 # Environment contract read by the runtime processes.
@@ -39,6 +41,8 @@ OPENAI_API_KEY = "grpojob"
 
 # The trajectory API is served on the trainer leader's HTTP port under this path.
 TRAJECTORY_PREFIX = "/trajectories"
+ENV_CODE_DIR = CODE_DIR_ENV  # spec.code's modules (on PYTHONPATH; relative file references start here)
+ENV_SITE_DIR = "GRPOJOB_SITE_DIR"  # where spec.code.pip is installed (on PYTHONPATH)
 
 # Per-replica values: the operator fills them from the downward API, `grpojob run` from its index.
 REPLICA_INDEX = "index"  # trainer: StatefulSet pod ordinal
@@ -62,6 +66,8 @@ class Placement:
     # Base URLs (http://host:port) at which environments reach the rollout servers: the rollout
     # Service on a cluster, each local server for `grpojob run`. Needed when spec.environments is set.
     rollout_urls: tuple[str, ...] = ()
+    code_dir: Optional[str] = None  # spec.code's modules, when it has some
+    site_dir: Optional[str] = None  # the writable directory spec.code.pip installs into
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,9 @@ class Role:
     ports: dict[str, int]
     per_replica_env: dict[str, str] = field(default_factory=dict)  # ENV name -> REPLICA_* value
     environment: Optional[str] = None  # spec.environments[].name of an environment's role
+    # Run once per replica before `command`, with the same environment (spec.code.pip): an init
+    # container in pods, a step before the processes start with `grpojob run`.
+    setup: Optional[list[str]] = None
 
 
 ENVIRONMENT_ROLE = "environment"  # GRPOJOB_ROLE of every environment process
@@ -106,6 +115,24 @@ def rollout_command() -> list[str]:
     return ["grpojob", "rollout"]
 
 
+def install_code_command() -> list[str]:
+    return ["grpojob", "install-code"]
+
+
+def code_env(job: GRPOJob, where: Placement) -> dict[str, str]:
+    """The environment that brings spec.code into a process: PYTHONPATH and where things are."""
+    env, path = {}, []
+    if where.code_dir:
+        env[ENV_CODE_DIR] = where.code_dir
+        path.append(where.code_dir)
+    if job.spec.code.pip and where.site_dir:
+        env[ENV_SITE_DIR] = where.site_dir
+        path.append(where.site_dir)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
 def roles(job: GRPOJob, where: Placement) -> list[Role]:
     spec = job.spec
     trainer_port = where.trainer_port or spec.trainer.port
@@ -123,7 +150,9 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         ENV_CHECKPOINT_DIR: where.checkpoint_dir,
         ENV_SYNC_ADDR: f"{where.trainer_host}:{where.sync_port}",
         ENV_TRAINER_PORT: str(trainer_port),
+        **code_env(job, where),
     }
+    setup = install_code_command() if spec.code.pip else None
     trainer = Role(
         name="trainer",
         replicas=spec.trainer.replicas,
@@ -136,6 +165,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
              "PET_MAX_RESTARTS": "0"},
         ports={"rendezvous": where.rendezvous_port, "sync": where.sync_port, "http": trainer_port},
         per_replica_env={"PET_NODE_RANK": REPLICA_INDEX},
+        setup=setup,
     )
     rollout = Role(
         name="rollout",
@@ -145,6 +175,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
              ENV_BACKEND: spec.rollout.backend},
         ports={"http": rollout_port},
         per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
+        setup=setup,
     )
     return [trainer, rollout, *environment_roles(job, where, base, trainer_port)]
 

@@ -81,13 +81,15 @@ def test_every_field_is_described_and_structural():
         assert not STRUCTURAL_FORBIDDEN & set(node), f"{path}: {STRUCTURAL_FORBIDDEN & set(node)}"
         assert node.get("type") or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
         assert not ("properties" in node and "additionalProperties" in node), path
-    assert embedded == 2 * 8 + 3, "each workload embeds eight Kubernetes objects, an environment three"
+    assert embedded == 2 * 8 + 3 + 1, "each workload embeds eight Kubernetes objects, an environment three, " \
+        "spec.code its volume"
 
 
 def test_unknown_fields_are_kept_only_where_kubernetes_keeps_them_or_for_plugin_arguments():
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     kept = {p for p, node, _ in _walk(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
-    assert kept == {"spec.dataset.args", "spec.rewards[].args"} | {
+    assert kept == {"spec.dataset.args", "spec.rewards[].args", "spec.trainer.args", "spec.rollout.engineArgs",
+                    "spec.code.volume.ephemeral.volumeClaimTemplate.metadata.managedFields[].fieldsV1"} | {
         f"spec.{role}.volumes[].ephemeral.volumeClaimTemplate.metadata.managedFields[].fieldsV1"
         for role in ("trainer", "rollout")}
 

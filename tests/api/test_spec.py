@@ -101,7 +101,7 @@ INVALID = [
     (with_("rewards", [{"name": "os:path:join"}]), "spec.rewards[0].name", "module:attr"),
     (with_("rewards", [{"weight": 1}]), "spec.rewards[0].name", "required"),
     (with_("dataset", {"path": "a.jsonl", "factory": "toy"}), "spec.dataset", "exactly one"),
-    (with_("dataset.format", "csv"), "spec.dataset.format", "one of"),
+    (with_("dataset.format", "xml"), "spec.dataset.format", "one of"),
     (with_("model.dtype", "int4"), "spec.model.dtype", "one of"),
     (with_("metadata.name", "Upper_Case"), "metadata.name", "must match"),
     (with_("weightSync.backend", "nccl", "rollout.backend", "hf"), "spec.weightSync.backend", "vllm"),

@@ -15,7 +15,7 @@ from grpojob.api import FieldError, GRPOJob, GRPOJobStatus
 from ..children import Scale
 from . import suspend as suspension
 from .conditions import Conditions, iso, parse_time
-from .observe import Observation, count_restarts, last_failure, leader_exited_cleanly, ready_count
+from .observe import Observation, count_restarts, last_failure, leader_exited_cleanly, plugin_failure, ready_count
 from .progress import progress, trainer_conditions
 from .readiness import readiness
 
@@ -90,6 +90,10 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
         st.start_time = iso(now)
     start = parse_time(st.start_time)
     deadline = spec.run_policy.active_deadline_seconds
+    failed_plugin = plugin_failure(obs)
+    if failed_plugin:  # the same on every restart: fail now, with the runtime's own words
+        _fail(conds, st, now, *failed_plugin)
+        return finish(_cleanup_scale(job))
     if st.restarts > spec.run_policy.backoff_limit:
         why = last_failure(obs)
         _fail(conds, st, now, "BackoffLimitExceeded", f"trainer failed {st.restarts} times "

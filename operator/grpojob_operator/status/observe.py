@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Iterable, Mapping, Optional, Sequence
 
-from grpojob.api import TrainerStatus
+from grpojob.api import TrainerStatus, plugins
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,9 @@ class PodView:
     message: str = ""  # why the last container run ended
     deleting: bool = False
     clean_exit: bool = False  # the last container run ended with exit code 0
+    # A runtime process that could not load the job's user code: (reason, message) from its
+    # termination message (grpojob.api.plugins.parse_failure), e.g. PluginImportFailed.
+    failure: Optional[tuple[str, str]] = None
 
     @property
     def failures(self) -> int:
@@ -80,6 +83,22 @@ def leader_up(pods: Sequence[PodView]) -> bool:
 def leader_ready(pods: Sequence[PodView]) -> bool:
     """Pod 0 passes its readiness probe: the trainer's HTTP endpoint answers the kubelet."""
     return any(p.leader and p.phase == "Running" and p.ready and not p.deleting for p in pods)
+
+
+def plugin_failure(obs: Observation) -> Optional[tuple[str, str]]:
+    """(reason, message) when a trainer or rollout process said it cannot load the job's user
+    code (it fails the same way on every restart), from the leader's /status or a pod's
+    termination message; None otherwise."""
+    t = obs.trainer
+    if t is not None and t.phase == "failed":
+        found = plugins.parse_failure(t.message)
+        if found:
+            return found
+    for p in (*obs.trainer_pods, *obs.rollout_pods):
+        if p.failure and not p.deleting:
+            reason, message = p.failure
+            return reason, f"{p.name}: {message}"
+    return None
 
 
 def last_failure(obs: Observation) -> str:

@@ -8,7 +8,7 @@ from pydantic import field_validator, model_validator
 from . import plugins
 from .base import FreeForm, Model, field, invalid
 from .status import GRPOJobStatus
-from .workload import EnvVar, Resources, Toleration, WorkloadSpec
+from .workload import RESERVED_VOLUME_PREFIX, EnvVar, Resources, Toleration, Volume, WorkloadSpec
 
 GROUP = "grpojob.io"
 VERSION = "v1alpha1"
@@ -21,6 +21,7 @@ SHORT_NAMES = ["grpo"]
 # Ports every process of a job agrees on (cluster defaults; `grpojob run` remaps them locally).
 RENDEZVOUS_PORT = 29500  # torchrun master port on trainer pod 0
 SYNC_STORE_PORT = 29600  # weight-sync TCPStore hosted by trainer rank 0
+CODE_DIR = "/opt/grpojob/code"  # spec.code's modules in the pods
 
 
 def _plugin(kind: str, value: str) -> str:
@@ -44,13 +45,20 @@ class ModelSpec(Model):
 
 
 class DatasetSpec(Model):
-    path: Optional[str] = field(None, description="A .jsonl or .parquet file, or a `datasets` directory "
-                                "saved with save_to_disk. Exactly one of path and factory.")
-    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or "
-                                   "'module:function' returning an iterable of dict rows.",
+    path: Optional[str] = field(None, description="Local data: a .jsonl, .json, .csv or .parquet file, a glob "
+                                "of such files (loaded with datasets.load_dataset), or a `datasets` directory "
+                                "saved with save_to_disk. Exactly one of path, factory and class.")
+    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or a reference "
+                                   "('module:function' or 'path/to/file.py:function') called with args and "
+                                   "returning an iterable of dict rows.",
                                    json_schema_extra={"pattern": plugins.name_pattern("dataset")})
-    args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory.")
-    format: Literal["auto", "jsonl", "parquet", "disk"] = field(
+    class_: Optional[str] = field(None, alias="class", description="A dataset class ('module:Class' or "
+                                  "'path/to/file.py:Class'), constructed with args, with setup(spec, tokenizer), "
+                                  "__len__, __getitem__(i) (prompt text, chat messages or a row) and "
+                                  "reference_answer(i).",
+                                  json_schema_extra={"pattern": plugins.name_pattern("dataset_class")})
+    args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory or class.")
+    format: Literal["auto", "jsonl", "json", "csv", "parquet", "disk"] = field(
         "auto", description="File format of path; auto picks by extension (a directory means disk).")
     prompt_field: str = field("prompt", description="Row field holding the prompt text.")
     messages_field: Optional[str] = field(None, description="Row field holding chat messages "
@@ -64,10 +72,15 @@ class DatasetSpec(Model):
     def _factory(cls, v: Optional[str]) -> Optional[str]:
         return v if v is None else _plugin("dataset", v)
 
+    @field_validator("class_")
+    @classmethod
+    def _class(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _plugin("dataset_class", v)
+
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetSpec":
-        if (self.path is None) == (self.factory is None):
-            raise ValueError("set exactly one of path and factory")
+        if sum(x is not None for x in (self.path, self.factory, self.class_)) != 1:
+            raise ValueError("set exactly one of path, factory and class")
         return self
 
 
@@ -150,6 +163,16 @@ class TrainerSpec(WorkloadSpec):
                                        "(usually the GPUs per node).")
     port: int = field(9400, ge=1024, le=65535, description="HTTP port of the trainer leader: "
                       "/healthz, /status, /metrics.")
+    class_: Optional[str] = field(None, alias="class", description="The learner: a subclass of "
+                                  "grpojob.GRPOTrainer ('module:Class' or 'path/to/file.py:Class') overriding "
+                                  "its hooks (loss_fn, prepare_batch, ...); default grpojob.GRPOTrainer.",
+                                  json_schema_extra={"pattern": plugins.name_pattern("trainer")})
+    args: FreeForm = field(default_factory=dict, description="Settings for the trainer class (self.args).")
+
+    @field_validator("class_")
+    @classmethod
+    def _class(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _plugin("trainer", v)
 
 
 class SamplingSpec(Model):
@@ -161,8 +184,12 @@ class SamplingSpec(Model):
 
 class RolloutSpec(WorkloadSpec):
     replicas: int = field(1, ge=1, description="Rollout server pods.")
-    backend: Literal["vllm", "hf"] = field("vllm", description="Generation engine: vllm, or hf "
-                                           "(transformers, for CPU and small runs).")
+    backend: str = field("vllm", description="Generation engine: vllm, hf (transformers, for CPU and small "
+                         "runs), or an engine class ('module:Class' or 'path/to/file.py:Class') implementing "
+                         "grpojob.rollout.engine.Engine.",
+                         json_schema_extra={"pattern": plugins.name_pattern("engine")})
+    engine_args: FreeForm = field(default_factory=dict, description="Settings for an engine class "
+                                  "(it reads spec.rollout.engineArgs).")
     tensor_parallel_size: int = field(1, ge=1, description="vLLM tensor parallelism per rollout pod.")
     gpu_memory_utilization: float = field(0.9, gt=0, le=1, description="vLLM GPU memory fraction.")
     max_model_len: Optional[int] = field(None, ge=16, description="vLLM context length; default: "
@@ -179,6 +206,11 @@ class RolloutSpec(WorkloadSpec):
     @classmethod
     def _workflow(cls, v: str) -> str:
         return _plugin("workflow", v)
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        return _plugin("engine", v)
 
 
 class EnvironmentSpec(Model):
@@ -254,9 +286,68 @@ class SchedulingSpec(Model):
     scheduler_name: Optional[str] = field(None, description="Pod scheduler (volcano sets it by default).")
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow")
+
+
 class MonitoringSpec(Model):
     pod_monitor: bool = field(False, description="Create a Prometheus Operator PodMonitor for the job's pods.")
     log_format: Literal["json", "text"] = field("json", description="Structured log format of the processes.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(
+        default_factory=list, description="Experiment trackers fed every step's record by the trainer leader: "
+        "tensorboard (event files in the run dir's tensorboard/), wandb (WANDB_* variables apply; offline in "
+        "the run dir's wandb/ unless WANDB_MODE or WANDB_API_KEY says otherwise), mlflow (MLFLOW_TRACKING_URI, "
+        "default a file store in the run dir's mlruns/). Needs the `trackers` extra.")
+    callbacks: list[str] = field(default_factory=list, description="Callback classes ('module:Class' or "
+                                 "'path/to/file.py:Class'), constructed without arguments, with "
+                                 "on_step_end(record) and on_checkpoint(step, path), called on the trainer leader.")
+
+    @field_validator("report_to")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("names a tracker twice")
+        return v
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            err = plugins.check_name("callback", name)
+            if err:
+                raise invalid(f"[{i}]", err)
+        return v
+
+
+class CodeSpec(Model):
+    """User code in every pod: modules on PYTHONPATH, pip requirements, and (per role) an image."""
+
+    config_map: Optional[str] = field(None, description="A ConfigMap whose keys are Python files (kubectl create "
+                                      f"configmap NAME --from-file=DIR), mounted at {CODE_DIR} and put on "
+                                      "PYTHONPATH in every pod.")
+    volume: Optional[Volume] = field(None, description=f"A Kubernetes volume of Python code (any source: a "
+                                     f"PersistentVolumeClaim, a ConfigMap with items...) mounted at {CODE_DIR} "
+                                     "and put on PYTHONPATH in every pod; instead of configMap.")
+    local_path: Optional[str] = field(None, description="`grpojob run`: the directory put on PYTHONPATH in place "
+                                      "of configMap or volume (relative to where it is started); pods ignore it.")
+    pip: list[str] = field(default_factory=list, description="pip requirements installed when a pod starts (an init "
+                           "container, into an emptyDir on PYTHONPATH) and by `grpojob run` (into the run dir).")
+    pip_args: list[str] = field(default_factory=list, description="Extra pip install arguments, e.g. "
+                                "[--index-url, URL] or [--no-index, --find-links, /opt/grpojob/code/wheels].")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CodeSpec":
+        if self.config_map is not None and self.volume is not None:
+            raise invalid("volume", "set configMap or volume, not both")
+        name = (self.volume or {}).get("name", "")
+        if name.startswith(RESERVED_VOLUME_PREFIX):
+            raise invalid("volume.name", f"'{name}': names starting with {RESERVED_VOLUME_PREFIX} are reserved "
+                          "for the operator's volumes")
+        return self
+
+    @property
+    def has_modules(self) -> bool:
+        """Pods get a code directory (a local run: when localPath is set)."""
+        return self.config_map is not None or self.volume is not None
 
 
 # rollout.workflow none (environments only) is the one case without a dataset and rewards; the API
@@ -289,7 +380,9 @@ class GRPOJobSpec(Model):
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec, description="Checkpoints and resume.")
     run_policy: RunPolicy = field(default_factory=RunPolicy, description="Lifecycle: suspend, failures, cleanup.")
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec, description="Gang scheduling hints.")
-    monitoring: MonitoringSpec = field(default_factory=MonitoringSpec, description="Metrics and logs.")
+    monitoring: MonitoringSpec = field(default_factory=MonitoringSpec, description="Metrics, logs, trackers "
+                                       "and callbacks.")
+    code: CodeSpec = field(default_factory=CodeSpec, description="User code (plug-ins) in the pods.")
     environments: list[EnvironmentSpec] = field(
         default_factory=list, description="Environments (Atropos style): processes that generate through the "
         "rollout servers' OpenAI endpoint and submit scored groups to the trainer's trajectory API. Their "
@@ -321,6 +414,10 @@ class GRPOJobSpec(Model):
                              "is in flight when weights are pushed, so there is nothing to resume")
         if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
             raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
+        code_volume = (self.code.volume or {}).get("name")
+        for role in ("trainer", "rollout"):
+            if code_volume and code_volume in [v.get("name") for v in getattr(self, role).volumes]:
+                raise invalid("code.volume.name", f"'{code_volume}' is also a volume of spec.{role}.volumes")
         return self
 
     def _sources(self) -> None:

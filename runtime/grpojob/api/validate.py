@@ -100,31 +100,60 @@ def errors_of(exc: ValidationError) -> list[FieldError]:
     return out
 
 
-def _plugin_refs(job: GRPOJob) -> list[tuple[str, str]]:
+def plugin_refs(job: GRPOJob) -> list[tuple[str, str, str]]:
+    """(field path, kind, reference) of every plug-in the job names by reference."""
     spec = job.spec
-    refs = [("spec.algorithm.name", spec.algorithm.name), ("spec.rollout.workflow", spec.rollout.workflow)]
-    refs += [(f"spec.rewards[{i}].name", r.name) for i, r in enumerate(spec.rewards)]
+    refs = [("spec.algorithm.name", "algorithm", spec.algorithm.name),
+            ("spec.rollout.workflow", "workflow", spec.rollout.workflow),
+            ("spec.rollout.backend", "engine", spec.rollout.backend)]
+    refs += [(f"spec.rewards[{i}].name", "reward", r.name) for i, r in enumerate(spec.rewards)]
     if spec.dataset is not None and spec.dataset.factory:
-        refs.append(("spec.dataset.factory", spec.dataset.factory))
-    return [(p, n) for p, n in refs if plugins.is_reference(n)]
+        refs.append(("spec.dataset.factory", "dataset", spec.dataset.factory))
+    if spec.dataset is not None and spec.dataset.class_:
+        refs.append(("spec.dataset.class", "dataset_class", spec.dataset.class_))
+    if spec.trainer.class_:
+        refs.append(("spec.trainer.class", "trainer", spec.trainer.class_))
+    refs += [(f"spec.monitoring.callbacks[{i}]", "callback", c) for i, c in enumerate(spec.monitoring.callbacks)]
+    return [(p, k, n) for p, k, n in refs if plugins.is_reference(n)]
+
+
+def check_plugins(job: GRPOJob) -> list[FieldError]:
+    """Import every plug-in the job names and check it is of its kind: errors with field paths.
+    (The runtime and the CLI do this; the operator cannot import users' code.)"""
+    errors = []
+    for path, kind, name in plugin_refs(job):
+        try:
+            obj = plugins.resolve(name)
+        except (ImportError, AttributeError) as e:
+            errors.append(FieldError(path, str(e)))
+            continue
+        why = plugins.check_object(kind, obj)
+        if why:
+            errors.append(FieldError(path, f"'{name}' {why}"))
+        elif kind == "engine":
+            errors += _engine_sync(job, obj)
+    return errors
+
+
+def _engine_sync(job: GRPOJob, engine: Any) -> list[FieldError]:
+    """An engine class says which weight-sync paths it can receive (Engine.weight_sync)."""
+    backend = job.spec.weight_sync.backend
+    accepted = tuple(getattr(engine, "weight_sync", ()))
+    if backend in accepted:
+        return []
+    return [FieldError("spec.weightSync.backend", f"{backend}: the engine {job.spec.rollout.backend} receives "
+                       f"{', '.join(accepted) or 'no weight sync'} (its weight_sync)")]
 
 
 def check(doc: Any, resolve_plugins: bool = False) -> tuple[Optional[GRPOJob], list[FieldError]]:
-    """Validate a manifest dict. With resolve_plugins, `module:attr` references are imported too
-    (the runtime and CLI do this; the operator cannot import users' code)."""
+    """Validate a manifest dict. With resolve_plugins, plug-in references are imported too."""
     if not isinstance(doc, dict):
         return None, [FieldError("", "a GRPOJob manifest must be a YAML mapping")]
     try:
         job = GRPOJob.model_validate(doc)
     except ValidationError as e:
         return None, errors_of(e)
-    errors = []
-    if resolve_plugins:
-        for path, name in _plugin_refs(job):
-            try:
-                plugins.resolve(name)
-            except (ImportError, AttributeError) as e:
-                errors.append(FieldError(path, str(e)))
+    errors = check_plugins(job) if resolve_plugins else []
     return (None if errors else job), errors
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
+from ..api.validate import check_plugins
 from ..plan import (CONFIG_FILE, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE, REPLICA_HOST,
                     REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
 from .processes import Child, free_port, wait_any
@@ -24,6 +25,7 @@ from .progress import Progress, newest_checkpoint, plot, read_records
 
 log = logging.getLogger("grpojob.local")
 
+SITE_DIR = "site"  # spec.code.pip, installed in the run directory
 # {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ..., "trajectories": ...}: /metrics, /status, the
 # trajectory API (environments started by hand register there)
 ENDPOINTS_FILE = "endpoints.json"
@@ -39,7 +41,7 @@ def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
     """Relative model/dataset paths are relative to where `grpojob run` is started; checkpoints
     always live in the run directory (the cluster's absolute mount path means nothing here)."""
     spec = doc["spec"]
-    for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path")):
+    for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path"), ("code", "localPath")):
         value = (spec.get(section) or {}).get(key)
         if value:
             spec[section][key] = str(Path(value).expanduser().resolve())
@@ -67,7 +69,8 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
     where = Placement(trainer_host=host, config_path=str(run_dir / CONFIG_FILE),
                       checkpoint_dir=job.spec.checkpoint.path, run_dir=str(run_dir),
                       rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port(),
-                      rollout_urls=tuple(f"http://{host}:{p}" for p in rollout_ports))
+                      rollout_urls=tuple(f"http://{host}:{p}" for p in rollout_ports),
+                      code_dir=job.spec.code.local_path, site_dir=str(run_dir / SITE_DIR))
     bin_dir = str(Path(sys.executable).parent)
     base_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     out: list[Child] = []
@@ -76,6 +79,8 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
             env = {**base_env, **role.env, **_per_replica(role, i, host)}
             if role.environment is not None:
                 env.update(_user_env(job, role.environment))
+            if "PYTHONPATH" in role.env and os.environ.get("PYTHONPATH"):  # spec.code first, then the caller's
+                env["PYTHONPATH"] = role.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
             if role.name == "rollout":
                 env[ENV_ROLLOUT_PORT] = str(rollout_ports[i])
                 if backend:
@@ -200,6 +205,26 @@ def _check_weight_sync(job: GRPOJob) -> None:
         raise InvalidSpec([FieldError(placement.BACKEND_FIELD, reason)])
 
 
+def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
+    """spec.code here: pip requirements into the run directory (what the pods' init container
+    does), localPath and that directory on this process's path; then every plug-in must import."""
+    from ..code import InstallError, install, use_locally
+
+    c = job.spec.code
+    if c.has_modules and not c.local_path:
+        print("note: spec.code.configMap/volume are for pods; set spec.code.localPath to the directory "
+              "holding those modules for grpojob run", file=out)
+    if c.pip:
+        try:
+            install(job, run_dir / SITE_DIR, echo=lambda line: print(line, file=out))
+        except InstallError as e:
+            raise InvalidSpec([FieldError("spec.code.pip", str(e))]) from None
+    use_locally(job, run_dir / SITE_DIR if c.pip else None)
+    errors = check_plugins(job)
+    if errors:
+        raise InvalidSpec(errors)
+
+
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
@@ -214,12 +239,13 @@ def prepare(file: str, sets: list[str], run_dir: Optional[str], backend: Optiona
     where = Path(run_dir or Path("runs") / str(name)).resolve()
     if isinstance(doc.get("spec"), dict):
         _resolve_paths(doc, where)
-    job, errors = check(doc, resolve_plugins=True)
+    job, errors = check(doc)
     if errors:
         raise InvalidSpec(errors)
     assert job is not None
     _check_weight_sync(job)
     where.mkdir(parents=True, exist_ok=True)
+    _use_code(job, where, out)
     _ensure_model(job, out)
     (where / CONFIG_FILE).write_text(render_config(job))
     return job, where

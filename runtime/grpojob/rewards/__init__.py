@@ -10,7 +10,7 @@ import functools
 import inspect
 import logging
 import math
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 from ..api import plugins
 from ..api.spec import GRPOJobSpec, RewardSpec
@@ -24,6 +24,10 @@ RewardFn = Callable[..., Union[float, Awaitable[float]]]
 
 class RewardError(RuntimeError):
     pass
+
+
+def check_function(fn) -> Optional[str]:
+    return None if callable(fn) else "is not callable (a function (prompt, completion, **row) -> float is expected)"
 
 
 def resolve(spec: RewardSpec) -> RewardFn:

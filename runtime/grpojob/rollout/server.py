@@ -40,7 +40,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import config as job_config
-from .. import logs
+from .. import failures, logs
+from ..api import plugins
 from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
 from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
@@ -311,12 +312,16 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
     setup_logging(os.environ.get(ENV_LOG_FORMAT, "text"))
-    job = job_config.load()
+    try:
+        job = job_config.load()
+    except failures.PluginError as e:
+        failures.report(e.reason, e.errors)
+        return 1
     spec = job.spec
     backend = os.environ.get(ENV_BACKEND) or spec.rollout.backend
-    if backend not in engines.BACKENDS:
-        print(f"grpojob rollout: {ENV_BACKEND}={backend!r} is not one of {', '.join(engines.BACKENDS)}",
-              file=sys.stderr)
+    err = plugins.check_name("engine", backend)
+    if err:
+        print(f"grpojob rollout: {ENV_BACKEND}={backend!r}: {err}", file=sys.stderr)
         return 2
     port_text = os.environ.get(ENV_ROLLOUT_PORT) or str(spec.rollout.port)
     if not port_text.isdigit():

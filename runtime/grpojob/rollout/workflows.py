@@ -55,6 +55,14 @@ WORKFLOWS = {"single-turn": SingleTurn, "greedy-baseline": GreedyBaseline}
 assert tuple(WORKFLOWS) == plugins.BUILTIN_WORKFLOWS, "workflow registry out of step with the API"
 
 
+def check_class(cls) -> Optional[str]:
+    if not inspect.isclass(cls):
+        return "is not a class (a workflow class constructed as Class(spec, tokenizer) is expected)"
+    if not inspect.iscoroutinefunction(getattr(cls, "run", None)):
+        return "has no `async def run(self, client, sample)`"
+    return None
+
+
 def build(spec: GRPOJobSpec, tokenizer) -> Optional[Workflow]:
     """The workflow `spec.rollout.workflow` names, constructed (None for `none`); clear errors for
     bad plug-ins."""

@@ -27,6 +27,7 @@ class Prepared:
     n_tokens: int = 0  # global trained tokens
     n_seqs: int = 0  # global trained sequences
     total_tokens: int = 0  # global prompt+completion tokens of every sampled completion
+    extra: dict[str, float] = field(default_factory=dict)  # a trainer plug-in's own numbers (global)
 
 
 def _mean_std(s: float, ss: float, n: float) -> tuple[Optional[float], Optional[float]]:
@@ -43,7 +44,8 @@ def skips_zero_advantage(algorithm: Algorithm) -> bool:
     term: such sequences are left out of the forward/backward (they still count in the
     normalisers, so the gradient is identical). Saturated groups are common late in training.
     When nothing is left on any rank, the step makes no update (no learning signal). Entropy and
-    clip statistics then describe the trained tokens."""
+    clip statistics then describe the trained tokens. (GRPOTrainer.step_training leaves them out,
+    after prepare_batch, and only with its stock loss_fn.)"""
     return type(algorithm).policy_loss is Algorithm.policy_loss and algorithm.settings.kl_beta == 0
 
 
@@ -74,7 +76,7 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
 
     seqs: list[TrainSeq] = []
     for gi, adv in zip(keep, advantages):
-        for c, a in zip(groups[gi].completions, adv):
+        for j, (c, a) in enumerate(zip(groups[gi].completions, adv)):
             mask = list(c.loss_mask) if c.loss_mask is not None else [1] * len(c.completion_ids)
             if overlong.mode == "filter" and c.truncated:
                 mask = [0] * len(mask)
@@ -82,7 +84,8 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
                 raise ValueError(f"sample {groups[gi].sample.index}: completion has {len(c.completion_ids)} "
                                  f"tokens, {len(c.logprobs)} log-probs, {len(mask)} loss-mask entries")
             seq = TrainSeq(list(c.prompt_ids) or list(groups[gi].sample.prompt_ids), list(c.completion_ids),
-                           mask, list(c.logprobs), float(a), c.policy_version)
+                           mask, list(c.logprobs), float(a), c.policy_version, reward=float(shaped[gi][j]),
+                           group=gi)
             if seq.n_trained > 0:
                 seqs.append(seq)
 
@@ -130,7 +133,5 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
             x.coef = c
     if nk < ng:
         log.info("dynamic sampling dropped %d of %d groups (all-equal rewards)", int(ng - nk), int(ng))
-    if skips_zero_advantage(algorithm):
-        seqs = [x for x in seqs if x.advantage != 0.0]
     return Prepared(seqs=seqs, stats=stats, reward_parts=parts, n_tokens=int(ntok), n_seqs=int(nseq),
                     total_tokens=int(ttok))

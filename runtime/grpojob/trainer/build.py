@@ -13,7 +13,9 @@ from .. import checkpoint
 from ..api import GRPOJob
 from ..plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from . import dist
+from .callbacks import Callbacks
 from .loop import Loop
+from .plugin import trainer_class
 from .record import StepRecord
 from .rollouts import Rollouts, connect
 from .server import StatusBoard
@@ -29,11 +31,13 @@ class TrainerRun:
     resumed_from: Optional[Path] = None
 
     def run(self) -> str:
-        """The loop to its end (completed or suspended); the rollout side is closed either way."""
+        """The loop to its end (completed or suspended); the rollout side and the trackers are
+        closed either way."""
         try:
             return self.loop.run()
         finally:
             self.rollouts.close()
+            self.loop.callbacks.close()
 
     def request_suspend(self) -> None:
         self.loop.request_suspend()
@@ -59,7 +63,7 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
           suspend: Optional[threading.Event] = None) -> TrainerRun:
     env = env or dist.DistEnv()
     spec = job.spec
-    trainer = GRPOTrainer(job, env)
+    trainer = trainer_class(spec)(job, env)  # spec.trainer.class, default GRPOTrainer
     root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
     found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
@@ -71,8 +75,10 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
         if found is not None:
             checkpoints.load(found)
         run_dir = run_dir or os.environ.get(ENV_RUN_DIR)
-        loop = Loop(trainer, side.source, side.publisher, checkpoints, run_dir=Path(run_dir) if run_dir else None,
-                    board=board, on_step=on_step, suspend=suspend)
+        run_path = Path(run_dir) if run_dir else None
+        callbacks = Callbacks.build(job, run_path) if env.is_leader else None
+        loop = Loop(trainer, side.source, side.publisher, checkpoints, run_dir=run_path,
+                    board=board, on_step=on_step, suspend=suspend, callbacks=callbacks)
     except BaseException:
         side.close()
         raise

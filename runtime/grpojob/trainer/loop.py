@@ -4,7 +4,8 @@
     update  = trainer.step_training(groups)      # GRPOTrainer: advantages, packed updates
     report  = publisher.publish(weights, v)      # every weightSync.everySteps steps (rank 0)
     path    = checkpoints.save()                 # every checkpoint.everySteps steps
-    record  -> metrics.jsonl, /status, Prometheus (the StepRecord is their one source)
+    record  -> metrics.jsonl, /status, Prometheus, trackers and callbacks (the StepRecord is their
+               one source)
 
 Generation runs ahead in the background (up to algorithm.maxStaleness versions), so the loop's
 wait for groups is what remains of generation on the critical path. Suspension (HTTP /suspend,
@@ -23,6 +24,7 @@ import torch
 
 from ..checkpoint import CheckpointManager
 from . import dist
+from .callbacks import Callbacks
 from .record import StepRecord
 from .rollouts import GroupSource, PushReport, WeightPublisher
 from .server import StatusBoard
@@ -38,8 +40,9 @@ class Loop:
     def __init__(self, trainer: GRPOTrainer, source: GroupSource, publisher: Optional[WeightPublisher],
                  checkpoints: CheckpointManager, *, run_dir: Optional[Path] = None,
                  board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
-                 suspend: Optional[threading.Event] = None):
+                 suspend: Optional[threading.Event] = None, callbacks: Optional[Callbacks] = None):
         self.trainer, self.source, self.publisher, self.checkpoints = trainer, source, publisher, checkpoints
+        self.callbacks = callbacks or Callbacks([])  # rank 0's trackers and user callbacks
         self.spec, self.env = trainer.spec, trainer.env
         self.run_dir, self.board, self.on_step = run_dir, board, on_step
         self.suspend = suspend or threading.Event()
@@ -69,7 +72,7 @@ class Loop:
                 return self._stop()
             self.emit(self.train_step())
         if self.checkpoints.last_step != tr.step:
-            self.checkpoints.save()
+            self.checkpoint()
         self.save_final_model()
         self._status(phase="completed", step=tr.step, last_checkpoint_step=self.checkpoints.last_step,
                      message="training completed")
@@ -81,6 +84,7 @@ class Loop:
         got = self.source.next_step()
         t1 = time.perf_counter()
         prep, stats = tr.step_training(got.groups)
+        extra = stats.pop("extra", {})
         t2 = time.perf_counter()
         report = None
         if tr.step % spec.weight_sync.every_steps == 0 and tr.step < spec.training.steps:
@@ -88,7 +92,7 @@ class Loop:
         t3 = time.perf_counter()
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")
-            self.checkpoints.save()
+            self.checkpoint()
         t4 = time.perf_counter()
         seconds = t4 - t0
         rollouts = []
@@ -107,10 +111,16 @@ class Loop:
             generation_paused_seconds=report.paused_seconds if report else None,
             weight_sync_backend=self.backend, rollouts=rollouts, published=report is not None,
             sample_ids=list(got.sample_ids), groups_from_environments=got.from_environments,
-            environments=got.environments,
+            environments=got.environments, extra={**prep.extra, **extra},
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
                            "train": round(t2 - t1, 6), "sync": round(t3 - t2, 6), "checkpoint": round(t4 - t3, 6)},
             step_seconds=seconds)
+
+    def checkpoint(self) -> None:
+        """Save a checkpoint (collective), then tell the callbacks (rank 0)."""
+        path = self.checkpoints.save()
+        if path is not None and self.env.is_leader:
+            self.callbacks.on_checkpoint(self.trainer.step, path)
 
     def publish(self) -> Optional[PushReport]:
         """The full weights to the rollouts as the trainer's current version (collective gather;
@@ -140,6 +150,7 @@ class Loop:
         log.info("step %d/%d reward %.3f loss %.4f %.0f tok/s wait %.2fs", record.step, self.spec.training.steps,
                  record.reward_mean or 0.0, record.loss, record.tokens_per_second or 0.0, record.wait_seconds,
                  extra={"record": doc})
+        self.callbacks.on_step_end(record)
         if self.on_step is not None:
             self.on_step(record)
 
@@ -152,7 +163,7 @@ class Loop:
         tr = self.trainer
         self._status(phase="checkpointing", message="suspending")
         if self.checkpoints.last_step != tr.step:
-            self.checkpoints.save()
+            self.checkpoint()
         self._status(phase="suspended", last_checkpoint_step=self.checkpoints.last_step,
                      message=f"suspended after step {tr.step}")
         log.info("suspended", extra={"step": tr.step})

@@ -33,7 +33,7 @@ ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
 
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
-    from .. import config
+    from .. import config, failures
     from . import dist
     from .build import build
     from .server import LeaderServer, StatusBoard
@@ -56,13 +56,14 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
     env = None
     clean = False
     try:
-        job = config.load()
+        job = config.load(resolve_plugins=False)
         env = dist.init(timeout_seconds=max(1800, job.spec.weight_sync.timeout_seconds))
         if env.is_leader:
             board = StatusBoard(job.spec.training.steps)
             board.suspend_requested = suspend
             port = int(os.environ.get(ENV_TRAINER_PORT) or job.spec.trainer.port)
             server = LeaderServer(board, _listen_host(), port).start()
+        config.load_plugins(job)  # after the leader endpoint is up: /status can tell what failed
         run = build(job, env=env, rollouts=os.environ.get(ENV_ROLLOUT_SOURCE, "remote"),
                     listen_host=_listen_host(), board=board, suspend=suspend)
         if server is not None:
@@ -71,6 +72,11 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True
         return 0
+    except failures.PluginError as e:
+        msg = failures.report(e.reason, e.errors) if rank == 0 else str(e)
+        if board is not None:
+            board.update(phase="failed", message=msg)
+        return 1
     except BaseException as e:  # noqa: BLE001 - report every failure in /status and the exit code
         if isinstance(e, KeyboardInterrupt):
             msg = "interrupted"

@@ -67,8 +67,25 @@ class StepRecord:
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def scalars(self) -> dict[str, float]:
+        """Every number of the record under a flat name (`rewards/toy`, `stage_seconds/train`,
+        `extra/aux_loss`): what the experiment trackers log at `step`. Unknown values are left out."""
+        out: dict[str, float] = {}
+        for key, value in self.to_json().items():
+            if key in ("step", "time"):
+                continue
+            if isinstance(value, dict):
+                out.update({f"{key}/{k}": float(v) for k, v in value.items() if _number(v)})
+            elif _number(value):
+                out[key] = float(value)
+        return out
+
     def status_fields(self) -> dict[str, Any]:
         """What the leader's /status shows of this step (grpojob.api.TrainerStatus fields)."""
         return {"step": self.step, "policy_version": self.policy_version, "reward_mean": self.reward_mean,
                 "kl": self.kl, "tokens_per_second": self.tokens_per_second, "rollouts": self.rollouts,
                 "weight_sync_backend": self.weight_sync_backend}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v
