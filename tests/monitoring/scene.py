@@ -82,8 +82,9 @@ class Scene:
         while time.monotonic() < deadline:
             self._check_alive()
             path = self.run_dir / ENDPOINTS_FILE
-            if path.exists() and not self.endpoints:
-                self.endpoints = json.loads(path.read_text())
+            if path.exists() and not self.endpoints:  # the processes that export /metrics (not the trajectory API)
+                self.endpoints = {name: url for name, url in json.loads(path.read_text()).items()
+                                  if name.startswith(("trainer-", "rollout-"))}
             if self.endpoints and all(_answers(url + "/metrics") for url in self.endpoints.values()):
                 return
             time.sleep(0.3)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from typing import Optional
 
 import torch
@@ -32,6 +33,7 @@ class ExampleHFRollout:
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.version, self.weights = 0, DISK
+        self.last_pause_seconds = None  # a weight load holds the lock: generation waits that long
         self.model = self.tokenizer = None
         self.vocab_size = self.context_len = 0
         self.generated = 0  # completions served (its /info and log show it)
@@ -113,9 +115,11 @@ class ExampleHFRollout:
         if unknown:
             raise ValueError(f"example-hf engine: pushed tensors the model does not have: {unknown[:3]}")
         with self._lock, torch.no_grad():
+            t0 = time.perf_counter()
             for k, t in named:
                 params[k].copy_(t)
             self.version, self.weights = version, weights
+            self.last_pause_seconds = time.perf_counter() - t0
         log.info("example-hf engine: now serving policy version %d (%d completions so far)", version, self.generated)
 
     def errored(self) -> Optional[str]:

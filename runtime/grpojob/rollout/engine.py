@@ -37,12 +37,15 @@ class Engine(Protocol):
         "auto"). `receive_push` gets every path but checkpoint, `load_dir` the checkpoint path.
 
     Instance state: `version` (policy version of the weights loaded now; 0 = the model on disk),
-    `weights` (the weights id of grpojob.sync.protocol, DISK at start), and, once `start` returned,
-    `tokenizer`, `vocab_size`, `context_len` (prompt + completion tokens that fit)."""
+    `weights` (the weights id of grpojob.sync.protocol, DISK at start), `last_pause_seconds` (how long
+    the last weight load kept generation from running; None when not measured: the trainer's step
+    record shows it), and, once `start` returned, `tokenizer`, `vocab_size`, `context_len` (prompt +
+    completion tokens that fit)."""
     backend: str
     weight_sync: tuple[str, ...]
     version: int
     weights: str
+    last_pause_seconds: Optional[float]
     tokenizer: object
     vocab_size: int
     context_len: int
