@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
+from .auth import ENV_METRICS_AUTH, ENV_TOKEN_FILE
 
 # Environment contract read by the runtime processes.
 ENV_CONFIG = "GRPOJOB_CONFIG"  # path of the runtime config (the job's JSON)
@@ -47,6 +48,9 @@ class Placement:
     sync_port: int = SYNC_STORE_PORT
     trainer_port: Optional[int] = None  # default: spec.trainer.port
     rollout_port: Optional[int] = None  # default: spec.rollout.port
+    # The file holding the job's token (grpojob.auth): the mounted Secret, or <run dir>/token.
+    token_file: str = ""
+    metrics_auth: bool = False  # /metrics needs the token too (the operator's chart value)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ def rollout_command() -> list[str]:
 
 def roles(job: GRPOJob, where: Placement) -> list[Role]:
     spec = job.spec
+    if not where.token_file:
+        raise ValueError("Placement.token_file: every process of a job needs the job's token file")
     trainer_port = where.trainer_port or spec.trainer.port
     rollout_port = where.rollout_port or spec.rollout.port
     common = {
@@ -91,8 +97,11 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         ENV_SYNC_ADDR: f"{where.trainer_host}:{where.sync_port}",
         ENV_TRAINER_PORT: str(trainer_port),
         ENV_LOG_FORMAT: spec.monitoring.log_format,
+        ENV_TOKEN_FILE: where.token_file,  # the file's path: the token itself is never in the env
         "PYTHONUNBUFFERED": "1",
     }
+    if where.metrics_auth:
+        common[ENV_METRICS_AUTH] = "true"
     trainer = Role(
         name="trainer",
         replicas=spec.trainer.replicas,

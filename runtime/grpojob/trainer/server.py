@@ -1,6 +1,9 @@
 """The trainer leader's HTTP endpoint (rank 0, port GRPOJOB_TRAINER_PORT):
 GET /healthz, GET /status (TrainerStatus JSON), GET /metrics (Prometheus text of the TRAINER
-metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`)."""
+metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`).
+
+Every path but /healthz (and /metrics, unless the job's Auth says otherwise) needs the job's
+bearer token (grpojob.auth); an unknown path is refused like a known one before it is looked up."""
 from __future__ import annotations
 
 import json
@@ -11,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .. import auth as authmod
 from .. import prom
 from ..api.status import TrainerStatus
 from ..metrics_names import TRAINER
@@ -119,7 +123,11 @@ _FROM_RECORD = tuple(d for d in TRAINER if d.record)
 
 class _Handler(BaseHTTPRequestHandler):
     board: StatusBoard
+    auth: authmod.Auth
     on_suspend: Optional[Callable[[], None]] = None
+
+    def _allowed(self, path: str) -> bool:
+        return not self.auth.protects(path) or authmod.authorize_handler(self)
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
@@ -130,6 +138,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?")[0]
+        if not self._allowed(path):
+            return
         if path == "/healthz":
             self._send(200, b'{"ok": true}')
         elif path == "/status":
@@ -141,6 +151,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?")[0]
+        if not self._allowed(path):
+            return
         if path == "/suspend":
             log.info("suspend requested over HTTP")
             self.board.suspend_requested.set()
@@ -155,10 +167,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class LeaderServer:
-    """Serves a StatusBoard from a daemon thread."""
+    """Serves a StatusBoard from a daemon thread; `auth` is the job's token (grpojob.auth)."""
 
-    def __init__(self, board: StatusBoard, host: str, port: int):
-        handler = type("Handler", (_Handler,), {"board": board})
+    def __init__(self, board: StatusBoard, host: str, port: int, auth: authmod.Auth):
+        handler = type("Handler", (_Handler,), {"board": board, "auth": auth})
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)
         except OSError as e:
