@@ -21,8 +21,10 @@ log = logging.getLogger("grpojob.operator")
 
 MANAGED = {n.LABEL_MANAGED_BY: n.MANAGER}
 # Watched kinds besides GRPOJobs: (group, version, plural, kind).
+# NetworkPolicies too: one edited or deleted by anyone is put back at the next look.
 CHILD_RESOURCES = (("", "v1", "configmaps", "ConfigMap"), ("", "v1", "services", "Service"),
-                   ("apps", "v1", "statefulsets", "StatefulSet"), ("apps", "v1", "deployments", "Deployment"))
+                   ("apps", "v1", "statefulsets", "StatefulSet"), ("apps", "v1", "deployments", "Deployment"),
+                   ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"))
 
 
 def plain(x: Any) -> Any:

@@ -1,9 +1,9 @@
 """The GRPOJob spec (v1alpha1): the one source of truth for the CRD, the operator and the runtime."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import field_validator, model_validator
+from pydantic import StringConstraints, field_validator, model_validator
 
 from . import plugins
 from .base import FreeForm, Model, field
@@ -225,6 +225,25 @@ class MonitoringSpec(Model):
     log_format: Literal["json", "text"] = field("json", description="Structured log format of the processes.")
 
 
+Namespace = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+
+
+class NetworkSpec(Model):
+    """Who may reach the job's pods (Kubernetes NetworkPolicies the operator creates)."""
+
+    policy: bool = field(True, description="Create the job's NetworkPolicies: trainer ports accept only "
+                         "the job's own pods and the operator's namespace; rollout ports only the job's "
+                         "trainer (and environment) pods and agentNamespaces; the metrics port also the "
+                         "monitoring namespaces. Every endpoint but the health probes also needs the job's "
+                         "token (the Secret <name>-token), whatever this says.")
+    agent_namespaces: list[Namespace] = field(default_factory=list, description="Namespaces whose pods may call "
+                                        "the rollout servers (OpenAI endpoints, /generate), e.g. where agents "
+                                        "run; they still need the job's token as their API key.")
+    monitoring_namespaces: Optional[list[Namespace]] = field(
+        None, description="Namespaces whose pods may scrape the metrics port (Prometheus); default: the "
+        "operator's setting (chart value networkPolicy.monitoringNamespaces).")
+
+
 class GRPOJobSpec(Model):
     """Desired state of a GRPOJob: the policy, its data and rewards, and how to train and serve it."""
 
@@ -241,6 +260,7 @@ class GRPOJobSpec(Model):
     run_policy: RunPolicy = field(default_factory=RunPolicy, description="Lifecycle: suspend, failures, cleanup.")
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec, description="Gang scheduling hints.")
     monitoring: MonitoringSpec = field(default_factory=MonitoringSpec, description="Metrics and logs.")
+    network: NetworkSpec = field(default_factory=NetworkSpec, description="Who may reach the job's pods.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOJobSpec":
