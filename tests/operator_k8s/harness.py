@@ -23,12 +23,13 @@ class TrainerStub:
     """Mock of the trainer leader's HTTP endpoint (GET /status, POST /suspend), because no trainer
     pods run here: one aiohttp server on 127.0.0.1 answers for every job under /{namespace}/{name}.
     A job without a state set answers 503, like a trainer that is not up yet. Like the real one it
-    answers only requests that carry the job's token (the one in the job's Secret, which
-    `token_of(namespace, name)` reads; 401 "unauthorized" otherwise), with the real check
-    (grpojob.auth)."""
+    answers only requests that carry the job's token (401 "unauthorized" otherwise), with the real
+    check (grpojob.auth): the one in the job's Secret (`token_of(namespace, name)` reads it), kept
+    once read, as a running pod keeps the file it mounted."""
 
     def __init__(self, token_of: Optional[Callable[[str, str], Optional[str]]] = None) -> None:
         self.token_of = token_of
+        self._held: dict[tuple[str, str], str] = {}
         self.refused: list[tuple[str, str, str]] = []  # (ns, name, path) of requests without the token
         self.states: dict[tuple[str, str], TrainerStatus] = {}
         self.suspends: list[tuple[str, str]] = []
@@ -48,7 +49,9 @@ class TrainerStub:
 
     def _unauthorized(self, request: web.Request) -> Optional[web.Response]:
         key = (request.match_info["ns"], request.match_info["name"])
-        token = self.token_of(*key) if self.token_of else None
+        token = self._held.get(key) or (self.token_of(*key) if self.token_of else None)
+        if token is not None:
+            self._held[key] = token
         if token is not None and Auth(token).accepts(request.headers.get("Authorization")):
             return None
         self.refused.append((*key, request.path.rsplit("/", 1)[1]))
