@@ -105,7 +105,10 @@ def test_environment_pods_reach_the_rollout_http_port_once_their_role_is_listed(
     env_pod = Pod(NS, {**rollout.labels, n.LABEL_ROLE: "environment"}, {}, "j-environment-0")
     assert allowed(policies, env_pod, rollout, rollout.ports["http"])
     assert not allowed(policies, env_pod, rollout, EPHEMERAL)
-    assert allowed(policies, env_pod, pod_of(objs, "StatefulSet"), pod_of(objs, "StatefulSet").ports["http"])
+    trainer = pod_of(objs, "StatefulSet")
+    assert allowed(policies, env_pod, trainer, trainer.ports["http"])  # the trajectory API
+    for port in ("sync", "rendezvous"):  # it holds the token, but never reaches the weights
+        assert not allowed(policies, env_pod, trainer, trainer.ports[port])
     assert validate_all(policies) == 2
 
 
