@@ -223,7 +223,8 @@ def test_the_operator_reads_its_namespace_and_the_jobs_settings_from_the_chart(r
     assert (cluster.operator_namespace, cluster.monitoring_namespaces, cluster.metrics_auth) == \
         (NAMESPACE, ("prom", "obs"), True)
     defaults = {e["name"]: e.get("value") for e in operator_container(render())["env"]}
-    assert defaults["GRPOJOB_MONITORING_NAMESPACES"] == "monitoring" and defaults["GRPOJOB_JOBS_METRICS_AUTH"] == "false"
+    assert defaults["GRPOJOB_MONITORING_NAMESPACES"] == "monitoring"
+    assert defaults["GRPOJOB_JOBS_METRICS_AUTH"] == "false"
 
 
 def test_jobs_metrics_auth_refuses_the_chart_pod_monitor_that_cannot_present_a_token(helm):

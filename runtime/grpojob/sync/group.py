@@ -2,7 +2,8 @@
 
 The group is a c10d ProcessGroup built directly on the publisher's TCPStore (under a prefix per
 group id, in the incarnation's private key space: `credentials`), never torch.distributed's
-default group: the trainer's own ranks and vLLM's workers keep theirs untouched. Rank 0 is trainer rank 0; the receiving endpoints take ranks 1..n.
+default group: the trainer's own ranks and vLLM's workers keep theirs untouched. Rank 0 is
+trainer rank 0; the receiving endpoints take ranks 1..n.
 
 Every wait is bounded. The broadcasts are queued on a thread of their own (`Transfer`): NCCL
 builds its communicator inside the first collective and waits there for every rank, which

@@ -118,7 +118,7 @@ class Membership:
         self._lock = threading.Lock()
         self._seen = 0
         self._empty_since: Optional[float] = None  # when the next registration slot was found empty
-        self._instances: set[str] = set()  # every instance that registered with a valid proof
+        self._instances: set[str] = set()  # every instance admitted
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="grpojob-sync-watch", daemon=True)
 
@@ -161,7 +161,6 @@ class Membership:
         if reg.instance in self._instances:
             raise Refused(f"{UNAUTHORIZED}: instance {reg.instance} registered before (a replayed registration)",
                           UNAUTHORIZED)
-        self._instances.add(reg.instance)
 
     def admit(self, reg: Registration, index: int) -> Member:
         """The member for a registration, with a route per endpoint; Refused says why not."""
@@ -173,6 +172,7 @@ class Membership:
             except PlacementError as e:
                 where = f"endpoint {i} ({ep})" if len(reg.endpoints) > 1 else f"it computes on {ep}"
                 raise Refused(f"{BACKEND_FIELD}: {e} [{where}]") from e
+        self._instances.add(reg.instance)  # taken: a copy of it is a replay
         return Member(reg, tuple(routes), index, reg.weights, reg.version)
 
     # ---- the watcher ----------------------------------------------------------------------------
@@ -221,7 +221,7 @@ class Membership:
                           extra={"declared_url": url})
                 if len(self.refused) < 1000:  # what status shows; not a sink for a flood of bad ones
                     self.refused[replica] = str(e)
-                if instance not in self._instances:  # a copy of a member's registration tells it nothing
+                if instance not in self._instances:  # a copy of a member's registration tells the member nothing
                     store.set(door("refused", instance), e.told)
                 continue
             # Same address: the same server slot restarted (a live twin under another address
