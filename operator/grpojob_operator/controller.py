@@ -190,26 +190,25 @@ class Controller:
             if token_error and token is None:  # the pods would mount a Secret that is not there
                 ok, message, warnings = False, token_error, []
             else:
-                ok, message, warnings = await self._ensure_children(job, namespace, uid, d, kids, applied)
+                ok, message, warnings = await self._ensure_children(job, namespace, uid, d, kids)
             d = with_children(d, ok, message, now, warnings)
 
         await self._record(body, prev, raw_status, d, ledger)
         return d
 
     async def _ensure_children(self, job: GRPOJob, namespace: str, uid: str, d: Decision,
-                               have: list[ChildView], applied: Optional[GRPOJob]) -> tuple[bool, str, list[str]]:
+                               have: list[ChildView]) -> tuple[bool, str, list[str]]:
         """Create or repair every child: (all in place, message, optional children left out)."""
-        if network.wanted(applied) and not network.wanted(job):
-            # Before the ConfigMap records the new spec: a failed delete is tried again next look.
-            try:
-                for policy in network.names(job.metadata.name):
-                    await self.kube.delete("networking.k8s.io/v1", "NetworkPolicy", namespace, policy)
-                    self._applied.pop(("NetworkPolicy", namespace, policy), None)
-                    log.info("%s/%s: deleted NetworkPolicy %s (spec.network.policy: false)", namespace,
-                             job.metadata.name, policy)
-            except KubeError as e:
-                self.metrics.child_error("NetworkPolicy")
-                return False, str(e), []
+        if not network.wanted(job):  # turned off: the job's policies go (a failed delete: next look)
+            for policy in [k.name for k in have if k.kind == "NetworkPolicy" and k.owner_uid == uid]:
+                try:
+                    await self.kube.delete(network.NETWORKING_API, "NetworkPolicy", namespace, policy)
+                except KubeError as e:
+                    self.metrics.child_error("NetworkPolicy")
+                    return False, str(e), []
+                self._applied.pop(("NetworkPolicy", namespace, policy), None)
+                log.info("%s/%s: deleted NetworkPolicy %s (spec.network.policy: false)", namespace,
+                         job.metadata.name, policy)
         # Rebuilding and hashing every child on every tick is most of a quiet reconcile's cost.
         key = (job.model_dump_json(), d.scale, self.cfg.image)
         cached = self._built.get(uid)
