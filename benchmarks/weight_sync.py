@@ -34,6 +34,7 @@ import torch
 from torch.distributed import BarrierOptions, BroadcastOptions, PrefixStore, ProcessGroupGloo, TCPStore
 
 TIMEOUT = datetime.timedelta(seconds=300)
+TOKEN = "benchmark-token"  # the job's token (grpojob.auth): the receivers prove it at registration
 
 
 def state_dict(layers: int, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
@@ -74,8 +75,8 @@ def receiver(rank: int, world: int, bench_port: int, sync_port: int, shapes: lis
     from grpojob.sync.agent import SyncAgent
 
     torch.set_num_threads(1)
-    agent = SyncAgent(DiscardSink(device), f"127.0.0.1:{sync_port}", replica=f"rx{rank}", url=f"http://rx{rank}",
-                      model_dir="unused").start()
+    agent = SyncAgent(DiscardSink(device), f"127.0.0.1:{sync_port}", token=TOKEN, replica=f"rx{rank}",
+                      url=f"http://rx{rank}", model_dir="unused").start()
     store = TCPStore("127.0.0.1", bench_port, is_master=False, timeout=TIMEOUT)
     pg = ProcessGroupGloo(PrefixStore("bench", store), rank, world, TIMEOUT)
     total = sum(torch.Size(s).numel() * torch.empty((), dtype=getattr(torch, d)).element_size() for s, d in shapes)
@@ -120,7 +121,7 @@ def main() -> None:
     raw_rounds = [k.removeprefix("warm-up-") for k in schedule if k.removeprefix("warm-up-") != "ours"]
 
     sync = WeightSyncSpec(backend=a.backend, timeout_seconds=300, bucket_size_mb=a.bucket_mb)
-    pub = WeightPublisher(sync, host="127.0.0.1", port=0, device=device, heartbeat_timeout=60)
+    pub = WeightPublisher(sync, host="127.0.0.1", port=0, device=device, heartbeat_timeout=60, token=TOKEN)
     bench = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     world = a.receivers + 1
     shapes = [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in sd.values()]

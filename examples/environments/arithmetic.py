@@ -8,6 +8,8 @@ environment process (grpojob.plan):
     OPENAI_BASE_URL, GRPOJOB_OPENAI_BASE_URLS   the rollout servers (/v1), one or a comma list
     GRPOJOB_TRAJECTORY_URL                      the trajectory API (register, groups, status)
     GRPOJOB_ENVIRONMENT                         the name to register under
+    GRPOJOB_TOKEN_FILE                          the job's token: the bearer of every call (the
+                                                OpenAI API key too, unless OPENAI_API_KEY is set)
 and its own settings: ARITHMETIC_MAX_OPERAND (default 4), ARITHMETIC_GROUPS_PER_STEP (a commitment
 per training step; unset: none), ARITHMETIC_BATCH (groups generated and submitted together), SEED.
 
@@ -50,8 +52,10 @@ def score(text: str, answer: int) -> dict[str, float]:
 class Arithmetic:
     def __init__(self, name: str, api: str, openai_urls: list[str], max_operand: int, seed: int):
         self.name, self.api = name, api.rstrip("/")
-        self.clients = [OpenAI(base_url=u, max_retries=5) for u in openai_urls]
-        self.http = httpx.Client(timeout=120)
+        token = open(os.environ["GRPOJOB_TOKEN_FILE"]).read().strip()
+        key = os.environ.get("OPENAI_API_KEY") or token
+        self.clients = [OpenAI(base_url=u, api_key=key, max_retries=5) for u in openai_urls]
+        self.http = httpx.Client(timeout=120, headers={"Authorization": f"Bearer {token}"})
         self.rng = random.Random(seed)
         self.max_operand = max_operand
         self.calls = 0

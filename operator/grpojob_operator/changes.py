@@ -1,6 +1,7 @@
 """Which spec changes a running job accepts.
 
-Scaling the rollouts and the run policy (suspend, limits, cleanup) apply in place; anything else
+Scaling the rollouts, the run policy (suspend, limits, cleanup) and who may reach the pods (the
+NetworkPolicies) apply in place; anything else
 (model, data, algorithm, trainer shape...) would silently restart or corrupt a run, so it is refused
 while the job is active and the job keeps running on the spec it was started with. An edit is taken
 as a whole: one refused field refuses all of it, so no edit ever half-applies.
@@ -11,7 +12,7 @@ from typing import Any, Optional
 
 from grpojob.api import API_VERSION, KIND, GRPOJob, check
 
-MUTABLE = ("rollout.replicas", "runPolicy")  # spec paths (camelCase) that may change while running
+MUTABLE = ("rollout.replicas", "runPolicy", "network")  # spec paths (camelCase) that may change while running
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

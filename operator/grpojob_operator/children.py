@@ -3,22 +3,27 @@
 Commands, environment and ports come from `grpojob.plan.roles` (the one renderer `grpojob run` uses
 too); this module only decides where those processes run: a trainer StatefulSet behind a headless
 Service, a rollout Deployment behind a Service, a Deployment per environment (spec.environments),
-the runtime config in a ConfigMap, and optional gang scheduling and monitoring objects.
+the runtime config in a ConfigMap, the job's NetworkPolicies (`network`), and optional gang
+scheduling and monitoring objects. Every pod mounts the job's Secret (`token_secret`) read-only:
+the token its endpoints require (grpojob.auth). The Secret is not among `build`'s children: its
+token is made once, when the controller creates it, and never patched (the pods would lose it),
+so it has no spec hash to keep.
 """
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from grpojob import plan
+from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
-from grpojob.api.spec import CODE_DIR
-from grpojob.api.workload import WorkloadSpec
+from grpojob.api.spec import CODE_DIR, GROUP
+from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
-from . import gang, pods
+from . import gang, network, pods
 from . import names as n
 
 Manifest = dict[str, Any]
@@ -34,6 +39,21 @@ VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 PODMONITOR_API = "monitoring.coreos.com/v1"
 
 
+TOKEN_VOLUME = f"{RESERVED_VOLUME_PREFIX}token"
+TOKEN_FILE_MODE = 0o440  # owner root, group fsGroup (the runtime user's group): readable by the pod's user
+ANN_TOKEN = f"{GROUP}/token"
+TOKEN_NOTE = ("made by the operator when it first creates the job's children, kept for the job's life and "
+              "never patched; grpojob render shows it without a token")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What a job's children depend on beyond its spec: the operator's settings (the chart's values)."""
+    operator_namespace: str = n.DEFAULT_OPERATOR_NAMESPACE  # may reach the trainer's HTTP port
+    monitoring_namespaces: tuple[str, ...] = n.DEFAULT_MONITORING_NAMESPACES  # may reach the metrics ports
+    metrics_auth: bool = False  # the pods' /metrics need the job's token too
+
+
 @dataclass(frozen=True)
 class Scale:
     """Pods wanted per workload (zero while suspended or after cleanup)."""
@@ -47,7 +67,7 @@ def checkpoint_dir(job: GRPOJob) -> str:
     return path if path.startswith("/") else f"{n.RUN_DIR}/{path}"
 
 
-def placement(job: GRPOJob, namespace: str) -> plan.Placement:
+def placement(job: GRPOJob, namespace: str, cluster: Cluster) -> plan.Placement:
     """Where the plan's processes run on a cluster (the local runner has its own Placement)."""
     return plan.Placement(
         trainer_host=n.trainer_host(job.metadata.name, namespace),
@@ -58,6 +78,8 @@ def placement(job: GRPOJob, namespace: str) -> plan.Placement:
         rollout_urls=(f"http://{n.rollout_name(job.metadata.name)}.{namespace}.svc:{job.spec.rollout.port}",),
         code_dir=CODE_DIR if job.spec.code.has_modules else None,
         site_dir=n.SITE_DIR if job.spec.code.pip else None,
+        token_file=f"{n.TOKEN_DIR}/{auth.TOKEN_KEY}",
+        metrics_auth=cluster.metrics_auth,
     )
 
 
@@ -95,10 +117,13 @@ def _meta(job: str, namespace: str, name: str, component: str, owner: Optional[d
 
 
 def _base_volumes(job: GRPOJob, model: bool = True) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-    """(volume, mount) of every pod: the runtime config, the scratch emptyDirs, the model claim
-    (not in environments' pods: they reach the model through the rollout servers)."""
+    """(volume, mount) of every pod: the runtime config, the job's token, the scratch emptyDirs, the
+    model claim (not in environments' pods: they reach the model through the rollout servers)."""
     pairs = [({"name": pods.CONFIG_VOLUME, "configMap": {"name": n.config_name(job.metadata.name)}},
-              {"name": pods.CONFIG_VOLUME, "mountPath": n.CONFIG_DIR, "readOnly": True})]
+              {"name": pods.CONFIG_VOLUME, "mountPath": n.CONFIG_DIR, "readOnly": True}),
+             ({"name": TOKEN_VOLUME, "secret": {"secretName": n.token_name(job.metadata.name),
+                                                "defaultMode": TOKEN_FILE_MODE}},
+              {"name": TOKEN_VOLUME, "mountPath": n.TOKEN_DIR, "readOnly": True})]
     pairs += pods.scratch_volumes()
     if model and job.spec.model.volume_claim:
         pairs.append(({"name": pods.MODELS_VOLUME, "persistentVolumeClaim": {
@@ -116,6 +141,28 @@ def _pod_template(job: GRPOJob, role: str, w: WorkloadSpec, pod_spec: dict[str, 
     if annotations:
         meta["annotations"] = annotations
     return {"metadata": meta, "spec": pod_spec}
+
+
+def token_secret(job: str, namespace: str, owner: Optional[dict[str, Any]], token: Optional[str]) -> Manifest:
+    """The job's Secret; without a token (grpojob render) it shows where the token comes from.
+    Immutable: nobody, the operator included, changes a token the pods already read."""
+    meta = _meta(job, namespace, n.token_name(job), "auth", owner)
+    meta["annotations"] = {ANN_TOKEN: TOKEN_NOTE}
+    obj: Manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "immutable": True}
+    if token is not None:
+        obj["data"] = {auth.TOKEN_KEY: base64.b64encode(token.encode()).decode()}
+    return obj
+
+
+def secret_token(obj: Manifest) -> Optional[str]:
+    """The token a job's Secret holds (None when it holds none)."""
+    raw = (obj.get("data") or {}).get(auth.TOKEN_KEY)
+    if not raw:
+        return None
+    try:
+        return base64.b64decode(raw).decode().strip() or None
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def config_map(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
@@ -215,6 +262,11 @@ def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image:
     w = next(e for e in job.spec.environments if e.name == env).workload()
     volumes, mounts = pods.volumes(_base_volumes(job, model=False), w)
     container = pods.container("environment", role, w, image, mounts, {})
+    if all(v["name"] != plan.ENV_OPENAI_API_KEY for v in container["env"]):  # a user's own key wins
+        # The OpenAI convention for agents: the job's token as the API key, from the Secret (never a
+        # literal value in the pod spec).
+        container["env"].append({"name": plan.ENV_OPENAI_API_KEY, "valueFrom": {"secretKeyRef": {
+            "name": n.token_name(name), "key": auth.TOKEN_KEY}}})
     pod = pods.pod_spec(w, container, volumes, ENVIRONMENT_GRACE_SECONDS, gang.scheduler(job))
     template = _pod_template(job, plan.ENVIRONMENT_ROLE, w, pod)
     template["metadata"]["labels"][n.LABEL_ENVIRONMENT] = env
@@ -239,23 +291,37 @@ def volcano_podgroup(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any
             "metadata": _meta(name, namespace, name, "scheduling", owner), "spec": pg}
 
 
-def pod_monitor(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
+def pod_monitor(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]], metrics_auth: bool) -> Manifest:
     name = job.metadata.name
+    endpoint: dict[str, Any] = {"port": "http", "path": "/metrics"}
+    if metrics_auth:  # Prometheus presents the job's token, read from the job's Secret
+        endpoint["authorization"] = {"type": "Bearer", "credentials": {"name": n.token_name(name),
+                                                                       "key": auth.TOKEN_KEY}}
     return {"apiVersion": PODMONITOR_API, "kind": "PodMonitor",
             "metadata": _meta(name, namespace, name, "monitoring", owner),
-            "spec": {"selector": {"matchLabels": {n.LABEL_JOB: name}},
-                     "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}]}}
+            "spec": {"selector": {"matchLabels": {n.LABEL_JOB: name}}, "podMetricsEndpoints": [endpoint]}}
 
 
-def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None,
-          owner: Optional[dict[str, Any]] = None, scale: Optional[Scale] = None) -> list[Manifest]:
-    """Every child object of the job, in creation order, each stamped with its spec hash."""
+def network_policies(job: GRPOJob, roles: dict[str, plan.Role], namespace: str, owner: Optional[dict[str, Any]],
+                     cluster: Cluster) -> list[Manifest]:
+    name = job.metadata.name
+    return network.policies(job, roles, namespace, cluster.operator_namespace, cluster.monitoring_namespaces,
+                            lambda policy: _meta(name, namespace, policy, "network", owner))
+
+
+def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None, owner: Optional[dict[str, Any]] = None,
+          scale: Optional[Scale] = None, cluster: Optional[Cluster] = None) -> list[Manifest]:
+    """Every child object of the job but its Secret, in creation order, each stamped with its spec hash."""
     if job.metadata.namespace != namespace:  # the plan's env and the config name the namespace
         job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": namespace})})
     image = n.runtime_image(image)
+    cluster = cluster or Cluster()
     scale = scale or Scale(job.spec.trainer.replicas, job.spec.rollout.replicas)
-    trainer, rollout, *environments = plan.roles(job, placement(job, namespace))
-    objs = [
+    trainer, rollout, *environments = plan.roles(job, placement(job, namespace, cluster))
+    objs = []
+    if network.wanted(job):  # before the pods: none runs unguarded
+        objs += network_policies(job, {"trainer": trainer, "rollout": rollout}, namespace, owner, cluster)
+    objs += [
         config_map(job, namespace, owner),
         trainer_service(job, trainer, namespace, owner),
         rollout_service(job, rollout, namespace, owner),
@@ -270,7 +336,7 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None,
     objs += [environment_deployment(job, r, namespace, image, r.replicas if scale.trainer else 0, owner)
              for r in environments]
     if job.spec.monitoring.pod_monitor:
-        objs.append(pod_monitor(job, namespace, owner))
+        objs.append(pod_monitor(job, namespace, owner, cluster.metrics_auth))
     for obj in objs:
         obj["metadata"].setdefault("annotations", {})[n.ANN_HASH] = spec_hash(obj)
     return objs

@@ -17,19 +17,20 @@ import kopf
 
 from grpojob.api import API_VERSION, KIND, GRPOJob, GRPOJobStatus, check
 
-from . import changes, children
+from . import changes, children, network
 from . import names as n
 from .config import OperatorConfig
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
 from .status import (Decision, Observation, PodView, decide, parse_status, transitions, with_children,
                      with_suspend_request)
+from .tokens import Tokens
 from .trainer_client import TrainerClient
 from .views import ChildView, applied_spec
 
 log = logging.getLogger("grpojob.operator")
 
-INDEXED_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment")
+INDEXED_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "NetworkPolicy")
 # Children a job runs without (kind -> the field asking for it): left out, with a warning, when the
 # cluster does not serve their kind.
 OPTIONAL_KINDS = {"PodMonitor": "spec.monitoring.podMonitor"}
@@ -79,6 +80,7 @@ class Controller:
         self.kube = kube
         self.metrics = metrics or OperatorMetrics()
         self.trainer = trainer or TrainerClient(cfg.trainer_url, cfg.trainer_timeout)
+        self.tokens = Tokens()
         self._locks: dict[str, asyncio.Lock] = {}
         # What this process last wrote per job uid (status, ledger): kopf's body may lag behind it.
         self._written: dict[str, tuple[dict[str, Any], dict[str, int]]] = {}
@@ -106,7 +108,8 @@ class Controller:
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
         built = self._built.pop(uid, None)
-        mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name)}
+        self.tokens.forget(uid)
+        mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name), *network.names(name)}
         mine |= {o["metadata"]["name"] for o in (built[1] if built else ())}  # environments' Deployments
         for key in [k for k in self._applied if k[1] == namespace and k[2] in mine]:
             self._applied.pop(key, None)
@@ -154,17 +157,24 @@ class Controller:
 
         trainer_pods = sorted((p for p in pods if p.role == "trainer"), key=lambda p: p.name)
         rollout_pods = [p for p in pods if p.role == "rollout"]
+        token, token_error = None, ""
+        if job is not None and prev.phase not in ("Succeeded", "Failed"):
+            token, token_error = await self.tokens.get(self.kube, name, namespace, uid)
         trainer, trainer_error = None, ""
         if job is not None and prev.phase not in ("Succeeded", "Failed") and any(
                 p.name == f"{n.trainer_name(name)}-0" and p.phase == "Running" for p in trainer_pods):
-            trainer, trainer_error = await self.trainer.status(name, namespace, job.spec.trainer.port)
+            if token is None:
+                trainer_error = f"no token to ask the trainer with: {token_error}"
+            else:
+                trainer, trainer_error = await self.trainer.status(name, namespace, job.spec.trainer.port, token)
         obs = Observation(now=now, trainer_pods=trainer_pods, rollout_pods=rollout_pods, trainer=trainer,
                           trainer_error=trainer_error, ledger=ledger)
         d = decide(job, prev, obs, generation=meta.get("generation"), errors=errors, rejected=rejected,
                    rejected_reason=reason, suspend_timeout=self.cfg.suspend_timeout)
 
         if d.request_suspend and job is not None:
-            why = await self.trainer.suspend(name, namespace, job.spec.trainer.port)
+            why = (await self.trainer.suspend(name, namespace, job.spec.trainer.port, token) if token
+                   else f"no token to ask the trainer with: {token_error}")
             log.log(logging.WARNING if why else logging.INFO, "%s/%s: asked the trainer to checkpoint and stop%s",
                     namespace, name, f" (failed: {why})" if why else "")
             d = with_suspend_request(d, why, now)
@@ -178,7 +188,10 @@ class Controller:
             return d
 
         if d.ensure_children and job is not None:
-            ok, message, warnings = await self._ensure_children(job, namespace, uid, d, kids)
+            if token_error and token is None:  # the pods would mount a Secret that is not there
+                ok, message, warnings = False, token_error, []
+            else:
+                ok, message, warnings = await self._ensure_children(job, namespace, uid, d, kids)
             d = with_children(d, ok, message, now, warnings)
 
         await self._record(body, prev, raw_status, d, ledger)
@@ -187,13 +200,23 @@ class Controller:
     async def _ensure_children(self, job: GRPOJob, namespace: str, uid: str, d: Decision,
                                have: list[ChildView]) -> tuple[bool, str, list[str]]:
         """Create or repair every child: (all in place, message, optional children left out)."""
+        if not network.wanted(job):  # turned off: the job's policies go (a failed delete: next look)
+            for policy in [k.name for k in have if k.kind == "NetworkPolicy" and k.owner_uid == uid]:
+                try:
+                    await self.kube.delete(network.NETWORKING_API, "NetworkPolicy", namespace, policy)
+                except KubeError as e:
+                    self.metrics.child_error("NetworkPolicy")
+                    return False, str(e), []
+                self._applied.pop(("NetworkPolicy", namespace, policy), None)
+                log.info("%s/%s: deleted NetworkPolicy %s (spec.network.policy: false)", namespace,
+                         job.metadata.name, policy)
         # Rebuilding and hashing every child on every tick is most of a quiet reconcile's cost.
         key = (job.model_dump_json(), d.scale, self.cfg.image)
         cached = self._built.get(uid)
         if cached and cached[0] == key:
             wanted = cached[1]
         else:
-            wanted = children.build(job, namespace=namespace, image=self.cfg.image,
+            wanted = children.build(job, namespace=namespace, image=self.cfg.image, cluster=self.cfg.cluster,
                                     owner=children.owner_reference(job.metadata.name, uid), scale=d.scale)
             self._built[uid] = (key, wanted)
         present = {(k.kind, k.name): k.hash for k in have if k.owner_uid == uid}

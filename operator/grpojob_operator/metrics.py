@@ -22,7 +22,7 @@ _JOB_GAUGES = ("grpojob_job_step", "grpojob_job_total_steps", "grpojob_job_rewar
 # Counters start at 0 for every label value they can take, so a panel shows 0 (and rate() sees
 # the first increase) rather than "no data" before anything went wrong.
 RECONCILE_RESULTS = ("success", "invalid", "error")
-CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "PodGroup", "PodMonitor")
+CHILD_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "PodGroup", "PodMonitor", "NetworkPolicy")
 _DEFAULT_STEPS = TrainingSpec.model_fields["steps"].default
 
 

@@ -25,6 +25,7 @@ ANN_HASH = f"{GROUP}/spec-hash"  # hash of the rendered child: drift shows as a 
 ANN_LEDGER = f"{GROUP}/restart-ledger"  # on the GRPOJob: restarts already counted, per trainer pod
 
 CONFIG_DIR = "/etc/grpojob"  # the ConfigMap mount
+TOKEN_DIR = "/var/run/secrets/grpojob"  # the job's Secret, read-only (grpojob.auth)
 RUN_DIR = "/var/run/grpojob"  # emptyDir for run-local files
 MODELS_DIR = "/models"  # model PVC mount (see ModelSpec.volume_claim)
 SITE_DIR = "/opt/grpojob/site"  # emptyDir that spec.code.pip is installed into (CODE_DIR: grpojob.api.spec)
@@ -39,6 +40,10 @@ TRAINER_URL_ENV = "GRPOJOB_TRAINER_URL"
 TRAINER_URL = "http://{name}-trainer-0.{name}-trainer.{namespace}.svc:{port}"
 
 ROLES = ("trainer", "rollout")
+
+# Where the chart installs the operator, unless it says otherwise (GRPOJOB_OPERATOR_NAMESPACE).
+DEFAULT_OPERATOR_NAMESPACE = "grpojob-system"
+DEFAULT_MONITORING_NAMESPACES = ("monitoring",)
 
 
 def runtime_image(override: str | None = None) -> str:
@@ -59,6 +64,16 @@ def rollout_name(job: str) -> str:
 
 def environment_name(job: str, environment: str) -> str:
     return f"{job}-env-{environment}"
+
+
+def token_name(job: str) -> str:
+    """The job's Secret: its token, made once by the operator (never in the ConfigMap or status)."""
+    return f"{job}-token"
+
+
+def policy_name(job: str, role: str) -> str:
+    """The NetworkPolicy guarding a role's pods."""
+    return f"{job}-{role}"
 
 
 def workload_name(job: str, role: str) -> str:

@@ -146,6 +146,7 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("-n", "--namespace", action="append", default=[],
                     help="watch these namespaces (default: all)")
     sp.add_argument("--metrics-port", type=int, default=8080)
+    sp.add_argument("--metrics-host", default="0.0.0.0", help="address the operator's /metrics binds")
     sp.add_argument("--liveness", default="http://0.0.0.0:8081/healthz")
     sp.add_argument("--peering", default=None, help="kopf peering name for leader election")
     sp.set_defaults(fn=_lazy(_operator))

@@ -14,6 +14,7 @@ from typing import Optional
 
 from .api.plugins import CODE_DIR_ENV
 from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
+from .auth import ENV_METRICS_AUTH, ENV_TOKEN_FILE
 
 # Environment contract read by the runtime processes.
 ENV_CONFIG = "GRPOJOB_CONFIG"  # path of the runtime config (the job's JSON)
@@ -35,9 +36,9 @@ ENV_ENVIRONMENT = "GRPOJOB_ENVIRONMENT"
 ENV_TRAJECTORY_URL = "GRPOJOB_TRAJECTORY_URL"
 ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"
 ENV_OPENAI_BASE_URLS = "GRPOJOB_OPENAI_BASE_URLS"
+# The job's token is the API key of the rollout servers' OpenAI endpoints: environment pods get it
+# as OPENAI_API_KEY from the job's Secret; processes started by `grpojob run` read GRPOJOB_TOKEN_FILE.
 ENV_OPENAI_API_KEY = "OPENAI_API_KEY"
-# The `openai` client refuses to start without a key; the rollout servers do not check it.
-OPENAI_API_KEY = "grpojob"
 
 # The trajectory API is served on the trainer leader's HTTP port under this path.
 TRAJECTORY_PREFIX = "/trajectories"
@@ -68,6 +69,9 @@ class Placement:
     rollout_urls: tuple[str, ...] = ()
     code_dir: Optional[str] = None  # spec.code's modules, when it has some
     site_dir: Optional[str] = None  # the writable directory spec.code.pip installs into
+    # The file holding the job's token (grpojob.auth): the mounted Secret, or <run dir>/token.
+    token_file: str = ""
+    metrics_auth: bool = False  # /metrics needs the token too (the operator's chart value)
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,8 @@ def code_env(job: GRPOJob, where: Placement) -> dict[str, str]:
 
 def roles(job: GRPOJob, where: Placement) -> list[Role]:
     spec = job.spec
+    if not where.token_file:
+        raise ValueError("Placement.token_file: every process of a job needs the job's token file")
     trainer_port = where.trainer_port or spec.trainer.port
     rollout_port = where.rollout_port or spec.rollout.port
     base = {
@@ -142,6 +148,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         ENV_JOB: job.metadata.name,
         ENV_NAMESPACE: job.metadata.namespace or "default",
         ENV_LOG_FORMAT: spec.monitoring.log_format,
+        ENV_TOKEN_FILE: where.token_file,  # the file's path: the token itself is never in the env
         "PYTHONUNBUFFERED": "1",
     }
     common = {
@@ -152,6 +159,8 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         ENV_TRAINER_PORT: str(trainer_port),
         **code_env(job, where),
     }
+    if where.metrics_auth:
+        common[ENV_METRICS_AUTH] = "true"
     setup = install_code_command() if spec.code.pip else None
     trainer = Role(
         name="trainer",
@@ -182,7 +191,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
 
 def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trainer_port: int) -> list[Role]:
     """One role per spec.environments entry: its command, the rollout servers' OpenAI endpoint and
-    the trajectory API. (Issue 15's job token joins the environment here, as for the other roles.)"""
+    the trajectory API; the job's token file comes with `base`, as for the other roles."""
     if not job.spec.environments:
         return []
     if not where.rollout_urls:
@@ -190,8 +199,7 @@ def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trai
     openai = [f"{u.rstrip('/')}/v1" for u in where.rollout_urls]
     env = {**base, ENV_ROLE: ENVIRONMENT_ROLE,
            ENV_TRAJECTORY_URL: trajectory_url(where.trainer_host, trainer_port),
-           ENV_OPENAI_BASE_URL: openai[0], ENV_OPENAI_BASE_URLS: ",".join(openai),
-           ENV_OPENAI_API_KEY: OPENAI_API_KEY}
+           ENV_OPENAI_BASE_URL: openai[0], ENV_OPENAI_BASE_URLS: ",".join(openai)}
     return [Role(name=environment_role_name(e.name), replicas=e.replicas, command=list(e.command),
                  env={**env, ENV_ENVIRONMENT: e.name}, ports={},
                  per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, environment=e.name)

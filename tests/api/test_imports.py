@@ -1,6 +1,6 @@
 """Import boundaries: the CLI is a leaf (nothing imports it back, so no cycle hides behind a lazy
-import), the API imports nothing else of grpojob, and the operator uses only the API, the plan
-and the metric names of the runtime package."""
+import), the API imports nothing else of grpojob, and the operator uses only the API, the plan,
+the metric names and the job's token (grpojob.auth, torch-free) of the runtime package."""
 from __future__ import annotations
 
 import ast
@@ -57,7 +57,7 @@ def test_the_api_imports_nothing_else_of_grpojob():
         assert outside == [], f"{f} imports {outside}"
 
 
-ALLOWED = ("grpojob.api", "grpojob.plan", "grpojob.metrics_names", "grpojob.prom")
+ALLOWED = ("grpojob.api", "grpojob.plan", "grpojob.metrics_names", "grpojob.prom", "grpojob.auth")
 
 
 def test_the_operator_uses_only_api_plan_and_metric_names_of_the_runtime():
@@ -67,3 +67,9 @@ def test_the_operator_uses_only_api_plan_and_metric_names_of_the_runtime():
                          and m not in {f"grpojob.{a.split('.')[1]}" for a in ALLOWED})
         # `from grpojob import plan` shows up as both "grpojob" and "grpojob.plan".
         assert [m for m in runtime if m != "grpojob"] == [], f"{f} imports {runtime}"
+
+
+def test_the_token_module_needs_neither_torch_nor_the_rest_of_the_runtime():
+    """grpojob.auth is shared by the operator image (no torch) and every runtime process."""
+    mods = imports(RUNTIME / "auth.py", "grpojob")
+    assert not [m for m in mods if m.split(".")[0] in ("torch", "transformers", "vllm", "grpojob")]

@@ -22,7 +22,8 @@ def test_hf_server_on_the_trainers_gpu_takes_cuda_ipc(tmp_path, tiny_dir, tokeni
     port = free_port()
     srv = RolloutProcess(write_config(job, tmp_path / "job.json"), tmp_path, replica="hf-gpu",
                          sync_addr=f"127.0.0.1:{port}", device="cuda").start()
-    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=port, device="cuda:0", heartbeat_timeout=10)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=port, device="cuda:0", heartbeat_timeout=10,
+                          token=srv.token)
     try:
         srv.wait_ready(timeout=180)
         assert pub.servers()[0]["routes"] == ["cuda-ipc"]

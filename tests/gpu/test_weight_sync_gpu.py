@@ -12,7 +12,7 @@ from grpojob.api.spec import WeightSyncSpec
 from grpojob.sync.publisher import WeightPublisher
 
 from ..rollout.harness import wait_for
-from ..sync.peer import digest, reap, spawn, weights
+from ..sync.peer import TOKEN, digest, reap, spawn, weights
 
 SYNC = WeightSyncSpec(timeout_seconds=60, bucket_size_mb=1)
 
@@ -29,7 +29,7 @@ def _push_and_check(pub, out, replica, path):
 @pytest.mark.gpu(count=2)
 def test_nccl_between_processes_on_two_gpus(tmp_path):
     out = tmp_path / "loaded.json"
-    with WeightPublisher(SYNC, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10) as pub:
+    with WeightPublisher(SYNC, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10, token=TOKEN) as pub:
         peer = spawn("serve", f"127.0.0.1:{pub.port}", "gpu1", "cuda:1", str(out), log_path=tmp_path / "peer.log")
         try:
             wait_for(lambda: pub.rollout_addresses(), 120, "the peer on cuda:1", proc=peer)
@@ -42,7 +42,7 @@ def test_nccl_between_processes_on_two_gpus(tmp_path):
 @pytest.mark.gpu
 def test_cuda_ipc_between_processes_on_one_gpu(tmp_path):
     out = tmp_path / "loaded.json"
-    with WeightPublisher(SYNC, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10) as pub:
+    with WeightPublisher(SYNC, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10, token=TOKEN) as pub:
         peer = spawn("serve", f"127.0.0.1:{pub.port}", "same-gpu", "cuda:0", str(out), log_path=tmp_path / "peer.log")
         try:
             wait_for(lambda: pub.rollout_addresses(), 120, "the peer on cuda:0", proc=peer)
@@ -60,7 +60,7 @@ def test_cuda_ipc_between_processes_on_one_gpu(tmp_path):
 @pytest.mark.gpu
 def test_explicit_nccl_on_one_gpu_is_refused_naming_the_server(tmp_path):
     nccl = SYNC.model_copy(update={"backend": "nccl"})
-    with WeightPublisher(nccl, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10) as pub:
+    with WeightPublisher(nccl, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10, token=TOKEN) as pub:
         peer = spawn("serve", f"127.0.0.1:{pub.port}", "same-gpu", "cuda:0", str(tmp_path / "x.json"),
                      log_path=tmp_path / "peer.log")
         try:

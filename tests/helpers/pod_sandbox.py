@@ -4,7 +4,9 @@ out with Linux mount namespaces (no container runtime or cluster is available he
 - the image's root filesystem is this machine's root seen through an overlay (so nothing written
   to it reaches the host), remounted read-only when the container says readOnlyRootFilesystem;
 - each volume mount of the container is the pod's volume: an emptyDir is a fresh directory, a
-  configMap the ConfigMap's files (read-only), a persistentVolumeClaim a directory given by the test;
+  configMap the ConfigMap's files (read-only), a secret the Secret's files given by the test
+  (read-only, owned by root and the pod's fsGroup, with the volume's defaultMode, as the kubelet
+  makes them), a persistentVolumeClaim a directory given by the test;
 - the process runs as the securityContext's uid/gid, with every capability dropped when it drops
   ALL, and no_new_privs when allowPrivilegeEscalation is false;
 - its environment is the container's env, the downward API resolved, the addresses of other pods
@@ -67,7 +69,8 @@ def env_of(container: dict[str, Any], pod_name: str, index: int, overrides: Mapp
 
 
 def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, config: Mapping[str, str],
-           claims: Mapping[str, Path], env: Mapping[str, str]) -> str:
+           claims: Mapping[str, Path], env: Mapping[str, str],
+           secrets: Optional[Mapping[str, Mapping[str, str]]] = None) -> str:
     """The shell script that builds the container's filesystem in a fresh mount namespace and
     execs its command inside it."""
     root, layers = workdir / "root", workdir / "layers"
@@ -89,6 +92,16 @@ def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, con
             src.mkdir(parents=True, exist_ok=True)
             for key, text in config.items():
                 (src / key).write_text(text)
+            src.chmod(0o755)
+            read_only = True
+        elif "secret" in v:
+            src.mkdir(parents=True, exist_ok=True)
+            group = (pod.get("securityContext") or {}).get("fsGroup", 0)
+            for key, text in (secrets or {})[v["secret"]["secretName"]].items():
+                (src / key).write_text(text)
+                os.chown(src / key, 0, group)
+                (src / key).chmod(v["secret"].get("defaultMode", 0o644))
+            os.chown(src, 0, group)
             src.chmod(0o755)
             read_only = True
         elif "persistentVolumeClaim" in v:
@@ -122,11 +135,12 @@ def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, con
 
 def start(pod: dict[str, Any], workdir: Path, *, pod_name: str, index: int = 0, config: Mapping[str, str],
           claims: Optional[Mapping[str, Path]] = None, overrides: Optional[Mapping[str, str]] = None,
-          log: Path) -> subprocess.Popen:
-    """Start the pod's (only) container; its stdout and stderr go to `log`."""
+          secrets: Optional[Mapping[str, Mapping[str, str]]] = None, log: Path) -> subprocess.Popen:
+    """Start the pod's (only) container; its stdout and stderr go to `log`. `secrets`: Secret name
+    -> its data (key -> text)."""
     (container,) = pod["containers"]
     env = env_of(container, pod_name, index, overrides or {})
-    text = script(pod, container, workdir, config=config, claims=claims or {}, env=env)
+    text = script(pod, container, workdir, config=config, claims=claims or {}, env=env, secrets=secrets)
     (workdir / "run.sh").write_text(text)
     with open(log, "wb") as out:
         return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", str(workdir / "run.sh")],

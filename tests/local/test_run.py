@@ -2,11 +2,15 @@
 processes on this machine, as the README's command does."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -109,6 +113,7 @@ def test_interrupt_checkpoints_and_resume_trains_each_prompt_once(workdir):
             "dataset.args.size=1000")  # one epoch: row ids are stream positions
     proc = grpojob_run(run_dir, *sets, cwd=workdir)
     wait_steps(run_dir, 3, proc)
+    token = _token_is_only_in_its_file(run_dir)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode != 0, out
@@ -125,12 +130,35 @@ def test_interrupt_checkpoints_and_resume_trains_each_prompt_once(workdir):
     trained = [i for r in records for i in r["sample_ids"]]
     assert len(trained) == len(set(trained)) == 12 * 16, "a prompt was trained twice"
     assert set(trained) == set(_stream_rows(workdir, run_dir, 12 * 16)), "a prompt was skipped"
+    assert (run_dir / "token").read_text().strip() == token, "a resumed run keeps its token"
+
+
+def _token_is_only_in_its_file(run_dir: Path) -> str:
+    """The run's token (issue 15): a 0600 file in the run dir, named by GRPOJOB_TOKEN_FILE in every
+    process's environment; the token itself in no environment, config, log or endpoints file; the
+    trainer's /status refuses a request without it."""
+    path = run_dir / "token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    token = path.read_text().strip()
+    pids = processes_of(run_dir)
+    assert len(pids) >= 2
+    for pid in pids:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+        assert f"GRPOJOB_TOKEN_FILE={path}".encode() in env and token.encode() not in env
+    for f in [run_dir / "grpojob.json", run_dir / "endpoints.json", *(run_dir / "logs").iterdir()]:
+        assert token not in f.read_text(), f
+    trainer = json.loads((run_dir / "endpoints.json").read_text())["trainer-0"]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(trainer + "/status", timeout=5)
+    assert e.value.code == 401
+    req = urllib.request.Request(trainer + "/status", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200
+    return token
 
 
 def _stream_rows(workdir: Path, run_dir: Path, n: int) -> list[int]:
     """The dataset rows of the job's first n stream positions (its seeded order)."""
-    import json
-
     from transformers import AutoTokenizer
 
     from grpojob.api import parse

@@ -18,9 +18,11 @@ def scene(tmp_path_factory, tiny_dir):
     s = Scene(tmp_path_factory.mktemp("monitoring"), tiny_dir)
     try:
         s.start_run()
-        s.start_operator()
+        s.start_emulator()
         s.wait_run()
         s.create_job()
+        s.start_operator()
+        s.run_pods()
         s.wait_steps(2)
         s.wait_operator_reports()
         yield s

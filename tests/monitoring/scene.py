@@ -2,7 +2,9 @@
 ports), and the real operator reconciling the same job against the kmock API emulator.
 
 The operator reads the running trainer's /status (its trainer URL points at the local trainer
-leader), so its per-job gauges come from the same run. No cluster runs the pods: the tests act out
+leader) with the job's token, so its per-job gauges come from the same run: the test gives the
+job's Secret the run's token before the operator starts (acted out: the operator makes the Secret
+only when there is none, and then reads it back). No cluster runs the pods: the tests act out
 the StatefulSet and Deployment controllers and the kubelet (tests/operator_k8s/cluster.py); the pods
 they make are what the Prometheus test's acted-out service discovery reads.
 """
@@ -26,7 +28,10 @@ import kmock
 import yaml
 
 from grpojob.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from grpojob.local.runner import ENDPOINTS_FILE
+from grpojob import auth
+from grpojob.auth import Auth
+from grpojob.local.runner import ENDPOINTS_FILE, token_path
+from grpojob_operator import children
 from grpojob_operator.config import OperatorConfig
 from tests.local.test_run import EXAMPLE, grpojob_run, processes_of
 from tests.operator_k8s.cluster import Cluster
@@ -96,8 +101,13 @@ class Scene:
             raise AssertionError(f"grpojob run ended early ({self.proc.returncode}):\n{''.join(self.output)}")
 
     def trainer_status(self) -> dict[str, Any]:
-        with urllib.request.urlopen(self.endpoints["trainer-0"] + "/status", timeout=5) as r:
+        req = urllib.request.Request(self.endpoints["trainer-0"] + "/status",
+                                     headers=Auth(self.token()).headers())
+        with urllib.request.urlopen(req, timeout=5) as r:
             return json.load(r)
+
+    def token(self) -> str:
+        return auth.read_file(token_path(self.run_dir))
 
     def wait_steps(self, n: int, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -113,7 +123,7 @@ class Scene:
         return int(self.endpoints["trainer-0"].rsplit(":", 1)[1])
 
     # ---- the operator -----------------------------------------------------------------------
-    def start_operator(self) -> None:
+    def start_emulator(self) -> None:
         async def up() -> None:
             self.emu = await self.stack.enter_async_context(Emulator())
             await self.stack.enter_async_context(kmock.Server(self.emu))
@@ -126,6 +136,8 @@ class Scene:
             "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "test"}}],
             "users": [{"name": "test", "user": {"token": "test-token"}}]}))
         os.environ["KUBECONFIG"] = str(kubeconfig)
+
+    def start_operator(self) -> None:
         # The trainer URL template points every job at the local trainer leader (port: spec.trainer.port).
         cfg = OperatorConfig(interval=0.3, trainer_url="http://127.0.0.1:{port}", trainer_timeout=2.0,
                              suspend_timeout=5.0, retry_delay=0.3, metrics_port=0, metrics_host="127.0.0.1",
@@ -139,14 +151,21 @@ class Scene:
         return f"http://127.0.0.1:{self.operator.controller.metrics.port}"
 
     def create_job(self) -> None:
-        """The run's job, created in the emulator with the local trainer's port; its pods Running."""
+        """The run's job, created in the emulator with the local trainer's port, and its Secret
+        holding the run's token (before the operator starts)."""
         doc = yaml.safe_load(EXAMPLE.read_text())
         doc["metadata"] = {"name": JOB, "namespace": NAMESPACE}
         spec = doc["spec"]
         spec["training"]["steps"] = STEPS
         spec.setdefault("trainer", {})["port"] = self.trainer_port
         assert self.cluster is not None and doc["apiVersion"] == API_VERSION and doc["kind"] == KIND
-        self.bg.run(self.cluster.create(f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}", doc))
+        job = self.bg.run(self.cluster.create(f"/apis/{GROUP}/{VERSION}/namespaces/{NAMESPACE}/{PLURAL}", doc))
+        secret = children.token_secret(JOB, NAMESPACE, children.owner_reference(JOB, job["metadata"]["uid"]),
+                                       self.token())
+        self.bg.run(self.cluster.create(f"/api/v1/namespaces/{NAMESPACE}/secrets", secret))
+
+    def run_pods(self) -> None:
+        """The job's pods, made by the operator's workloads, Running."""
         deadline = time.monotonic() + 60
         while len(self.pods()) < 2:
             assert time.monotonic() < deadline, f"no trainer and rollout pods after 60s: {self.pods()}"

@@ -33,11 +33,14 @@ def env_of(c: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
 
 
-def test_a_job_gets_exactly_its_five_children_in_order_with_owner_and_labels():
+def test_a_job_gets_exactly_its_seven_children_in_order_with_owner_and_labels():
     objs = children.build(parse(job_manifest("j")), namespace="ml", owner=OWNER)
     assert [children.key(o) for o in objs] == [
+        ("NetworkPolicy", "j-trainer"), ("NetworkPolicy", "j-rollout"),  # before any pod runs
         ("ConfigMap", "j-config"), ("Service", "j-trainer"), ("Service", "j-rollout"),
         ("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")]
+    off = children.build(parse(job_manifest("j", network={"policy": False})), namespace="ml", owner=OWNER)
+    assert [children.key(o) for o in off] == [children.key(o) for o in objs[2:]]
     for o in objs:
         assert o["metadata"]["namespace"] == "ml"
         assert o["metadata"]["ownerReferences"] == [{
@@ -105,7 +108,8 @@ def test_trainer_statefulset_runs_torchrun_ranks_with_rendezvous_on_pod_zero():
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     assert mounts == {"/etc/grpojob": "grpojob-config", "/var/run/grpojob": "grpojob-run", "/dev/shm": "grpojob-shm",
-                      "/home/grpojob": "grpojob-home", "/tmp": "grpojob-tmp", "/checkpoints": "grpojob-checkpoints"}
+                      "/home/grpojob": "grpojob-home", "/tmp": "grpojob-tmp", "/checkpoints": "grpojob-checkpoints",
+                      "/var/run/secrets/grpojob": "grpojob-token"}
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
     assert volumes["grpojob-shm"]["emptyDir"] == {"medium": "Memory"}
     assert volumes["grpojob-config"]["configMap"] == {"name": "j-config"}
@@ -222,10 +226,12 @@ def test_checkpoint_weight_sync_needs_a_shared_claim_on_a_cluster():
 def test_image_default_and_override(monkeypatch):
     job = parse(job_manifest("j"))
     monkeypatch.delenv(n.IMAGE_ENV, raising=False)
-    assert container(children.build(job, namespace="ml")[3])["image"] == n.DEFAULT_IMAGE == "ghcr.io/grpojob/runtime:0.1.0"
+    sts = 5  # after the NetworkPolicies, the ConfigMap and the Services
+    assert container(children.build(job, namespace="ml")[sts])["image"] == n.DEFAULT_IMAGE
+    assert n.DEFAULT_IMAGE == "ghcr.io/grpojob/runtime:0.1.0"
     monkeypatch.setenv(n.IMAGE_ENV, "mirror.local/grpojob:0.1.0")
-    assert container(children.build(job, namespace="ml")[3])["image"] == "mirror.local/grpojob:0.1.0"
-    assert container(children.build(job, namespace="ml", image="x/y:1")[3])["image"] == "x/y:1"
+    assert container(children.build(job, namespace="ml")[sts])["image"] == "mirror.local/grpojob:0.1.0"
+    assert container(children.build(job, namespace="ml", image="x/y:1")[sts])["image"] == "x/y:1"
 
 
 def test_trainer_pod_runs_exactly_what_grpojob_run_starts_locally(tmp_path):
@@ -241,11 +247,12 @@ def test_trainer_pod_runs_exactly_what_grpojob_run_starts_locally(tmp_path):
         proc = local[f"{role}-0"]
         assert [os.path.basename(proc.argv[0]), *proc.argv[1:]] == pod["command"]
         pod_env = env_of(pod)
-        role_obj = next(r for r in plan.roles(job, children.placement(job, "ml")) if r.name == role)
+        role_obj = next(r for r in plan.roles(job, children.placement(job, "ml", children.Cluster())) if r.name == role)
         assert set(pod_env) == set(role_obj.env) | set(role_obj.per_replica_env) | set(pods.CACHE_ENV)
         pod_env = {k: v for k, v in pod_env.items() if k not in pods.CACHE_ENV}  # the pod's own writable dirs
         assert set(pod_env) <= set(proc.env)
         placement_dependent = {plan.ENV_CONFIG, plan.ENV_RUN_DIR, plan.ENV_CHECKPOINT_DIR, plan.ENV_SYNC_ADDR,
+                               plan.ENV_TOKEN_FILE,
                                plan.ENV_TRAINER_PORT, plan.ENV_ROLLOUT_PORT, "PET_MASTER_ADDR", "PET_MASTER_PORT",
                                *role_obj.per_replica_env}
         same = {k for k in pod_env if k not in placement_dependent}

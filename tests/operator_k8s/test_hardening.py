@@ -35,7 +35,7 @@ async def test_children_are_refused_without_the_finalizers_verb_and_the_error_is
 async def test_the_operators_own_rules_pass_owner_reference_enforcement(emulator, cluster, operator, trainer):
     assert rbac.allows("grpojob.io", "grpojobs/finalizers", "update")
     await cluster.create(job_path(), job_manifest("own"))
-    await eventually(lambda: len(kids(emulator, "own")) == 5, what="children")
+    await eventually(lambda: len(kids(emulator, "own")) == 7, what="children")
     assert all(o["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] for o in kids(emulator, "own").values())
 
 
@@ -52,7 +52,7 @@ async def test_a_missing_monitoring_crd_warns_and_the_job_carries_on(emulator, c
     assert (created["status"], created["reason"]) == ("True", "OptionalChildSkipped")
     assert "PodMonitor left out: this cluster does not serve monitoring.coreos.com/v1 (install its CRDs, or set " \
         "spec.monitoring.podMonitor: false)" in created["message"]
-    assert len(kids(emulator, "mon")) == 5
+    assert len(kids(emulator, "mon")) == 7
     await eventually(lambda: ("Warning", "OptionalChildSkipped") in events(emulator, "mon"), what="warning event")
     # It is not retried on every look.
     tries = [r for r in list(emulator._requests) if r.resource is not None
@@ -173,7 +173,7 @@ async def test_an_object_the_job_does_not_own_is_reported_not_taken_over(emulato
     assert "ConfigMap ml/pre-config exists and is not this GRPOJob's (controller: none)" in \
         cond(emulator, "pre", "Created")["message"]
     assert "ownerReferences" not in emulator.get_obj(kmock.resource("", "v1", "configmaps"), NS, "pre-config")["metadata"]
-    await eventually(lambda: len(kids(emulator, "pre")) == 5, what="the other children")
+    await eventually(lambda: len(kids(emulator, "pre")) == 7, what="the other children")
     await eventually(lambda: ("Warning", "ChildError") in events(emulator, "pre"), what="event")
     # Deleted by its user: the operator creates its own.
     await cluster.delete(f"/api/v1/namespaces/{NS}/configmaps/pre-config")

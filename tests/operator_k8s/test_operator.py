@@ -21,9 +21,10 @@ from tests.helpers.k8s_schema import validate_all
 from .cluster import Cluster, eventually
 from .conftest import NS, job_manifest, job_path
 from .harness import OperatorThread, TrainerStub
-from .kmock_shim import CONFIGMAPS, DEPLOYMENTS, EVENTS, GRPOJOBS, SERVICES, STATEFULSETS, Emulator, fail_next
+from .kmock_shim import (CONFIGMAPS, DEPLOYMENTS, EVENTS, GRPOJOBS, NETWORKPOLICIES, SERVICES, STATEFULSETS, Emulator,
+                         fail_next)
 
-CHILD_RESOURCES = (CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)
+CHILD_RESOURCES = (NETWORKPOLICIES, CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)  # the Secret: test_security
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation")
 
 
@@ -82,7 +83,7 @@ async def test_create_gives_exact_children_with_owner_references(emulator, clust
         got = have[children.key(obj)]
         assert got["metadata"]["ownerReferences"] == [children.owner_reference("exact", uid)]
         assert without_server_fields(got) == obj, f"{children.key(obj)} differs from the rendering"
-    assert validate_all(have.values()) == 5
+    assert validate_all(have.values()) == 7
 
     st = status(emulator, "exact")
     assert st["phase"] == "Initializing"
@@ -256,10 +257,10 @@ async def test_invalid_spec_gives_InvalidSpec_with_the_field_path(emulator, clus
                      what="typo reported")
     # The operator is not stuck: a good job still gets its children, and fixing the spec recovers.
     await cluster.create(job_path(), job_manifest("good"))
-    await eventually(lambda: len(kids(emulator, "good")) == 5, what="good job children")
+    await eventually(lambda: len(kids(emulator, "good")) == 7, what="good job children")
     assert not kids(emulator, "bad") and not kids(emulator, "typo")
     await cluster.patch(job_path(NS, "bad"), {"spec": {"algorithm": {"maxStaleness": 1}}})
-    await eventually(lambda: len(kids(emulator, "bad")) == 5, what="children after the fix")
+    await eventually(lambda: len(kids(emulator, "bad")) == 7, what="children after the fix")
     await eventually(lambda: cond(emulator, "bad", "InvalidSpec").get("status") == "False", what="valid again")
     assert status(emulator, "bad")["phase"] in ("Pending", "Initializing")
     await eventually(lambda: ("Warning", "InvalidSpec") in events(emulator, "bad"), what="event")
@@ -326,7 +327,7 @@ async def test_fifty_jobs_created_at_once_all_reach_their_children(emulator, clu
     try:
         names = [f"many-{i:02d}" for i in range(50)]
         await asyncio.gather(*(cluster.create(job_path(), job_manifest(name)) for name in names))
-        await eventually(lambda: all(len(kids(emulator, name)) == 5 for name in names), timeout=90,
+        await eventually(lambda: all(len(kids(emulator, name)) == 7 for name in names), timeout=90,
                          period=0.5, what="children of 50 jobs")
         await eventually(lambda: all(cond(emulator, name, "Created").get("status") == "True" for name in names),
                          timeout=60, period=0.5, what="50 jobs Created")
@@ -334,7 +335,7 @@ async def test_fifty_jobs_created_at_once_all_reach_their_children(emulator, clu
         await op.stop()
     for res in CHILD_RESOURCES:
         objs = emulator.live(res, NS)
-        assert len(objs) == (100 if res == SERVICES else 50)
+        assert len(objs) == (100 if res in (SERVICES, NETWORKPOLICIES) else 50)
         for o in objs:
             owner = o["metadata"]["ownerReferences"][0]
             assert emulator.get_obj(GRPOJOBS, NS, owner["name"])["metadata"]["uid"] == owner["uid"]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from grpojob import plan
+from grpojob import auth, plan
 from grpojob.api import parse
 from grpojob.local.processes import free_port
 from grpojob_operator import children
@@ -45,6 +45,9 @@ def cluster_job(tiny_dir, tmp_path):
     return kids, {"models": models}, network
 
 
+SECRETS = {n.token_name("t"): {auth.TOKEN_KEY: auth.generate()}}  # what the operator puts in the job's Secret
+
+
 def run(kids, claims, network, tmp_path, role, *, drop_mount: str = ""):
     kind = "StatefulSet" if role == "trainer" else "Deployment"
     pod = copy.deepcopy(kids[kind]["spec"]["template"]["spec"])
@@ -54,7 +57,7 @@ def run(kids, claims, network, tmp_path, role, *, drop_mount: str = ""):
     work = tmp_path / role
     work.mkdir()
     proc = pod_sandbox.start(pod, work, pod_name=f"t-{role}-0", config=kids["ConfigMap"]["data"], claims=claims,
-                             overrides=network, log=work / "log")
+                             overrides=network, secrets=SECRETS, log=work / "log")
     return proc, work
 
 
@@ -98,12 +101,13 @@ status = dict(line.split(":", 1) for line in open("/proc/self/status"))
 print("uid", os.getuid(), "groups", sorted(os.getgroups()))
 print("caps", status["CapEff"].strip(), "nnp", status["NoNewPrivs"].strip())
 for path in ("/etc/probe", "/opt/probe", os.environ["HOME"] + "/probe", "/tmp/probe", os.environ["GRPOJOB_RUN_DIR"] + "/probe",
-             "/etc/grpojob/probe", "/models/probe"):
+             "/etc/grpojob/probe", "/models/probe", os.path.dirname(os.environ["GRPOJOB_TOKEN_FILE"]) + "/probe"):
     try:
         open(path, "w").close()
         print("writable", path)
     except OSError as e:
         print("refused", path, e.strerror)
+print("token", len(open(os.environ["GRPOJOB_TOKEN_FILE"]).read()))
 """
 
 
@@ -116,7 +120,7 @@ def test_the_acted_out_pod_enforces_its_security_context(cluster_job, tmp_path):
     work = tmp_path / "probe"
     work.mkdir()
     proc = pod_sandbox.start(pod, work, pod_name="t-rollout-0", config=kids["ConfigMap"]["data"], claims=claims,
-                             overrides=network, log=work / "log")
+                             overrides=network, secrets=SECRETS, log=work / "log")
     assert proc.wait(60) == 0, (work / "log").read_text()
     out = (work / "log").read_text().splitlines()
     assert out[0] == f"uid {n.RUNTIME_UID} groups [{n.RUNTIME_UID}]"
@@ -124,4 +128,6 @@ def test_the_acted_out_pod_enforces_its_security_context(cluster_job, tmp_path):
     assert out[2:] == ["refused /etc/probe Read-only file system", "refused /opt/probe Read-only file system",
                        f"writable {n.HOME_DIR}/probe", "writable /tmp/probe", f"writable {n.RUN_DIR}/probe",
                        "refused /etc/grpojob/probe Read-only file system",
-                       "refused /models/probe Read-only file system"]
+                       "refused /models/probe Read-only file system",
+                       f"refused {n.TOKEN_DIR}/probe Read-only file system",
+                       f"token {len(SECRETS['t-token']['token'])}"]  # the token: readable, by group

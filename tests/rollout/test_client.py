@@ -17,8 +17,8 @@ from grpojob.rollout.types import SamplingParams
 from grpojob.rollout.workflows import SingleTurn
 from grpojob.sync.publisher import WeightPublisher
 
-from .harness import (PROMPTS, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb, wait_for,
-                      write_config)
+from .harness import (PROMPTS, TOKEN, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb,
+                      wait_for, write_config)
 
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
 
@@ -47,7 +47,7 @@ def _requests_ok(srv) -> float:
 
 
 def test_concurrent_requests_go_to_the_least_loaded_server(two_servers):
-    client = RolloutClient([s.url for s in two_servers])
+    client = RolloutClient([s.url for s in two_servers], token=TOKEN)
     before = [_requests_ok(s) for s in two_servers]
 
     async def run():
@@ -62,7 +62,7 @@ def test_concurrent_requests_go_to_the_least_loaded_server(two_servers):
 
 def test_a_dead_server_is_skipped_and_its_requests_retried(two_servers, caplog):
     dead = f"http://127.0.0.1:{free_port()}"
-    client = RolloutClient([dead, two_servers[0].url], cooldown=60)
+    client = RolloutClient([dead, two_servers[0].url], token=TOKEN, cooldown=60)
 
     async def run():
         try:
@@ -84,11 +84,11 @@ def test_errors_are_clear_and_bounded(two_servers):
         finally:
             await client.close()
     with pytest.raises(RolloutError, match=f"rollout server {srv.url} rejected the request: .*context length"):
-        asyncio.run(call(RolloutClient([srv.url]), sampling=SamplingParams(max_tokens=10 ** 6)))
+        asyncio.run(call(RolloutClient([srv.url], token=TOKEN), sampling=SamplingParams(max_tokens=10 ** 6)))
     with pytest.raises(RolloutError, match="within 1 s .*no rollout server registered"):
-        asyncio.run(call(RolloutClient([], timeout=1)))
+        asyncio.run(call(RolloutClient([], token=TOKEN, timeout=1)))
     with pytest.raises(RolloutError, match="HTTP 409: replica c0 holds policy version 0, older than the required 5"):
-        asyncio.run(call(RolloutClient([srv.url], timeout=1), min_version=5))
+        asyncio.run(call(RolloutClient([srv.url], token=TOKEN, timeout=1), min_version=5))
 
 
 @pytest.mark.slow
@@ -96,10 +96,11 @@ def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path,
     job = make_job(tiny_dir, algorithm={"groupSize": 4}, rollout={"sampling": {"maxTokens": 48}},
                    training={"promptsPerStep": 8, "steps": 10})
     config = write_config(job, tmp_path / "job.json")
-    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=2)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=2,
+                          token=TOKEN)
     addr = f"127.0.0.1:{pub.port}"
     servers = [RolloutProcess(config, tmp_path, replica=f"r{i}", sync_addr=addr).start() for i in range(2)]
-    client = RolloutClient(pub.rollout_addresses, timeout=120)
+    client = RolloutClient(pub.rollout_addresses, token=TOKEN, timeout=120)
     spec = job.spec
     manager = None
     try:

@@ -10,7 +10,7 @@ import torch
 
 from grpojob.sync.publisher import WeightPublisher
 
-from .harness import PROMPTS, RolloutProcess, greedy, http, load_model, make_job, perturb, wait_for, write_config
+from .harness import PROMPTS, TOKEN, RolloutProcess, greedy, http, load_model, make_job, perturb, wait_for, write_config
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -23,7 +23,8 @@ LONG = 900  # tokens (the tiny model has 1024 positions): a few seconds on CPU, 
 def vllm_server(tmp_path_factory, tiny_tied_dir):
     tmp = tmp_path_factory.mktemp("vllm")
     job = make_job(tiny_tied_dir, rollout={"backend": "vllm", "maxModelLen": LONG + 64})
-    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=10)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=10,
+                          token=TOKEN)
     state = {"pub": pub}
     srv = RolloutProcess(write_config(job, tmp / "job.json"), tmp, replica="vllm-0", backend="vllm",
                          sync_addr=f"127.0.0.1:{pub.port}").start()
@@ -101,7 +102,7 @@ def test_sampled_logprobs_follow_the_contract(vllm_server, tied_tokenizer):
 
 def test_openai_chat_and_completions(vllm_server, tied_tokenizer):
     srv = vllm_server["srv"]
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=TOKEN, max_retries=0)
     chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
                                           max_tokens=5, temperature=0, n=2)
     assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
@@ -123,7 +124,7 @@ def test_a_restarted_trainer_gets_the_model_directory_back(vllm_server, tied_tok
     pub.close()
     wait_for(lambda: srv.status("/readyz")[0] == 503, 30, "not ready without a trainer")
     pub = vllm_server["pub"] = WeightPublisher(sync, host="127.0.0.1", port=port, device="cpu",
-                                               heartbeat_timeout=10)
+                                               heartbeat_timeout=10, token=TOKEN)
     srv.wait_ready(timeout=60)
     assert srv.status("/info")[1]["policy_version"] == 0
     _check_greedy(srv, load_model(vllm_server["model_dir"]), tied_tokenizer, version=0)

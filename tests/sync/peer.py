@@ -4,6 +4,11 @@ the tests that kill a peer mid-broadcast.
     python -m tests.sync.peer serve STORE_ADDR REPLICA DEVICE OUT   # reports each load to OUT
     python -m tests.sync.peer receiver STORE_ADDR REPLICA MODE      # MODE: die | hang
     python -m tests.sync.peer publisher PORT_FILE SERVERS           # dies in its second push
+    python -m tests.sync.peer rogue STORE_ADDR REPLICA MODE OUT     # MODE: wrong-token | no-token
+
+Every peer holds the job's token TOKEN, except a rogue: with another token it runs a real
+SyncAgent; without one it writes a registration by hand (what a client that does not know the
+protocol's proof sends). Like `serve`, it reports to OUT every tensor that would reach it.
 
 `serve` writes {"version", "digest"} (see `digest`) to OUT after every load, so the test checks
 the bytes that arrived in the other process. Dying/hanging mid-broadcast is made exact by
@@ -27,6 +32,7 @@ import torch
 from grpojob.sync import group
 
 REPO = Path(__file__).resolve().parents[2]
+TOKEN = "the-jobs-token-for-these-tests"
 SHAPES = {f"layer{i}.weight": (256, 256) for i in range(16)}
 
 
@@ -86,8 +92,7 @@ def _die_in_send() -> None:
     group.Transfer.__init__ = dying_init
 
 
-def serve(addr: str, replica: str, device: str, out: str) -> None:
-    from grpojob.sync.agent import SyncAgent
+def _reporting_sink(out: str, device: str = "cpu"):
     from tests.sync.sinks import TensorSink
 
     class Reporting(TensorSink):
@@ -96,9 +101,40 @@ def serve(addr: str, replica: str, device: str, out: str) -> None:
             with open(out + ".tmp", "w") as f:
                 json.dump({"version": version, "digest": digest(self.tensors)}, f)
             os.replace(out + ".tmp", out)
+    return Reporting(SHAPES, device)
 
-    SyncAgent(Reporting(SHAPES, device), addr, replica=replica, url=f"http://{replica}", model_dir="unused",
-              heartbeat_seconds=0.2).start()
+
+def serve(addr: str, replica: str, device: str, out: str) -> None:
+    from grpojob.sync.agent import SyncAgent
+
+    SyncAgent(_reporting_sink(out, device), addr, token=TOKEN, replica=replica, url=f"http://{replica}",
+              model_dir="unused", heartbeat_seconds=0.2).start()
+    time.sleep(3600)
+
+
+def rogue(addr: str, replica: str, mode: str, out: str) -> None:
+    """A process that is not the job's: it tries to register and reports what reaches it."""
+    from grpojob.sync import placement, protocol
+    from grpojob.sync.agent import SyncAgent
+
+    url = f"http://{replica}.attacker.example:8000"
+    if mode == "wrong-token":
+        agent = SyncAgent(_reporting_sink(out), addr, token="not-" + TOKEN, replica=replica, url=url,
+                          model_dir="unused", heartbeat_seconds=0.2).start()
+        while not agent.refused:
+            time.sleep(0.05)
+        print(f"rogue {replica}: refused: {agent.refused}", flush=True)
+    else:  # no token: a registration without a proof, then listen for anything addressed to it
+        store = protocol.connect(addr)
+        instance = f"{replica}-0"
+        i = store.add(protocol.door("reg", "n"), 1)
+        protocol.set_json(store, protocol.door("reg", i), {
+            "instance": instance, "replica": replica, "url": url, "endpoints": [placement.local("cpu").to_json()],
+            "shares_memory": False, "version": 0, "weights": protocol.DISK})
+        refused = protocol.door("refused", instance)
+        while not store.check([refused]):
+            time.sleep(0.05)
+        print(f"rogue {replica}: refused: {store.get(refused).decode()}", flush=True)
     time.sleep(3600)
 
 
@@ -107,7 +143,7 @@ def receiver(addr: str, replica: str, mode: str) -> None:
     from tests.sync.sinks import TensorSink
 
     _die_in_transfer(signal.SIGKILL if mode == "die" else signal.SIGSTOP)
-    SyncAgent(TensorSink(SHAPES), addr, replica=replica, url=f"http://{replica}", model_dir="unused",
+    SyncAgent(TensorSink(SHAPES), addr, token=TOKEN, replica=replica, url=f"http://{replica}", model_dir="unused",
               heartbeat_seconds=0.2).start()
     time.sleep(3600)
 
@@ -116,7 +152,8 @@ def publisher(port_file: str, servers: int) -> None:
     from grpojob.api.spec import WeightSyncSpec
     from grpojob.sync.publisher import WeightPublisher
 
-    pub = WeightPublisher(WeightSyncSpec(timeout_seconds=20, bucket_size_mb=1), host="127.0.0.1", port=0)
+    pub = WeightPublisher(WeightSyncSpec(timeout_seconds=20, bucket_size_mb=1), host="127.0.0.1", port=0,
+                          token=TOKEN)
     with open(port_file + ".tmp", "w") as f:
         f.write(str(pub.port))
     os.replace(port_file + ".tmp", port_file)
@@ -134,5 +171,7 @@ if __name__ == "__main__":
         serve(*rest)
     elif role == "receiver":
         receiver(rest[0], rest[1], rest[2])
+    elif role == "rogue":
+        rogue(*rest)
     else:
         publisher(rest[0], int(rest[1]))

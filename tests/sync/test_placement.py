@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from grpojob.sync.credentials import Credentials
 from grpojob.sync.membership import Membership, Refused, Registration
 from grpojob.sync.placement import (Endpoint, PlacementError, check_local_run, local, remove_probe, route,
                                     shares_memory, write_probe)
@@ -77,15 +78,17 @@ def test_the_probe_tells_who_shares_memory():
 def test_registrations_get_a_route_per_endpoint_or_are_refused():
     def nccl(ep, shared):
         return route("nccl", GPU_A, ep, shared)
-    members = Membership(None, "unused", heartbeat_timeout=1, route=nccl, after_round=lambda: None)
+    creds = Credentials("token", "run1")
+    members = Membership(None, "unused", creds, heartbeat_timeout=1, route=nccl, after_round=lambda: None)
     doc = {"instance": "v-1", "replica": "vllm-0", "url": "http://v", "shares_memory": False, "version": 0,
            "weights": "disk", "endpoints": [GPU_B.to_json(), Endpoint("cuda", "GPU-cccc").to_json()]}
-    m = members.admit(Registration.parse(doc), 1)
+    m = members.admit(Registration.parse({**doc, "proof": creds.prove(doc)}), 1)
     assert m.routes == ("nccl", "nccl") and m.replica == "vllm-0"
     doc["endpoints"].append(GPU_A.to_json())  # a tensor-parallel worker on the trainer's own GPU
+    doc["instance"] = "v-2"
     with pytest.raises(Refused, match=r"spec.weightSync.backend: nccl cannot connect two processes on one GPU "
                                       r".*\[endpoint 2 \(GPU GPU-aaaa on node-a\)\]"):
-        members.admit(Registration.parse(doc), 2)
+        members.admit(Registration.parse({**doc, "proof": creds.prove(doc)}), 2)
     for broken in ({**doc, "endpoints": []}, {k: v for k, v in doc.items() if k != "url"}):
         with pytest.raises(Refused, match="malformed registration"):
             Registration.parse(broken)

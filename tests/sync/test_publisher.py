@@ -18,7 +18,7 @@ from grpojob.sync.protocol import DISK
 from grpojob.sync.publisher import WeightPublisher
 
 from ..rollout.harness import free_port, wait_for
-from .peer import SHAPES, digest, reap, spawn, weights
+from .peer import SHAPES, TOKEN, digest, reap, spawn, weights
 from .sinks import TensorSink
 
 
@@ -28,7 +28,7 @@ def sync():
 
 
 def publisher(sync, port=0, **kw) -> WeightPublisher:
-    return WeightPublisher(sync, host="127.0.0.1", port=port, **kw)
+    return WeightPublisher(sync, host="127.0.0.1", port=port, token=TOKEN, **kw)
 
 
 @pytest.fixture
@@ -37,8 +37,8 @@ def agents():
 
     def start(addr, replica, sink=None, **kw):
         sink = sink or TensorSink(SHAPES)
-        a = SyncAgent(sink, addr, replica=replica, url=f"http://{replica}:1", model_dir=kw.pop("model_dir", "x"),
-                      heartbeat_seconds=0.2, **kw).start()
+        a = SyncAgent(sink, addr, token=kw.pop("token", TOKEN), replica=replica, url=f"http://{replica}:1",
+                      model_dir=kw.pop("model_dir", "x"), heartbeat_seconds=0.2, **kw).start()
         started.append(a)
         return a
     yield start

@@ -1,9 +1,9 @@
 """The GRPOJob spec (v1alpha1): the one source of truth for the CRD, the operator and the runtime."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import field_validator, model_validator
+from pydantic import StringConstraints, field_validator, model_validator
 
 from . import plugins
 from .base import FreeForm, Model, field, invalid
@@ -361,6 +361,25 @@ _SOURCES_CEL = [
 ]
 
 
+Namespace = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+
+
+class NetworkSpec(Model):
+    """Who may reach the job's pods (Kubernetes NetworkPolicies the operator creates)."""
+
+    policy: bool = field(True, description="Create the job's NetworkPolicies: trainer ports accept only "
+                         "the job's own pods and the operator's namespace; rollout ports only the job's "
+                         "trainer (and environment) pods and agentNamespaces; the metrics port also the "
+                         "monitoring namespaces. Every endpoint but the health probes also needs the job's "
+                         "token (the Secret <name>-token), whatever this says.")
+    agent_namespaces: list[Namespace] = field(default_factory=list, description="Namespaces whose pods may call "
+                                        "the rollout servers (OpenAI endpoints, /generate), e.g. where agents "
+                                        "run; they still need the job's token as their API key.")
+    monitoring_namespaces: Optional[list[Namespace]] = field(
+        None, description="Namespaces whose pods may scrape the metrics port (Prometheus); default: the "
+        "operator's setting (chart value networkPolicy.monitoringNamespaces).")
+
+
 class GRPOJobSpec(Model):
     """Desired state of a GRPOJob: the policy, its data and rewards, and how to train and serve it."""
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": _SOURCES_CEL}}
@@ -383,6 +402,7 @@ class GRPOJobSpec(Model):
     monitoring: MonitoringSpec = field(default_factory=MonitoringSpec, description="Metrics, logs, trackers "
                                        "and callbacks.")
     code: CodeSpec = field(default_factory=CodeSpec, description="User code (plug-ins) in the pods.")
+    network: NetworkSpec = field(default_factory=NetworkSpec, description="Who may reach the job's pods.")
     environments: list[EnvironmentSpec] = field(
         default_factory=list, description="Environments (Atropos style): processes that generate through the "
         "rollout servers' OpenAI endpoint and submit scored groups to the trainer's trajectory API. Their "

@@ -1,7 +1,8 @@
 """`grpojob run FILE`: the processes the operator puts in pods, started on this machine.
 
 Everything comes from `grpojob.plan.roles`, like on the cluster; the only local decisions are
-where files go (the run directory) and which ports are free.
+where files go (the run directory, which holds the job's token in `token`, mode 0600, made once
+and kept when the run resumes) and which ports are free.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .. import auth
 from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
 from ..api.validate import check_plugins
 from ..plan import (CONFIG_FILE, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE, REPLICA_HOST,
@@ -26,8 +28,8 @@ from .progress import Progress, newest_checkpoint, plot, read_records
 log = logging.getLogger("grpojob.local")
 
 SITE_DIR = "site"  # spec.code.pip, installed in the run directory
-# {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ..., "trajectories": ...}: /metrics, /status, the
-# trajectory API (environments started by hand register there)
+# {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ..., "trajectories": ...}: /metrics, and with the
+# run's token /status and the trajectory API (environments started by hand register there)
 ENDPOINTS_FILE = "endpoints.json"
 BUILD_TINY = "grpojob.io/build-tiny-model"  # annotation: build a tiny random model if model.path is missing
 EXIT_INTERRUPTED = 130
@@ -70,7 +72,8 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
                       checkpoint_dir=job.spec.checkpoint.path, run_dir=str(run_dir),
                       rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port(),
                       rollout_urls=tuple(f"http://{host}:{p}" for p in rollout_ports),
-                      code_dir=job.spec.code.local_path, site_dir=str(run_dir / SITE_DIR))
+                      code_dir=job.spec.code.local_path, site_dir=str(run_dir / SITE_DIR),
+                      token_file=str(token_path(run_dir)))
     bin_dir = str(Path(sys.executable).parent)
     base_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     out: list[Child] = []
@@ -91,6 +94,11 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
             out.append(Child(f"{role.name}-{i}", [exe, *role.command[1:]], env,
                              run_dir / "logs" / f"{role.name}-{i}.log"))
     return out
+
+
+def token_path(run_dir: Path) -> Path:
+    """The job's token of a local run (grpojob.auth): what its processes and a client present."""
+    return run_dir / auth.TOKEN_KEY
 
 
 def _endpoints(children: list[Child]) -> dict[str, str]:
@@ -248,6 +256,10 @@ def prepare(file: str, sets: list[str], run_dir: Optional[str], backend: Optiona
     _use_code(job, where, out)
     _ensure_model(job, out)
     (where / CONFIG_FILE).write_text(render_config(job))
+    try:
+        auth.ensure_file(token_path(where))
+    except auth.TokenError as e:
+        raise RunError(f"{e}: delete it and a new token is made") from None
     return job, where
 
 

@@ -37,7 +37,8 @@ from . import group as grp
 from . import handoff
 from .membership import Member, Membership
 from .placement import COLLECTIVES, SHM_DIR
-from .protocol import Deadline, WeightSyncError, get_json, key, set_json, short_error
+from .credentials import Credentials, Forged
+from .protocol import Deadline, WeightSyncError, short_error
 
 log = logging.getLogger("grpojob.sync")
 
@@ -83,9 +84,10 @@ class Outcome:
 
 
 class Delivery:
-    def __init__(self, store: TCPStore, run: str, device: torch.device, sync: WeightSyncSpec,
+    def __init__(self, store: TCPStore, creds: Credentials, device: torch.device, sync: WeightSyncSpec,
                  members: Membership, checkpoint_dir: Optional[str]):
-        self.store, self.run, self.device, self.members = store, run, device, members
+        self.store, self.creds, self.device, self.members = store, creds, device, members
+        self.run = creds.run
         self.timeout = float(sync.timeout_seconds)
         self.bucket_bytes = int(sync.bucket_size_mb * 2**20)
         self.checkpoint_dir = checkpoint_dir if sync.backend == "checkpoint" else None
@@ -144,11 +146,11 @@ class Delivery:
         """Run a command on `targets`, retrying on the survivors when one dies or fails to receive."""
         dropped: list[Member] = []
         for attempt in range(1, MAX_ATTEMPTS + 1):
-            seq = self.store.add(key("cmd", "n"), 1)
+            seq = self.store.add(self.creds.key("cmd", "n"), 1)
             try:
                 acks = send(seq, targets)
             except WeightSyncError as e:
-                self.store.set(key("cancel", seq), str(e))
+                self.store.set(self.creds.key("cancel", seq), str(e))
                 alive, lost = self._triage(seq, targets, e)
                 for m, why in lost:
                     log.error("weights version %d: %s %s; removing it from the group", r.version, m, why)
@@ -161,10 +163,11 @@ class Delivery:
                     log.warning("retrying version %d on %d server(s)", r.version, len(targets))
                 continue
             except BaseException as e:  # a setup error or an interrupt: the servers must not wait for it
-                if self.store.check([key("cmd", seq)]):
-                    self.store.set(key("cancel", seq), f"the trainer stopped the push: {type(e).__name__}")
+                k = self.creds.key("cmd", seq)
+                if self.store.check([k]):
+                    self.store.set(self.creds.key("cancel", seq), f"the trainer stopped the push: {type(e).__name__}")
                 else:  # a no-op keeps the servers' command sequence going
-                    set_json(self.store, key("cmd", seq), {"seq": seq, "kind": "noop", "targets": []})
+                    self.creds.set_json(self.store, k, {"seq": seq, "kind": "noop", "targets": []})
                 raise
             ok, paused = [], []
             for m in targets:
@@ -217,7 +220,7 @@ class Delivery:
                 ranks[m.instance][i] = rank
             cmd["groups"][p] = {"id": gid, "world": len(eps) + 1, "ranks": ranks}
             plans[p] = (gid, eps, kept[2] if reuse else None)
-        set_json(self.store, key("cmd", seq), cmd)
+        self.creds.set_json(self.store, self.creds.key("cmd", seq), cmd)
 
         deadline = Deadline(self.timeout)
         what = f"weight push of version {r.version} to {len(targets)} server(s)"
@@ -225,7 +228,7 @@ class Delivery:
         try:
             transfers = []
             for p, (gid, eps, pg) in plans.items():
-                poll = self._liveness(targets, nack=key("nack", seq, p))
+                poll = self._liveness(targets, nack=self.creds.key("nack", seq, p))
                 if pg is None:
                     pg = self._form(p, cmd["groups"][p], targets, poll, deadline, what)
                 used.append((p, pg))
@@ -247,19 +250,20 @@ class Delivery:
     def _form(self, path: str, g: dict, targets: list[Member], poll, deadline: Deadline, what: str):
         """Wait until every rank announced itself, then build the group (rank 0)."""
         by_instance = {m.instance: m for m in targets}
-        owner = {key("join", g["id"], rank): by_instance[inst]
+        owner = {self.creds.key("join", g["id"], rank): by_instance[inst]
                  for inst, ranks in g["ranks"].items() for rank in ranks if rank is not None}
         what = f"{what}: forming the {path} group {g['id']}"
         self._wait_keys(list(owner), poll, deadline, what, lambda k: owner[k])
-        self.store.set(key("join", g["id"], 0), "1")
+        self.store.set(self.creds.key("join", g["id"], 0), "1")
         try:
-            return grp.new_group(self.store, g["id"], 0, g["world"], path, deadline.left)
+            return grp.new_group(self.store, self.creds.space, g["id"], 0, g["world"], path, deadline.left)
         except DistError as e:
             raise WeightSyncError(f"{what}: {short_error(e)}") from e
 
     def _load_cmd(self, seq: int, targets: list[Member], version: int, wid: str, path: Optional[str]) -> dict:
-        set_json(self.store, key("cmd", seq), {"seq": seq, "kind": "load", "version": version, "weights": wid,
-                                               "path": path, "targets": [m.instance for m in targets]})
+        self.creds.set_json(self.store, self.creds.key("cmd", seq), {
+            "seq": seq, "kind": "load", "version": version, "weights": wid, "path": path,
+            "targets": [m.instance for m in targets]})
         what = f"loading weights version {version} ({path or 'the model directory'})"
         return self._acks(seq, targets, self._liveness(targets), Deadline(self.timeout), what)
 
@@ -297,9 +301,17 @@ class Delivery:
 
     # ---- waiting ----------------------------------------------------------------------------------
     def _acks(self, seq, targets, poll, deadline, what) -> dict[str, dict]:
-        keys = {key("ack", seq, m.instance): m for m in targets}
+        keys = {self.creds.key("ack", seq, m.instance): m for m in targets}
         self._wait_keys(list(keys), poll, deadline, f"{what}: waiting for acknowledgements", lambda k: keys[k])
-        return {m.instance: get_json(self.store, k) for k, m in keys.items()}
+        return {m.instance: self._ack(k) for k, m in keys.items()}
+
+    def _ack(self, k: str) -> dict:
+        """An acknowledgement; one the job's token did not seal counts as a failure to load."""
+        try:
+            return self.creds.get_json(self.store, k)
+        except Forged as e:
+            log.error("weight sync: %s (ignored)", e)
+            return {"ok": False, "error": "its acknowledgement was not sealed with the job's token"}
 
     def _wait_keys(self, keys, poll, deadline, what, owner) -> None:
         """Wait until every key is set. Polls often (the push's own latency), checking all keys
@@ -346,7 +358,7 @@ class Delivery:
             for inst, m in list(pending.items()):
                 if m.dead:
                     pending.pop(inst)
-                elif self.store.check([key("ack", seq, inst)]):
+                elif self.store.check([self.creds.key("ack", seq, inst)]):
                     alive.append(pending.pop(inst))
             time.sleep(grp.POLL_SECONDS)
         lost = [(m, m.dead or f"did not answer after the failure ({error})")

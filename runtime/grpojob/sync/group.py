@@ -1,8 +1,9 @@
 """The standalone collective group of one weight push, and the bucket transfer over it.
 
 The group is a c10d ProcessGroup built directly on the publisher's TCPStore (under a prefix per
-group id), never torch.distributed's default group: the trainer's own ranks and vLLM's workers
-keep theirs untouched. Rank 0 is trainer rank 0; the receiving endpoints take ranks 1..n.
+group id, in the incarnation's private key space: `credentials`), never torch.distributed's
+default group: the trainer's own ranks and vLLM's workers keep theirs untouched. Rank 0 is
+trainer rank 0; the receiving endpoints take ranks 1..n.
 
 Every wait is bounded. The broadcasts are queued on a thread of their own (`Transfer`): NCCL
 builds its communicator inside the first collective and waits there for every rank, which
@@ -32,10 +33,10 @@ POLL_SECONDS = 0.01
 Poll = Callable[[], Optional[str]]  # returns a reason to give up, or None
 
 
-def new_group(store: TCPStore, group_id: str, rank: int, world: int, backend: str, timeout: float):
-    """A ProcessGroup of `world` ranks rendezvousing under this group id (gloo blocks until all
-    join; NCCL connects in its first collective)."""
-    prefixed = PrefixStore(key("pg", group_id) + "/", store)
+def new_group(store: TCPStore, space: str, group_id: str, rank: int, world: int, backend: str, timeout: float):
+    """A ProcessGroup of `world` ranks rendezvousing under this group id in key space `space`
+    (gloo blocks until all join; NCCL connects in its first collective)."""
+    prefixed = PrefixStore(key(space, "pg", group_id) + "/", store)
     span = datetime.timedelta(seconds=max(1.0, timeout))
     if backend == "gloo":
         from torch.distributed import ProcessGroupGloo

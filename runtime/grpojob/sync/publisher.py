@@ -1,13 +1,16 @@
 """WeightPublisher: trainer rank 0's side of weight sync.
 
-    pub = WeightPublisher(spec.weight_sync, host="0.0.0.0", port=SYNC_STORE_PORT, device=env.device)
+    pub = WeightPublisher(spec.weight_sync, host="0.0.0.0", port=SYNC_STORE_PORT, device=env.device,
+                          token=auth.token)
     pub.rollout_addresses()        # http URLs of the servers that hold the current version
     stats = pub.push(model.state_dict().items(), version=step)
     pub.backend_in_use()           # "cuda-ipc", "gloo,nccl", ...: /status weightSyncBackend
     pub.close()
 
 - It hosts the rendezvous store (`TCPStore(is_master=True)`); rollout servers register there
-  (`membership`): this is how the trainer discovers rollouts, locally and on a cluster. Each
+  (`membership`) with a proof of the job's token (`credentials`: a registration without one is
+  refused, and every other key lives in a space derived from the token, its values sealed with
+  it): this is how the trainer discovers rollouts, locally and on a cluster. Each
   server's endpoints get a route from their placement against the trainer's device
   (`placement`): NCCL between GPUs, CUDA IPC on the trainer's own GPU, gloo with a CPU on either
   side, or what weightSync.backend forces (refused, naming the server, where it cannot work).
@@ -43,17 +46,19 @@ from ..api.spec import SYNC_STORE_PORT, WeightSyncSpec
 from . import buckets as bk
 from . import placement
 from .delivery import Delivery, Outcome
+from .credentials import Credentials
 from .membership import Membership
-from .protocol import DISK, WeightSyncError, key, set_json, weights_id
+from .protocol import DISK, WeightSyncError, door, weights_id
 
 log = logging.getLogger("grpojob.sync")
 
 
 class WeightPublisher:
-    def __init__(self, sync: WeightSyncSpec, *, host: str = "0.0.0.0", port: int = SYNC_STORE_PORT,
+    def __init__(self, sync: WeightSyncSpec, *, token: str, host: str = "0.0.0.0", port: int = SYNC_STORE_PORT,
                  device: Optional[torch.device | str] = None, initial_version: Optional[int] = 0,
                  checkpoint_dir: Optional[str] = None, heartbeat_timeout: float = 10.0):
-        """`device`: where the trainer's weights live (default: `grpojob.devices.default()`);
+        """`token`: the job's token (grpojob.auth), which the rollout servers prove they hold;
+        `device`: where the trainer's weights live (default: `grpojob.devices.default()`);
         `checkpoint_dir`: the directory shared with the rollout servers (backend checkpoint)."""
         if device is None:
             from .. import devices
@@ -71,18 +76,19 @@ class WeightPublisher:
         except DistError as e:
             raise WeightSyncError(f"cannot host the weight-sync store on {host}:{port}: {e}") from e
         self.port = self.store.port
-        self.run = uuid.uuid4().hex[:8]
-        self.store.set(key("run"), self.run)
+        self.run = uuid.uuid4().hex[:16]  # also the nonce of registration proofs
+        self.creds = Credentials(token, self.run)
+        self.store.set(door("run"), self.run)
         self._probe = placement.write_probe(self.run)
-        set_json(self.store, key("probe"), self._probe)
+        self.creds.set_json(self.store, self.creds.key("probe"), self._probe)
         self._current: Optional[dict] = None
         if initial_version is not None:
             self._set_current(initial_version, DISK)
         self._lock = threading.Lock()  # one push or catch-up at a time
         local_host = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-        self.members = Membership(self.store, f"{local_host}:{self.port}", heartbeat_timeout=heartbeat_timeout,
-                                  route=self._route, after_round=self._catch_up)
-        self.delivery = Delivery(self.store, self.run, self.device, sync, self.members, checkpoint_dir)
+        self.members = Membership(self.store, f"{local_host}:{self.port}", self.creds,
+                                  heartbeat_timeout=heartbeat_timeout, route=self._route, after_round=self._catch_up)
+        self.delivery = Delivery(self.store, self.creds, self.device, sync, self.members, checkpoint_dir)
         self.members.start()
         log.info("weight-sync store listening on port %d (backend %s, trainer on %s, buckets of %d MiB)",
                  self.port, sync.backend, self.endpoint, sync.bucket_size_mb)
@@ -142,7 +148,7 @@ class WeightPublisher:
             self.delivery.close()
         placement.remove_probe(self._probe)
         try:
-            self.store.set(key("closed"), "1")
+            self.store.set(self.creds.key("closed"), "1")
         except DistError:
             pass
         del self.store
@@ -159,7 +165,7 @@ class WeightPublisher:
 
     def _set_current(self, version: int, wid: str) -> None:
         self._current = {"version": version, "weights": wid}
-        set_json(self.store, key("current"), self._current)
+        self.creds.set_json(self.store, self.creds.key("current"), self._current)
 
     def _catch_up(self) -> None:
         """Bring servers that registered with other weights to the current version (watcher thread)."""

@@ -31,13 +31,16 @@ class PushReceiver:
         self.instance = instance
         self.device = torch.device(device)
         self.store = connect(store_addr, connect_timeout)
+        self.space = ""  # the publisher incarnation's key space, from each command
         self._groups: dict[str, tuple[str, object]] = {}  # path -> (group id, process group)
         self._kept: Optional[tuple[bk.Layout, list[torch.Tensor]]] = None  # host bucket buffers
         self._shm = handoff.ShmReader()
 
     def receive(self, cmd: dict, endpoint: int = 0) -> list[tuple[str, torch.Tensor]]:
         """The named tensors of push command `cmd` for this server's `endpoint` (a vLLM worker's
-        rank); raises WeightSyncError naming the trainer and the path."""
+        rank); raises WeightSyncError naming the trainer and the path. `cmd["keyspace"]`: where
+        the command's keys are (the agent adds it; see protocol)."""
+        self.space = cmd["keyspace"]
         path = cmd["routes"][self.instance][endpoint]
         deadline = Deadline(float(cmd["timeout"]))
         what = (f"receiving weights version {cmd['version']} from the trainer at {self.addr} "
@@ -68,8 +71,8 @@ class PushReceiver:
         """Tell the publisher this endpoint's transfer failed (unless it cancelled the push
         itself), so it stops waiting on this group at once instead of at its deadline."""
         try:
-            if not self.store.check([key("cancel", seq)]):
-                self.store.set(key("nack", seq, path), f"{self.instance}\n{error}")
+            if not self.store.check([key(self.space, "cancel", seq)]):
+                self.store.set(key(self.space, "nack", seq, path), f"{self.instance}\n{error}")
         except DistError:
             pass
 
@@ -80,16 +83,16 @@ class PushReceiver:
         held = self._groups.get(path)
         if held is None or held[0] != gid:
             self._groups.pop(path, None)
-            self.store.set(key("join", gid, rank), "1")
+            self.store.set(key(self.space, "join", gid, rank), "1")
             # The publisher sets rank 0's key once every member announced itself: only then
             # build the group, so nobody blocks in the rendezvous for a peer that is gone.
-            while not self.store.check([key("join", gid, 0)]):
+            while not self.store.check([key(self.space, "join", gid, 0)]):
                 reason = poll()
                 if reason or deadline.expired:
                     raise WeightSyncError(f"{what}: {reason or 'the group did not form in time'}")
                 time.sleep(grp.POLL_SECONDS)
             try:
-                pg = grp.new_group(self.store, gid, rank, world, path, deadline.left)
+                pg = grp.new_group(self.store, self.space, gid, rank, world, path, deadline.left)
             except DistError as e:
                 raise WeightSyncError(f"{what}: forming the group: {short_error(e)}") from e
             held = self._groups[path] = (gid, pg)
@@ -114,7 +117,7 @@ class PushReceiver:
         return self._kept[1]
 
     def _poll(self, seq: int):
-        cancel = key("cancel", seq)
+        cancel = key(self.space, "cancel", seq)
 
         def poll() -> Optional[str]:
             try:

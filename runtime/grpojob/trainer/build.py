@@ -11,6 +11,7 @@ from typing import Callable, Optional
 
 from .. import checkpoint
 from ..api import GRPOJob
+from ..auth import Auth
 from ..plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from . import dist
 from .callbacks import Callbacks
@@ -60,14 +61,16 @@ class TrainerRun:
 def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "inprocess",
           listen_host: str = "127.0.0.1", checkpoint_dir: Optional[str] = None, run_dir: Optional[str] = None,
           board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
-          suspend: Optional[threading.Event] = None) -> TrainerRun:
+          suspend: Optional[threading.Event] = None, auth: Optional[Auth] = None) -> TrainerRun:
+    """`auth`: the job's token, which rollouts "remote" need (weight-sync membership, /generate)."""
     env = env or dist.DistEnv()
     spec = job.spec
     trainer = trainer_class(spec)(job, env)  # spec.trainer.class, default GRPOTrainer
     root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
     found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
-                   dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root))
+                   dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root),
+                   auth=auth)
     if board is not None and side.publisher is not None:  # rollout server count and lag, read at each scrape
         board.watch_rollouts(side.publisher.servers)
     try:

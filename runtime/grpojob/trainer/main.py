@@ -34,10 +34,12 @@ ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
     from .. import config, failures
+    from ..auth import Auth
     from . import dist
     from .build import build
     from .server import LeaderServer, StatusBoard
     from .trainer import TrainerError
+    from ..auth import TokenError
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
@@ -57,15 +59,16 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
     clean = False
     try:
         job = config.load(resolve_plugins=False)
+        auth = Auth.from_env()  # before anything starts: a missing token is a clear error
         env = dist.init(timeout_seconds=max(1800, job.spec.weight_sync.timeout_seconds))
         if env.is_leader:
             board = StatusBoard(job.spec.training.steps)
             board.suspend_requested = suspend
             port = int(os.environ.get(ENV_TRAINER_PORT) or job.spec.trainer.port)
-            server = LeaderServer(board, _listen_host(), port).start()
+            server = LeaderServer(board, _listen_host(), port, auth).start()
         config.load_plugins(job)  # after the leader endpoint is up: /status can tell what failed
         run = build(job, env=env, rollouts=os.environ.get(ENV_ROLLOUT_SOURCE, "remote"),
-                    listen_host=_listen_host(), board=board, suspend=suspend)
+                    listen_host=_listen_host(), board=board, suspend=suspend, auth=auth)
         if server is not None:
             server.mount_trajectories(run.trajectory_api())
         phase = run.run()
@@ -84,7 +87,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             msg = str(e.code)
         else:
             msg = f"{type(e).__name__}: {e}"
-        expected = isinstance(e, (SystemExit, KeyboardInterrupt, TrainerError))  # already says what/where
+        expected = isinstance(e, (SystemExit, KeyboardInterrupt, TrainerError, TokenError))  # already says what/where
         log.error("trainer failed: %s", msg, exc_info=not expected)
         if board is not None:
             board.update(phase="failed", message=msg)

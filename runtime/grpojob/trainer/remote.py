@@ -27,10 +27,10 @@ class RemotePublisher:
     """The WeightPublisher of a trainer with rollout servers (grpojob.sync)."""
 
     def __init__(self, spec: GRPOJobSpec, host: str, port: int, *, resumed: bool, device: torch.device,
-                 checkpoint_dir: str):
+                 checkpoint_dir: str, token: str):
         from ..sync import WeightPublisher
 
-        self.sync = WeightPublisher(spec.weight_sync, host=host, port=port, device=device,
+        self.sync = WeightPublisher(spec.weight_sync, host=host, port=port, device=device, token=token,
                                     initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir)
         self.rollout_addresses = self.sync.rollout_addresses
 

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Optional, Protocol
 import torch
 
 from ..api import GRPOJob
+from ..auth import Auth
 from ..rollout.manager import Pipeline, RolloutManager, StepGroups
 from ..rollout.types import Completion, SamplingParams
 from . import dist
@@ -141,10 +142,12 @@ class EnginePublisher:
 
 
 def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote", listen_host: str = "127.0.0.1",
-            resumed: bool = False, dynamic_sampling: bool = False, checkpoint_dir: str = "") -> Rollouts:
+            resumed: bool = False, dynamic_sampling: bool = False, checkpoint_dir: str = "",
+            auth: Optional[Auth] = None) -> Rollouts:
     """The rollout side of this rank. Rank 0 builds the manager (and hosts the weight-sync store for
     kind remote); other ranks only take their shares. dynamic_sampling: as the algorithm resolved
-    it (DAPO turns it on whatever the spec says)."""
+    it (DAPO turns it on whatever the spec says). auth: the job's token (kind remote: the rollout
+    servers register and generate with it)."""
     if kind not in KINDS:
         raise ValueError(f"rollout source '{kind}': use one of {', '.join(KINDS)}")
     if not env.is_leader:
@@ -172,10 +175,13 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
     from ..rollout.client import RolloutClient
     from .remote import RemotePublisher, sync_address
 
+    if auth is None:
+        raise ValueError("rollouts 'remote' need the job's token (grpojob.auth.Auth)")
     # A resumed policy differs from the weights on disk: no version is current until the
     # loop's first push (it pushes once after a resume, before its first step).
     publisher = RemotePublisher(spec, listen_host, sync_address()[1], resumed=resumed, device=env.device,
-                                checkpoint_dir=checkpoint_dir)
-    client = RolloutClient(publisher.rollout_addresses, timeout=float(spec.weight_sync.timeout_seconds) * 3)
+                                checkpoint_dir=checkpoint_dir, token=auth.token)
+    client = RolloutClient(publisher.rollout_addresses, token=auth.token,
+                           timeout=float(spec.weight_sync.timeout_seconds) * 3)
     manager = RolloutManager(client, **pieces)
     return Rollouts(GroupSource(env, manager), publisher, engine_close=client.close)

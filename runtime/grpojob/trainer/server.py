@@ -2,7 +2,10 @@
 GET /healthz, GET /status (TrainerStatus JSON), GET /metrics (Prometheus text of the TRAINER
 metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`), and the
 trajectory API under /trajectories (grpojob.trajectories.api, mounted once the rollout side is
-built; 503 before)."""
+built; 503 before).
+
+Every path but /healthz (and /metrics, unless the job's Auth says otherwise) needs the job's
+bearer token (grpojob.auth); an unknown path is refused like a known one before it is looked up."""
 from __future__ import annotations
 
 import json
@@ -13,6 +16,7 @@ from typing import Any, Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .. import auth as authmod
 from .. import prom
 from ..api.status import TrainerStatus
 from ..metrics_names import TRAINER
@@ -122,8 +126,12 @@ _FROM_RECORD = tuple(d for d in TRAINER if d.record)
 
 class _Handler(BaseHTTPRequestHandler):
     board: StatusBoard
+    auth: authmod.Auth
     on_suspend: Optional[Callable[[], None]] = None
     trajectories: Optional[Any] = None  # grpojob.trajectories.api.TrajectoryAPI, once mounted
+
+    def _allowed(self, path: str) -> bool:
+        return not self.auth.protects(path) or authmod.authorize_handler(self)
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
@@ -145,6 +153,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?")[0]
+        if not self._allowed(path):
+            return
         if path.startswith(TRAJECTORY_PREFIX + "/"):
             self._trajectories()
         elif path == "/healthz":
@@ -158,6 +168,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?")[0]
+        if not self._allowed(path):
+            return
         if path.startswith(TRAJECTORY_PREFIX + "/"):
             self._trajectories()
         elif path == "/suspend":
@@ -174,10 +186,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class LeaderServer:
-    """Serves a StatusBoard from a daemon thread."""
+    """Serves a StatusBoard from a daemon thread; `auth` is the job's token (grpojob.auth)."""
 
-    def __init__(self, board: StatusBoard, host: str, port: int):
-        handler = self.handler = type("Handler", (_Handler,), {"board": board})
+    def __init__(self, board: StatusBoard, host: str, port: int, auth: authmod.Auth):
+        handler = self.handler = type("Handler", (_Handler,), {"board": board, "auth": auth})
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)
         except OSError as e:

@@ -4,7 +4,7 @@ RolloutManager mixes them into training steps under the same staleness bound as 
 
 - wire.py: the JSON bodies, validated with pydantic (field paths in every refusal);
 - queue.py: registrations and queued groups, on the manager's event loop;
-- api.py: the HTTP handlers on the trainer leader's port, each through `authorize(request)`.
+- api.py: the HTTP handlers on the trainer leader's port (which asks every request for the job's token).
 
 See docs/environments.md.
 """

@@ -44,13 +44,6 @@ class Request:
     body: bytes
 
 
-def authorize(request: Request) -> Optional[Response]:
-    """The one gate every trajectory-API request passes: None lets it through, a response refuses
-    it. A placeholder that lets everything through: issue 15 checks the job's bearer token here
-    (`Authorization: Bearer <token>`, 401 without it)."""
-    return None
-
-
 class Manager(Protocol):
     """What the API needs of the RolloutManager."""
 
@@ -72,9 +65,6 @@ class TrajectoryAPI:
         self.policy_version = policy_version  # the trainer's own version (its StatusBoard)
 
     def handle(self, request: Request) -> Response:
-        denied = authorize(request)
-        if denied is not None:
-            return denied
         route = request.path.split("?")[0].removeprefix(TRAJECTORY_PREFIX)
         try:
             if (request.method, route) == ("POST", "/register"):
