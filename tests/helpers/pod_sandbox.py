@@ -51,12 +51,18 @@ def _fields(pod_name: str, index: int) -> dict[str, str]:
             "metadata.labels['apps.kubernetes.io/pod-index']": str(index)}
 
 
-def env_of(container: dict[str, Any], pod_name: str, index: int, overrides: Mapping[str, str]) -> dict[str, str]:
-    """The container's environment; `overrides` stand for the cluster network (a Service's DNS
-    name is 127.0.0.1 here, and pods share this machine's ports)."""
+def env_of(container: dict[str, Any], pod_name: str, index: int, overrides: Mapping[str, str],
+           secrets: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict[str, str]:
+    """The container's environment, as the kubelet resolves it (fieldRef, secretKeyRef);
+    `overrides` stand for the cluster network (a Service's DNS name is 127.0.0.1 here, and pods
+    share this machine's ports)."""
     out = {"PATH": IMAGE_PATH}
     fields = _fields(pod_name, index)
     for e in container.get("env", []):
+        secret = e.get("valueFrom", {}).get("secretKeyRef")
+        if secret:
+            out[e["name"]] = (secrets or {})[secret["name"]][secret["key"]]
+            continue
         if "valueFrom" in e:
             ref = e["valueFrom"].get("fieldRef", {}).get("fieldPath")
             if ref not in fields:
@@ -139,7 +145,7 @@ def start(pod: dict[str, Any], workdir: Path, *, pod_name: str, index: int = 0, 
     """Start the pod's (only) container; its stdout and stderr go to `log`. `secrets`: Secret name
     -> its data (key -> text)."""
     (container,) = pod["containers"]
-    env = env_of(container, pod_name, index, overrides or {})
+    env = env_of(container, pod_name, index, overrides or {}, secrets)
     text = script(pod, container, workdir, config=config, claims=claims or {}, env=env, secrets=secrets)
     (workdir / "run.sh").write_text(text)
     with open(log, "wb") as out:

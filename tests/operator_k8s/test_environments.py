@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpojob import plan
+from grpojob import auth, plan
 from grpojob.api import parse
 from grpojob.local.processes import free_port
 from grpojob.local.runner import _children
@@ -54,7 +54,7 @@ def env_job(name="j", **over):
 def test_each_environment_gets_a_deployment_from_the_plan():
     kids_ = build(env_job())
     assert list(kids_)[-2:] == [("Deployment", "j-env-arith"), ("Deployment", "j-env-code")]
-    assert validate_all(kids_.values()) == 7  # kubernetes-validate --strict, every child
+    assert validate_all(kids_.values()) == 9  # kubernetes-validate --strict, every child (2 NetworkPolicies)
     arith, code = kids_[("Deployment", "j-env-arith")], kids_[("Deployment", "j-env-code")]
     for dep, env in ((arith, "arith"), (code, "code")):
         assert dep["metadata"]["ownerReferences"] == [OWNER]
@@ -69,7 +69,8 @@ def test_each_environment_gets_a_deployment_from_the_plan():
         assert c["securityContext"]["readOnlyRootFilesystem"] is True and "readinessProbe" not in c
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         assert mounts == {"/etc/grpojob": "grpojob-config", "/var/run/grpojob": "grpojob-run",
-                          "/dev/shm": "grpojob-shm", "/home/grpojob": "grpojob-home", "/tmp": "grpojob-tmp"}
+                          "/dev/shm": "grpojob-shm", "/home/grpojob": "grpojob-home", "/tmp": "grpojob-tmp",
+                          "/var/run/secrets/grpojob": "grpojob-token"}  # the job's token, read-only
         e = env_of(c)  # the plan's environment: where the rollout servers and the trajectory API are
         assert e[plan.ENV_OPENAI_BASE_URL] == e[plan.ENV_OPENAI_BASE_URLS] == "http://j-rollout.ml.svc:8000/v1"
         assert e[plan.ENV_TRAJECTORY_URL] == "http://j-trainer-0.j-trainer.ml.svc:9400/trajectories"
@@ -88,6 +89,8 @@ def test_each_environment_gets_a_deployment_from_the_plan():
     e = env_of(c)
     assert e["LEVEL"] == "3" and e["TOKEN"] == {"secretKeyRef": {"name": "env", "key": "token"}}
     assert e[plan.ENV_OPENAI_API_KEY] == "mine"  # the user's variable replaces the plan's
+    # Without one, the OpenAI key is the job's token, from its Secret (never a literal value).
+    assert env_of(container(code))[plan.ENV_OPENAI_API_KEY] == {"secretKeyRef": {"name": "j-token", "key": "token"}}
     assert pod["spec"]["nodeSelector"] == {"pool": "cpu"} and pod["spec"]["serviceAccountName"] == "envs"
     assert pod["spec"]["tolerations"] == [{"key": "spot", "operator": "Exists"}]
     assert pod["metadata"]["labels"]["team"] == "rl" and pod["metadata"]["labels"][n.LABEL_ROLE] == "environment"
@@ -194,6 +197,7 @@ def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir
                plan.ENV_OPENAI_BASE_URL: f"http://127.0.0.1:{rollout_port}/v1",
                plan.ENV_OPENAI_BASE_URLS: f"http://127.0.0.1:{rollout_port}/v1",
                plan.ENV_TRAJECTORY_URL: f"http://127.0.0.1:{trainer_port}/trajectories"}
+    secrets = {n.token_name("t"): {auth.TOKEN_KEY: auth.generate()}}  # what the operator puts in the Secret
     procs = {}
     for role, key in (("rollout", ("Deployment", "t-rollout")), ("trainer", ("StatefulSet", "t-trainer")),
                       ("env", ("Deployment", "t-env-arith"))):
@@ -204,7 +208,7 @@ def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir
         work = tmp_path / role
         work.mkdir()
         procs[role] = (pod_sandbox.start(pod, work, pod_name=f"t-{role}-0", config=config, claims={"models": models},
-                                         overrides=network, log=work / "log"), work)
+                                         overrides=network, secrets=secrets, log=work / "log"), work)
     try:
         trainer, twork = procs["trainer"]
         deadline = time.monotonic() + 420

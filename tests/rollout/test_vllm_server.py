@@ -181,7 +181,8 @@ def test_partial_rollouts_resume_a_request_on_the_pushed_weights(tied_tokenizer,
     the switch are the new model's greedy continuation of the prompt plus the tokens before it."""
     job = make_job(tiny_tied_dir, rollout={"backend": "vllm", "maxModelLen": LONG + 64},
                    algorithm={"partialRollouts": True, "maxStaleness": 1})
-    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=10)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=10,
+                          token=TOKEN)
     srv = RolloutProcess(write_config(job, tmp_path / "job.json"), tmp_path, replica="vllm-partial",
                          backend="vllm", sync_addr=f"127.0.0.1:{pub.port}").start()
     try:

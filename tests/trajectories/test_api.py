@@ -11,6 +11,7 @@ import urllib.request
 
 import pytest
 
+from grpojob.auth import Auth
 from grpojob.plan import TRAJECTORY_PREFIX
 from grpojob.rollout.client import RolloutError
 from grpojob.rollout.manager import Pipeline, RolloutManager
@@ -20,20 +21,24 @@ from grpojob.trajectories.queue import EnvironmentQueue
 from grpojob.trajectories.wire import Limits
 
 GROUP, VOCAB, PPS = 3, 512, 2
+TOKEN = "trajectory-test-token"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
-def post(url, body):
+def post(url, body, headers=BEARER):
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **headers},
+                                 method="POST")
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        raw = e.read()
+        return e.code, (raw.decode() if e.code == 401 else json.loads(raw))
 
 
 def get(url):
-    with urllib.request.urlopen(url, timeout=30) as r:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=BEARER), timeout=30) as r:
         return json.loads(r.read())
 
 
@@ -49,7 +54,7 @@ def api():
     pipeline = Pipeline(prompts_per_step=PPS, total_steps=10, max_staleness=1, timeout=20)
     manager = RolloutManager(None, None, None, None, pipeline,
                              environments=EnvironmentQueue(PPS, pipeline.queue_limit, ["arith"]))
-    server = LeaderServer(StatusBoard(10), "127.0.0.1", 0).start()
+    server = LeaderServer(StatusBoard(10), "127.0.0.1", 0, Auth(TOKEN)).start()
     base = f"http://127.0.0.1:{server.port}{TRAJECTORY_PREFIX}"
     try:
         yield manager, server, base
@@ -69,6 +74,7 @@ def test_register_submit_and_the_step_takes_the_groups(api):
         "error": "the trainer is still loading: the trajectory API opens once its rollout side is built; retry",
         "reason": "starting"})
     mount(manager, server)
+    assert post(base + "/register", {"name": "arith"}, headers={}) == (401, "unauthorized")  # no token
     code, doc = post(base + "/register", {"name": "arith", "groups_per_step": 1, "replica": "arith-0"})
     assert code == 200 and doc["group_size"] == GROUP and doc["groups_per_step"] == 1
     assert doc["sampling"] == {"temperature": 1.0, "max_tokens": 4} and doc["version_floor"] == -1

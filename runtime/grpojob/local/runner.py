@@ -20,8 +20,8 @@ from typing import Any, Optional
 from .. import auth
 from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
 from ..api.validate import check_plugins
-from ..plan import (CONFIG_FILE, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE, REPLICA_HOST,
-                    REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
+from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
+                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
 from .processes import Child, free_port, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
 
@@ -81,6 +81,8 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
         for i in range(role.replicas):
             env = {**base_env, **role.env, **_per_replica(role, i, host)}
             if role.environment is not None:
+                # As in the pods: the job's token is the OpenAI API key unless the user set one.
+                env[ENV_OPENAI_API_KEY] = auth.read_file(auth.ensure_file(token_path(run_dir)))
                 env.update(_user_env(job, role.environment))
             if "PYTHONPATH" in role.env and os.environ.get("PYTHONPATH"):  # spec.code first, then the caller's
                 env["PYTHONPATH"] = role.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
