@@ -93,7 +93,7 @@ def test_errors_are_clear_and_bounded(two_servers):
 
 @pytest.mark.slow
 def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path, tiny_dir, tokenizer):
-    job = make_job(tiny_dir, algorithm={"groupSize": 4}, rollout={"sampling": {"maxTokens": 48}},
+    job = make_job(tiny_dir, algorithm={"groupSize": 4}, rollout={"sampling": {"maxTokens": 128}, "maxModelLen": 256},
                    training={"promptsPerStep": 8, "steps": 10})
     config = write_config(job, tmp_path / "job.json")
     pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=2,
@@ -109,16 +109,19 @@ def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path,
         wait_for(lambda: len(pub.rollout_addresses()) == 2, 30, "both servers registered")
         trainer = perturb(load_model(tiny_dir), seed=1)
         assert pub.push(trainer.state_dict().items(), version=1)["servers"] == 2
+        # Told of version 1 only after step 1, the manager starts step 2 exactly then (told at
+        # once, it would generate both steps together and step 2 could be done before r0 dies).
         manager = RolloutManager(client, SingleTurn(spec, tokenizer), RewardScorer(spec, tokenizer),
-                                 PromptStream(spec, tokenizer), Pipeline.from_spec(spec), published=1)
+                                 PromptStream(spec, tokenizer), Pipeline.from_spec(spec), published=0)
         assert len(manager.next_step().groups) == 8
+        manager.set_published(1)
 
         # Step 2: r0 is killed while it generates for this step.
         victim = servers[0]
         result: dict = {}
         step = threading.Thread(target=lambda: result.update(step=manager.next_step()))
         step.start()
-        wait_for(lambda: client.loads().get(victim.url, 0) > 0, 30, "requests in flight at r0")
+        wait_for(lambda: client.loads().get(victim.url, 0) > 0, 30, "requests in flight at r0", interval=0.01)
         victim.kill()
         step.join(120)
         groups = result["step"].groups
