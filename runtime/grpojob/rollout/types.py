@@ -36,6 +36,9 @@ class Completion:
     loss_mask: Optional[list[int]] = None
     # Set by workflows that score their own trajectories; else the trainer's rewards score it.
     reward: Optional[float] = None
+    # The policy version of each token, set only when a weight swap landed mid-generation (partial
+    # rollouts); None: every token has `policy_version`, which is always the OLDEST version.
+    versions: Optional[list[int]] = None
 
     @property
     def truncated(self) -> bool:
