@@ -71,53 +71,75 @@ def flex_mask(spans: Tensor, rows: int, width: int):
 
 
 @dataclass
+class _Batch:
+    q_index: Tensor  # [S, Q] row positions of the queries (a span's tokens, padded by repeating its last)
+    k_index: Tensor  # [S, P + Q] its prefix padded to P, then its own tokens
+    mask: Tensor  # [S, 1, Q, P + Q]
+
+
+@dataclass
 class Segments:
-    """Spans as one batch of short sequences: span s's queries are row positions q_index[s] (its
-    tokens, padded by repeating the last), its keys k_index[s] (the prefix padded to the longest
-    prefix, then its own tokens), mask [S, 1, Q, K]; back[t] is where position t's output is in
-    the flattened [S * Q] result."""
-    q_index: Tensor
-    k_index: Tensor
-    mask: Tensor
+    """Spans as batches of short sequences, one SDPA call per batch: spans are grouped by length
+    (powers of two) so that a long prompt does not pad every completion to its length. `back[t]`
+    is where row position t's output is in the batches' outputs, flattened and concatenated."""
+    batches: list[_Batch]
     back: Tensor
 
     @classmethod
     def from_spans(cls, spans: Tensor, rows: int, width: int) -> "Segments":
-        device = spans.device
-        base = spans[:, ROW] * width
-        start, length = base + spans[:, START], spans[:, LENGTH]
-        p_start, p_len = base + spans[:, PREFIX_START], spans[:, PREFIX_LEN]
-        n_q, n_p = int(length.max()), int(p_len.max())
-        qi = torch.arange(n_q, device=device)
-        pi = torch.arange(n_p, device=device)
-        q_index = start[:, None] + torch.minimum(qi[None], length[:, None] - 1)
-        prefix = p_start[:, None] + torch.minimum(pi[None], (p_len[:, None] - 1).clamp(min=0))
-        k_index = torch.cat([prefix, q_index], dim=1)
-        sees_prefix = (pi[None] < p_len[:, None])[:, None, :].expand(-1, n_q, -1)
-        own = (qi[None, :, None] >= qi[None, None, :]) & (qi[None, None, :] < length[:, None, None])
-        mask = torch.cat([sees_prefix, own.expand(len(spans), -1, -1)], dim=2)[:, None]
-        real = (qi[None] < length[:, None]).reshape(-1)
-        slot = torch.arange(real.numel(), device=device)[real]
-        back = torch.empty(rows * width, dtype=torch.long, device=device)
-        back[q_index.reshape(-1)[real]] = slot
-        return cls(q_index, k_index, mask, back)
+        length = spans[:, LENGTH]
+        bucket = torch.ceil(torch.log2(length.clamp(min=1).double())).long()
+        batches, slots, offset = [], [], 0
+        for b in torch.unique(bucket).tolist():
+            sel = spans[bucket == b]
+            batch, real = _batch(sel, width)
+            batches.append(batch)
+            slots.append((batch.q_index.reshape(-1)[real], offset + real.nonzero().squeeze(1)))
+            offset += real.numel()
+        back = torch.empty(rows * width, dtype=torch.long, device=spans.device)
+        for positions, slot in slots:
+            back[positions] = slot
+        return cls(batches, back)
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, scale: Optional[float]) -> Tensor:
         """q [R, Hq, L, D], k/v [R, Hkv, L, D] -> [R, L, Hq, D]."""
         rows, heads, width, dim = query.shape
-        s, n_q = self.q_index.shape
-
-        def gather(x: Tensor, index: Tensor) -> Tensor:  # [R, H, L, D] -> [S, H, n, D]
-            flat = x.transpose(0, 1).reshape(x.shape[1], rows * width, dim)
-            return flat.index_select(1, index.reshape(-1)).view(x.shape[1], s, index.shape[1], dim).transpose(0, 1)
-
-        q, k, v = gather(query, self.q_index), gather(key, self.k_index), gather(value, self.k_index)
         group = heads // key.shape[1]
-        if group > 1:
-            k, v = _repeat_kv(k, group), _repeat_kv(v, group)
-        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, scale=scale)
-        out = out.transpose(0, 1).reshape(heads, s * n_q, dim).index_select(1, self.back)
+
+        def flat(x: Tensor) -> Tensor:  # [R, H, L, D] -> [H, R*L, D]
+            return x.transpose(0, 1).reshape(x.shape[1], rows * width, dim)
+
+        def gather(x: Tensor, index: Tensor) -> Tensor:  # -> [S, H, n, D]
+            return x.index_select(1, index.reshape(-1)).view(x.shape[0], *index.shape, dim).transpose(0, 1)
+
+        q, k, v = flat(query), flat(key), flat(value)
+        outs = []
+        for b in self.batches:
+            o = torch.nn.functional.scaled_dot_product_attention(
+                gather(q, b.q_index), gather(k, b.k_index), gather(v, b.k_index), attn_mask=b.mask, scale=scale,
+                enable_gqa=group > 1)
+            outs.append(o.transpose(0, 1).reshape(heads, -1, dim))
+        out = torch.cat(outs, dim=1).index_select(1, self.back)
         return out.view(heads, rows, width, dim).permute(1, 2, 0, 3)
+
+
+def _batch(spans: Tensor, width: int) -> tuple[_Batch, Tensor]:
+    """One batch of spans; also which of its [S * Q] query slots are real tokens."""
+    device = spans.device
+    base = spans[:, ROW] * width
+    start, length = base + spans[:, START], spans[:, LENGTH]
+    p_start, p_len = base + spans[:, PREFIX_START], spans[:, PREFIX_LEN]
+    n_q, n_p = int(length.max()), int(p_len.max())
+    qi = torch.arange(n_q, device=device)
+    pi = torch.arange(n_p, device=device)
+    q_index = start[:, None] + torch.minimum(qi[None], length[:, None] - 1)
+    prefix = p_start[:, None] + torch.minimum(pi[None], (p_len[:, None] - 1).clamp(min=0))
+    sees_prefix = (pi[None] < p_len[:, None])[:, None, :].expand(-1, n_q, -1)
+    # padded query slots (qi >= length) still see one key, so their (unused) softmax is finite
+    own = (qi[None, :, None] >= qi[None, None, :]) & (qi[None, None, :] < length[:, None, None])
+    mask = torch.cat([sees_prefix, own.expand(len(spans), -1, -1)], dim=2)[:, None]
+    real = (qi[None] < length[:, None]).reshape(-1)
+    return _Batch(q_index, torch.cat([prefix, q_index], dim=1), mask), real
 
 
 # ---- the functions transformers calls ---------------------------------------------------------------

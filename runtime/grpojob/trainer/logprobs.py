@@ -11,12 +11,15 @@ hidden states' dtype (bf16 under autocast), reductions in float32.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor, nn
 
 from .attention import Segments
+
+if TYPE_CHECKING:
+    from .sizing import TrainShape
 
 # A tile of logits holds at most this many float32 elements (64 MiB).
 TILE_ELEMENTS = 1 << 24
@@ -134,18 +137,21 @@ def token_logprobs(head: nn.Module, hidden: Tensor, targets: Tensor, temperature
 class PolicyLogprobs(nn.Module):
     """Wraps a Hugging Face causal LM: packed input -> log-probs of the trained tokens.
 
-    This module (not the inner LM) is what DDP / FSDP wrap, so their forward hooks run.
-    compute_dtype: autocast dtype for the forward (bf16 with float32 master weights), or None to
-    run in the parameters' dtype."""
+    This module (not the inner LM) is what DDP / FSDP wrap, so their forward hooks run. `shape`
+    (trainer.sizing) sets the model's attention backend, compiles its layers and gives the
+    autocast dtype (bf16 compute over float32 master weights); without it the model runs as
+    loaded, in its parameters' dtype."""
 
-    def __init__(self, model: nn.Module, compute_dtype: Optional[torch.dtype] = None):
+    def __init__(self, model: nn.Module, shape: Optional["TrainShape"] = None):
         super().__init__()
         self.model = model
-        self.compute_dtype = compute_dtype
         decoder = getattr(model, "base_model", None)
         if decoder is None or decoder is model or model.get_output_embeddings() is None:
             raise ValueError(f"model class {type(model).__name__} is not a decoder with an output layer "
                              f"(expected a *ForCausalLM with base_model and get_output_embeddings())")
+        self.compute_dtype = shape.compute_dtype if shape is not None else None
+        if shape is not None:
+            shape.prepare(model)
 
     def _autocast(self, device: torch.device):
         if self.compute_dtype is None:

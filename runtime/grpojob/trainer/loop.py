@@ -25,8 +25,9 @@ from ..plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from . import dist
 from .batch import Prepared, prepare
 from .logprobs import PolicyLogprobs
-from .packing import MicroBatch, dummy, pack
+from .packing import MicroBatch, dummy
 from .server import StatusBoard
+from .sizing import for_device, master_dtype
 from .sources import GroupSource, InProcessSource, WeightPublisher
 
 log = logging.getLogger("grpojob.trainer")
@@ -47,12 +48,6 @@ def _timed(stages: dict[str, float], name: str) -> Iterator[None]:
         yield
     finally:
         stages[name] = stages.get(name, 0.0) + time.perf_counter() - t0
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
@@ -118,13 +113,14 @@ class Trainer:
         self.model.train()
         self.strategy = dist.strategy(spec.training.strategy, env)
         layers = getattr(self.model.base_model, "layers", None)
-        self.policy = dist.wrap(PolicyLogprobs(self.model), self.strategy, env, list(layers or []))
+        self.shape = for_device(env.device, next(self.model.parameters()).dtype)
+        self.policy = dist.wrap(PolicyLogprobs(self.model, self.shape), self.strategy, env, list(layers or []))
         self.ref = None
         if spec.algorithm.kl_beta > 0:  # with beta 0 no reference model is loaded at all
             ref = self.load_model().eval()
             for p in ref.parameters():
                 p.requires_grad_(False)
-            self.ref = PolicyLogprobs(ref)
+            self.ref = PolicyLogprobs(ref, self.shape)
         self.algorithm = algorithms.build(spec.algorithm, self.max_tokens)
         tr = spec.training
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=tr.learning_rate,
@@ -160,7 +156,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         spec = self.spec
-        dtype = resolve_dtype(spec.model.dtype, self.env.device)
+        dtype = master_dtype(spec.model.dtype, self.env.device)
         try:
             model = AutoModelForCausalLM.from_pretrained(spec.model.path, dtype=dtype, attn_implementation="sdpa",
                                                          trust_remote_code=spec.model.trust_remote_code)
@@ -240,13 +236,12 @@ class Trainer:
 
     # ---- one step -------------------------------------------------------------------------
     def _forward(self, module, mb: MicroBatch, entropy: bool):
-        d = self.env.device
-        return module(mb.input_ids.to(d), mb.position_ids.to(d), mb.attention_mask.to(d), mb.token_index.to(d),
-                      mb.targets.to(d), self.temperature, entropy)
+        return module(**mb.inputs(self.env.device, self.shape.attention), temperature=self.temperature,
+                      entropy=entropy)
 
     def _optimize(self, prep: Prepared) -> dict[str, Any]:
         spec, env = self.spec, self.env
-        mbs = pack(prep.seqs, spec.training.micro_batch_tokens, pad_id=self.pad_id)
+        mbs = self.shape.pack(prep.seqs, spec.training.micro_batch_tokens, self.pad_id)
         n_mb = int(dist.all_max(torch.tensor([len(mbs)]), env).item())
         out: dict[str, Any] = {"micro_batches": n_mb}
         if n_mb == 0:  # every group filtered out on every rank: a defined no-op step
