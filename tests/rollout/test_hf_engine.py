@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from grpojob.rollout import hf_generate
 from grpojob.rollout.hf_engine import HFEngine
 from grpojob.rollout.types import SamplingParams
 
@@ -58,7 +59,8 @@ async def _load(engine, model, version):
     return time.monotonic()
 
 
-async def test_concurrent_requests_equal_transformers_greedy(tiny_dir, tokenizer, models):
+async def test_concurrent_requests_equal_transformers_greedy(tiny_dir, tokenizer, models, monkeypatch):
+    monkeypatch.setattr(hf_generate, "PREFILL_TOKENS", 8)  # prompts prefilled in several packed chunks
     engine = await _engine(tiny_dir, max_batch=3)  # fewer slots than rows: rows wait, join, leave
     try:
         prompts = [tokenizer.encode(p) for p in PROMPTS]

@@ -6,7 +6,6 @@ import copy
 import pytest
 import torch
 
-from grpojob.trainer import attention
 from grpojob.trainer.logprobs import PolicyLogprobs, linear_logprobs
 from grpojob.trainer.packing import pack
 from grpojob.trainer.sizing import for_device
@@ -22,9 +21,10 @@ def model(tiny_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_dir, attn_implementation="sdpa", dtype=torch.float32)
 
 
-def test_cuda_shape_is_flex_bf16_compiled_one_bucketed_row():
-    shape = for_device(torch.device("cuda"), torch.float32)
-    assert (shape.attention, shape.compute_dtype, shape.compile, shape.bucket) == ("flex", torch.bfloat16, True, True)
+def test_cuda_shape_is_flex_bf16_compiled_one_bucketed_row(model):
+    shape = for_device(torch.device("cuda"), model)
+    assert (shape.attention, shape.compute_dtype, shape.compile, shape.bucket) == \
+        ("flex", torch.bfloat16, "static", True)
     mbs = shape.pack(_seqs(8, 4), 256, pad_id=0)
     assert all(mb.shape[0] == 1 and mb.shape[1] in (128, 256) for mb in mbs)
 
@@ -33,7 +33,7 @@ def test_compiled_flex_bf16_matches_the_fp32_sdpa_reference(model):
     dev = torch.device("cuda")
     seqs = _seqs(6, 4)
     ref_lp = _reference(model, seqs)
-    shape = for_device(dev, torch.float32)
+    shape = for_device(dev, model)
     fast = copy.deepcopy(model).to(dev)
     policy = PolicyLogprobs(fast, shape)
     slow = copy.deepcopy(model).to(dev)
@@ -56,7 +56,7 @@ def test_bucketed_shapes_reuse_compiled_kernels(model):
     import torch._dynamo
 
     dev = torch.device("cuda")
-    shape = for_device(dev, torch.float32)
+    shape = for_device(dev, model)
     policy = PolicyLogprobs(copy.deepcopy(model).to(dev), shape)
     torch._dynamo.utils.counters.clear()
     shapes = set()

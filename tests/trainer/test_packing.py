@@ -198,12 +198,14 @@ def test_every_attention_backend_gives_the_unpacked_logprobs(model, backend, row
             logp, _ = PolicyLogprobs(want)(mb.input_ids, mb.position_ids, mb.attention_mask, mb.token_index, mb.targets)
             (logp * mb.advantages).sum().backward()
         for (name, a), b in zip(m.named_parameters(), want.parameters()):
-            torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda msg, name=name: f"{name}: {msg}")
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4,
+                                       msg=lambda msg, name=name: f"{name}: {msg}")
 
 
-def test_cpu_shape_is_one_unpadded_row_per_micro_batch():
-    shape = for_device(torch.device("cpu"), torch.float32)
-    assert shape.attention == "segments" and shape.compute_dtype is None
+def test_cpu_shape_is_one_unpadded_row_per_micro_batch(model):
+    shape = for_device(torch.device("cpu"), model)
+    assert shape.attention == "segments" and shape.compute_dtype is None and shape.compile is None
+    assert for_device(torch.device("cpu"), torch.nn.Linear(4000, 3000)).compile == "dynamic"  # 12M parameters
     seqs = _seqs(n_groups=6, group=4)
     mbs = shape.pack(seqs, 64, pad_id=0)
     assert all(mb.shape[0] == 1 and mb.shape[1] == mb.n_tokens <= 64 for mb in mbs)
@@ -214,3 +216,23 @@ def test_dummy_micro_batch_trains_nothing(model):
     mb = dummy(0)
     logp, _ = policy(mb.input_ids, mb.position_ids, mb.attention_mask, mb.token_index, mb.targets)
     assert logp.shape == (1,) and mb.coef.sum() == 0 and mb.is_dummy
+
+
+@pytest.mark.slow
+def test_compiled_cpu_layers_train_like_eager_layers(model):
+    """The big-model CPU shape: layers compiled with dynamic lengths (graph broken at the segments
+    attention) give eager's log-probs and gradients, micro-batch after micro-batch of new lengths."""
+    from grpojob.trainer.sizing import TrainShape
+
+    shape = TrainShape(attention="segments", row_tokens=None, bucket=False, compute_dtype=None, compile="dynamic")
+    eager, compiled = _backend_model(model, "segments"), copy.deepcopy(model)
+    fast = PolicyLogprobs(compiled, shape)
+    for seed in range(3):
+        for mb in shape.pack(_seqs(3, 3, seed=seed), 64, pad_id=0):
+            for m, policy in ((eager, PolicyLogprobs(eager)), (compiled, fast)):
+                logp, _ = policy(**mb.inputs(torch.device("cpu"), "segments"))
+                (logp * mb.advantages).sum().backward()
+                mb.extra[id(m)] = logp.detach()
+            torch.testing.assert_close(mb.extra[id(compiled)], mb.extra[id(eager)], atol=1e-5, rtol=1e-5)
+    for (name, a), b in zip(compiled.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")

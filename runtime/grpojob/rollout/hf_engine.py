@@ -115,6 +115,9 @@ class HFEngine:
         return self._decoder.cache.max_len
 
     async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        if len(prompt_ids) >= self.context_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context "
+                             f"({self.context_len} tokens)")
         loop = asyncio.get_running_loop()
         req = _Request(list(prompt_ids), n, sampling, loop.create_future(), loop)
         req.rows = request_rows(req, req.prompt_ids, n, sampling, noise_keys(sampling, n, self._noise))

@@ -171,7 +171,7 @@ class Decoder:
             at += len(g)
         if at > self.cache.slots:
             raise ValueError(f"{at - first} rows do not fit the {self.free} free slots")
-        hidden = self._prefill(seqs, slots)
+        hidden = torch.cat([self._prefill(seqs[i:j], slots[i:j]) for i, j in _chunks([len(q) for q in seqs])])
         for g, s in zip(groups, slots):
             if len(g) > 1:
                 self.cache.copy(s, range(s + 1, s + len(g)), len(g[0].prompt))
@@ -204,17 +204,9 @@ class Decoder:
     def recompute(self) -> None:
         """Rebuild every active row's KV with the weights loaded now (after a weight swap): the
         prompt and the tokens so far except the last, which the next step feeds."""
-        budget = max(PREFILL_TOKENS, max((r.position for r in self.rows), default=0))
-        batch, size = [], 0
-        for slot, r in enumerate(self.rows):
-            seq = r.prompt + r.tokens[:-1]
-            if batch and size + len(seq) > budget:
-                self._prefill(*zip(*batch))
-                batch, size = [], 0
-            batch.append((seq, slot))
-            size += len(seq)
-        if batch:
-            self._prefill(*zip(*batch))
+        seqs = [r.prompt + r.tokens[:-1] for r in self.rows]
+        for i, j in _chunks([len(q) for q in seqs]):
+            self._prefill(seqs[i:j], list(range(i, j)))
 
     def drop(self, keep) -> list[Row]:
         """Remove the rows for which keep(row) is false (e.g. cancelled requests)."""
@@ -239,6 +231,19 @@ class Decoder:
                 self.rows[i] = moved
             self.rows.pop()
         return done
+
+
+def _chunks(lengths: list[int]) -> list[tuple[int, int]]:
+    """Consecutive [i, j) runs of sequences totalling at most PREFILL_TOKENS (or one sequence)."""
+    out, start, size = [], 0, 0
+    for k, n in enumerate(lengths):
+        if k > start and size + n > PREFILL_TOKENS:
+            out.append((start, k))
+            start, size = k, 0
+        size += n
+    if lengths:
+        out.append((start, len(lengths)))
+    return out
 
 
 def request_rows(request: Any, prompt: Sequence[int], n: int, sampling: SamplingParams, keys: Sequence[int],

@@ -37,10 +37,19 @@ def row_key(seed: int, index: int) -> int:
 def uniforms(keys: Tensor, steps: Tensor, vocab: int) -> Tensor:
     """[A, vocab] float32 in (0, 1): the noise of token `steps[a]` of row a (keys/steps int64 [A])."""
     h = _fmix((keys ^ _fmix((steps * 0x85EBCA77) & _M32)) & _M32)
-    h2 = _fmix(h ^ 0x5BD1E995)
-    v = torch.arange(vocab, device=keys.device, dtype=torch.long) * _GOLDEN
-    x = _fmix(_fmix((h[:, None] + v[None]) & _M32) ^ h2[:, None])
+    x = _fmix(h[:, None] ^ _vocab_codes(vocab, keys.device)[None])
     return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+_CODES: dict = {}
+
+
+def _vocab_codes(vocab: int, device: torch.device) -> Tensor:
+    """A distinct pseudo-random 32-bit code per vocabulary entry (cached per device)."""
+    key = (vocab, str(device))
+    if key not in _CODES:
+        _CODES[key] = _fmix((torch.arange(vocab, device=device, dtype=torch.long) * _GOLDEN + 0x632BE5AB) & _M32)
+    return _CODES[key]
 
 
 def _filter(scaled: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
@@ -65,12 +74,15 @@ def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, ke
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
     scaled = logits / t[:, None]
-    choice = logits.argmax(dim=1)
-    if not bool(greedy.all()):
+    if bool(greedy.all()):
+        choice = logits.argmax(dim=1)
+    else:
         pool = scaled
         if bool(((top_p < 1.0) | (top_k > 0)).any()):
             pool = _filter(scaled, top_p, top_k)
         gumbel = -torch.log(-torch.log(uniforms(keys, steps, logits.shape[1])))
-        choice = torch.where(greedy, choice, (pool + gumbel).argmax(dim=1))
+        choice = (pool + gumbel).argmax(dim=1)
+        if bool(greedy.any()):
+            choice = torch.where(greedy, logits.argmax(dim=1), choice)
     logp = torch.log_softmax(scaled, dim=1).gather(1, choice[:, None]).squeeze(1)
     return choice, logp

@@ -26,16 +26,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .packing import LENGTH, PREFIX_LEN, PREFIX_START, ROW, START, dense_mask, token_ranges
+from .packing import BUCKET_MIN, LENGTH, PREFIX_LEN, PREFIX_START, ROW, START, dense_mask, token_ranges
 
 BACKENDS = ("sdpa", "segments", "flex")
 FLEX = "grpojob_flex"  # names our attention functions are registered under in transformers
 SEGMENTS = "grpojob_segments"
-FLEX_BLOCK = 128  # flex_attention's tile size
-
-
-def default_backend(device: torch.device) -> str:
-    return "flex" if device.type == "cuda" else "segments"
 
 
 def install(model, backend: str) -> None:
@@ -67,7 +62,7 @@ def flex_mask(spans: Tensor, rows: int, width: int):
     device = spans.device
     # _compile: on CUDA the mask is evaluated tile by tile instead of as a dense [R, L, L] grid.
     return create_block_mask(mask_mod, B=rows, H=None, Q_LEN=width, KV_LEN=width, device=device,
-                             BLOCK_SIZE=FLEX_BLOCK, _compile=device.type == "cuda")
+                             BLOCK_SIZE=BUCKET_MIN, _compile=device.type == "cuda")
 
 
 @dataclass
@@ -189,6 +184,7 @@ def flex_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_ma
     return out.transpose(1, 2).contiguous(), None
 
 
+@torch.compiler.disable  # data-dependent gathers: compiled layers break their graph here
 def segments_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_mask,
                      scaling: Optional[float] = None, dropout: float = 0.0, segments: Optional[Segments] = None,
                      **_) -> tuple[Tensor, None]:

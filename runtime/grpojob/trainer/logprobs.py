@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 # A tile of logits holds at most this many float32 elements (64 MiB).
 TILE_ELEMENTS = 1 << 24
 VOCAB_CHUNK = 32768
-# Below this many logits in all, forward keeps them for backward instead of recomputing them.
-KEEP_ELEMENTS = 1 << 22
+# When all logits fit in one tile, forward keeps them for backward instead of recomputing them.
+KEEP_ELEMENTS = TILE_ELEMENTS
 
 
 def _tiles(n: int, vocab: int, tile: int, vocab_chunk: int) -> tuple[int, int]:

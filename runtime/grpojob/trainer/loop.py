@@ -113,7 +113,8 @@ class Trainer:
         self.model.train()
         self.strategy = dist.strategy(spec.training.strategy, env)
         layers = getattr(self.model.base_model, "layers", None)
-        self.shape = for_device(env.device, next(self.model.parameters()).dtype)
+        self.shape = for_device(env.device, self.model)
+        log.info("trainer shape: %s", self.shape.describe())
         self.policy = dist.wrap(PolicyLogprobs(self.model, self.shape), self.strategy, env, list(layers or []))
         self.ref = None
         if spec.algorithm.kl_beta > 0:  # with beta 0 no reference model is loaded at all

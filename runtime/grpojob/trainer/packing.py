@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 ROW_TOKENS = 256
-BUCKET_MIN = 128  # smallest bucketed row width (flex attention's tile)
+BUCKET_MIN = 128  # smallest bucketed row width: one flex attention tile (its BLOCK_SIZE)
 
 # spans columns: row, prefix start, prefix length, start, length (positions within the row)
 ROW, PREFIX_START, PREFIX_LEN, START, LENGTH = range(5)
