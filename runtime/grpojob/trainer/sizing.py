@@ -5,8 +5,9 @@ One place for these per-device choices (measured in benchmarks/trainer_throughpu
 - CPU: float32; `segments` attention (no O(length^2) masks, no padding), so a micro-batch is one
   row holding up to training.microBatchTokens tokens. Models of CPU_COMPILE_PARAMS parameters or
   more get their decoder layers compiled with dynamic shapes (inductor's C++ kernels fuse norms,
-  rotary and the MLP's elementwise work; about 8% of a 17M-parameter step, for 20-60 s of
-  compilation in the first step); smaller ones (tests, the local demo) run eagerly.
+  rotary and the MLP's elementwise work: about 8% of a train step of the benchmark's "small"
+  shape, for 20-60 s of compilation in the first step); smaller ones (the tiny model of tests
+  and the local demo) run eagerly.
 - CUDA: float32 master weights and optimizer state with bfloat16 autocast (unless spec.model.dtype
   pins another parameter dtype); `flex` attention with block masks; one row per micro-batch
   (fewer, fuller launches), its width bucketed to powers of two so that each compiled shape is
@@ -29,7 +30,7 @@ def master_dtype(name: str, device: torch.device) -> torch.dtype:
     return torch.float32 if name == "auto" else getattr(torch, name)
 
 
-CPU_COMPILE_PARAMS = 10_000_000
+CPU_COMPILE_PARAMS = 2_000_000
 
 
 @dataclass(frozen=True)
