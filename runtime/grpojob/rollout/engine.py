@@ -2,11 +2,13 @@
 
 An engine generates completions for token-id prompts (the `Generator` contract of `types.py`,
 plus bookkeeping) and is the `WeightSink` that weight sync loads into. Engines tag every
-completion with the policy version of the weights that produced it: `hf` switches weights
-between batches under a lock, so a completion comes from exactly one version; `vllm` swaps
-weights between engine steps (in flight), so a completion that spans a swap is tagged with the
-version it started at (the older one: its staleness is never under-counted). The per-token
-log-probs are those of the weights that actually produced each token either way.
+completion with the policy version of the weights that produced it: `hf` swaps weights between
+decode steps, after the requests in flight finish (one version per completion) or, with
+algorithm.partialRollouts, at once with the requests in flight resumed on the new weights
+(`Completion.versions` per token); `vllm` swaps weights between engine steps (in flight). A
+completion that spans a swap is tagged with the version it started at (the older one: its
+staleness is never under-counted). The per-token log-probs are those of the weights that
+actually produced each token either way.
 """
 from __future__ import annotations
 
