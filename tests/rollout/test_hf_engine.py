@@ -154,6 +154,19 @@ async def test_partial_rollouts_resume_requests_in_flight_on_the_new_weights(tin
         await engine.close()
 
 
+async def test_closing_releases_a_pending_swap_and_the_requests_in_flight(tiny_dir, models, long_prompt):
+    engine = await _engine(tiny_dir, partial=False)
+    a = asyncio.ensure_future(engine.generate(long_prompt, 1, _greedy(LONG)))
+    await _wait_running(engine)
+    loading = asyncio.ensure_future(_load(engine, models[1], 1))
+    await asyncio.sleep(0.05)
+    await engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(loading, 30)
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(a, 30)
+
+
 @pytest.mark.parametrize("partial", [False, True])
 async def test_pushes_racing_requests_never_deadlock(tiny_dir, tokenizer, models, partial):
     engine = await _engine(tiny_dir, partial=partial, max_batch=6)

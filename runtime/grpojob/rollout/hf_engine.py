@@ -284,5 +284,9 @@ class HFEngine:
         with self._cond:
             pending = self._queue + ([r.request for r in self._decoder.rows] if self._decoder else [])
             self._queue = []
+            for s in self._swaps:  # a load() waiting for a boundary that will not come
+                s.error = RuntimeError(why)
+                s.applied.set()
+            self._swaps = []
         for req in {id(r): r for r in pending}.values():
             self._resolve(req, error=RuntimeError(why))
