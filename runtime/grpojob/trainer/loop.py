@@ -157,7 +157,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         spec = self.spec
-        dtype = master_dtype(spec.model.dtype, self.env.device)
+        dtype = master_dtype(spec.model.dtype)
         try:
             model = AutoModelForCausalLM.from_pretrained(spec.model.path, dtype=dtype, attn_implementation="sdpa",
                                                          trust_remote_code=spec.model.trust_remote_code)

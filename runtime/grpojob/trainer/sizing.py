@@ -24,7 +24,7 @@ from . import attention
 from .packing import MicroBatch, TrainSeq, pack
 
 
-def master_dtype(name: str, device: torch.device) -> torch.dtype:
+def master_dtype(name: str) -> torch.dtype:
     """The trainer's parameter dtype for spec.model.dtype: auto keeps float32 master weights on
     every device (bf16 on GPU is the compute dtype, see TrainShape.compute_dtype)."""
     return torch.float32 if name == "auto" else getattr(torch, name)
