@@ -236,3 +236,21 @@ def test_compiled_cpu_layers_train_like_eager_layers(model):
             torch.testing.assert_close(mb.extra[id(compiled)], mb.extra[id(eager)], atol=1e-5, rtol=1e-5)
     for (name, a), b in zip(compiled.named_parameters(), eager.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.slow
+def test_the_cuda_shape_traced_on_cpu_gives_the_unpacked_logprobs(model):
+    """What the GPU runs, as far as the CPU can: bucketed rows, a flex BlockMask, layers compiled
+    with static shapes (flex inside the graph). Forward only: torch has no flex backward on CPU."""
+    from grpojob.trainer.sizing import TrainShape
+
+    shape = TrainShape(attention="flex", row_tokens=None, bucket=True, compute_dtype=None, compile="static")
+    policy = PolicyLogprobs(copy.deepcopy(model), shape)
+    seqs = _seqs()
+    ref = _reference(model, seqs)
+    with torch.no_grad():
+        for mb in shape.pack(seqs, 256, pad_id=0):
+            assert mb.shape == (1, 128) or mb.shape == (1, 256)
+            logp, _ = policy(**mb.inputs(torch.device("cpu"), "flex"))
+            for local, i in enumerate(mb.seqs):
+                torch.testing.assert_close(logp[mb.seq_index == local], ref[i], atol=2e-5, rtol=1e-5)

@@ -152,12 +152,12 @@ def _register() -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _flex_kernel(device_type: str):
+def _eager_flex(device_type: str):
+    """flex_attention for layers that are not compiled: compiled on its own on CUDA (the fused
+    Triton kernel; uncompiled flex_attention is a dense reference implementation)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    if device_type == "cuda":  # the fused Triton kernel; eager flex_attention is a dense reference
-        return torch.compile(flex_attention, dynamic=False)
-    return flex_attention
+    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
 
 
 def _repeat_kv(x: Tensor, times: int) -> Tensor:
@@ -169,7 +169,7 @@ def flex_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_ma
                  dropout: float = 0.0, **_) -> tuple[Tensor, None]:
     """transformers' attention signature: q [B, Hq, L, D], k/v [B, Hkv, L, D] -> ([B, L, Hq, D],
     no weights). `attention_mask` is a BlockMask (or None: causal)."""
-    from torch.nn.attention.flex_attention import BlockMask
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     if dropout:
         raise ValueError("the trainer's attention backends do no attention dropout")
@@ -179,8 +179,8 @@ def flex_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_ma
     gqa = group > 1
     if gqa and group & (group - 1):  # the kernel's GQA wants a power-of-two group (Qwen2.5-0.5B: 7)
         key, value, gqa = _repeat_kv(key, group), _repeat_kv(value, group), False
-    out = _flex_kernel(query.device.type)(query, key, value, block_mask=attention_mask, scale=scaling,
-                                          enable_gqa=gqa)
+    kernel = flex_attention if torch.compiler.is_compiling() else _eager_flex(query.device.type)
+    out = kernel(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous(), None
 
 
