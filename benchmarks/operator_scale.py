@@ -2,7 +2,8 @@
 
 For each N, two runs side by side on a fresh emulator each:
   baseline  a plain client (the same official kubernetes.aio client the operator uses) creates the
-            same N x 5 child objects directly: the cost of the API calls alone;
+            same N x 8 child objects directly (the job's Secret and two NetworkPolicies included):
+            the cost of the API calls alone;
   operator  `grpojob operator` as a real process (kopf, watches, indexes, status) reconciles the N
             jobs created at once.
 Prints the time until every job has all its children (and the ratio to the baseline), the time
@@ -37,10 +38,12 @@ from grpojob_operator import children  # noqa: E402
 from grpojob_operator import names as n  # noqa: E402
 from grpojob_operator.kube import Kube  # noqa: E402
 from tests.operator_k8s.conftest import job_manifest, job_path  # noqa: E402
-from tests.operator_k8s.kmock_shim import CONFIGMAPS, DEPLOYMENTS, GRPOJOBS, SERVICES, STATEFULSETS, Emulator  # noqa: E402
+from tests.operator_k8s.kmock_shim import (CONFIGMAPS, DEPLOYMENTS, GRPOJOBS, NETWORKPOLICIES,  # noqa: E402
+                                           SECRETS, SERVICES, STATEFULSETS, Emulator)
 
 NS = "bench"
-KINDS = (CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)
+KINDS = (SECRETS, NETWORKPOLICIES, CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)
+PER_JOB = 8  # Secret, 2 NetworkPolicies, ConfigMap, 2 Services, StatefulSet, Deployment
 
 
 def free_port() -> int:
@@ -60,7 +63,7 @@ def kubeconfig(emu: Emulator, work: Path) -> str:
 
 
 def children_done(emu: Emulator, count: int) -> bool:
-    return sum(len(emu.live(res, NS)) for res in KINDS) >= 5 * count
+    return sum(len(emu.live(res, NS)) for res in KINDS) >= PER_JOB * count
 
 
 def created_done(emu: Emulator, names: list[str]) -> bool:
@@ -85,8 +88,9 @@ async def baseline(count: int, work: Path) -> float:
     async with Emulator() as emu, kmock.Server(emu):
         os.environ["KUBECONFIG"] = kubeconfig(emu, work)
         kube = await Kube.connect()
-        objs = [o for i in range(count) for o in children.build(
-            parse(job_manifest(f"job-{i:03d}", ns=NS)), namespace=NS)]
+        objs = [o for i in range(count) for o in (
+            children.token_secret(f"job-{i:03d}", NS, None, "t"),
+            *children.build(parse(job_manifest(f"job-{i:03d}", ns=NS)), namespace=NS))]
         gate = asyncio.Semaphore(16)
 
         async def create(obj: dict) -> None:

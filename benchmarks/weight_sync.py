@@ -1,17 +1,20 @@
 """Weight sync: grpojob's bucketed push against two baselines, side by side in one run.
 
-For a Qwen2-shaped state dict of the given size (random weights, built in memory), trainer rank 0
-(this process) sends all weights to N receiver processes over gloo on loopback:
-  ours        WeightPublisher.push: flat dtype-grouped buckets (--bucket-mb), packing overlapped
-              with sending, each receiver a real SyncAgent that acknowledges through the store;
-  flat        (a) one broadcast of all bytes at once, already packed: the practical limit;
-  per-tensor  (b) one broadcast per tensor, as TRL's vLLM server mode sends weights (without its
-              extra HTTP call per tensor).
+For a Qwen2-shaped state dict of the given size (random weights, built in memory on --device),
+trainer rank 0 (this process) sends all weights to N receiver processes on the same device (the
+`grpojob run` placement: one machine, one GPU or the CPU):
+  ours        WeightPublisher.push over the path weightSync.backend (--backend, default auto)
+              picks: gloo on the CPU, CUDA IPC on one GPU; flat dtype-grouped buckets
+              (--bucket-mb), each receiver a real SyncAgent that acknowledges through the store;
+  flat        (a) one gloo broadcast of all bytes at once, already packed: the limit of a
+              collective on this machine;
+  per-tensor  (b) one gloo broadcast per tensor, as TRL's vLLM server mode sends weights
+              (without its extra HTTP call per tensor).
 The methods take turns round by round (same machine load for each); every timing ends when all
 receivers have everything (an acknowledgement for ours, a barrier for the baselines). Prints the
 median seconds of each, GB/s, and the ratios ours/flat and per-tensor/ours.
 
-    python benchmarks/weight_sync.py --layers 24 --hidden 256 --receivers 2 --rounds 7
+    python benchmarks/weight_sync.py --layers 24 --hidden 256 --receivers 2 --rounds 7 [--device cuda]
 
 The defaults have the tensor count of Qwen2.5-0.5B (24 layers, 291 tensors) at 21M parameters.
 Over loopback a message costs about 0.5 ms, so the per-tensor baseline loses most on models with
@@ -25,17 +28,13 @@ import datetime
 import json
 import multiprocessing as mp
 import statistics
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-from torch.distributed import BarrierOptions, BroadcastOptions, PrefixStore, ProcessGroupGloo, TCPStore  # noqa: E402
+import torch
+from torch.distributed import BarrierOptions, BroadcastOptions, PrefixStore, ProcessGroupGloo, TCPStore
 
 TIMEOUT = datetime.timedelta(seconds=300)
+TOKEN = "benchmark-token"  # the job's token (grpojob.auth): the receivers prove it at registration
 
 
 def state_dict(layers: int, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
@@ -52,32 +51,37 @@ def state_dict(layers: int, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
 
 class DiscardSink:
     """Receives every push (the real receiver path) and drops it: the transfer is what is timed."""
-    workers = 1
 
-    def __init__(self):
+    def __init__(self, device: str):
+        self.device = torch.device(device)
         self.rx = None
+
+    def endpoints(self):
+        from grpojob.sync.placement import local
+        return [local(self.device)]
 
     def receive_push(self, cmd, store_addr, instance):
         from grpojob.sync.receiver import PushReceiver
         if self.rx is None or self.rx.instance != instance:
-            self.rx = PushReceiver(store_addr, instance)
+            self.rx = PushReceiver(store_addr, instance, self.device)
         self.rx.receive(cmd)
 
     def load_dir(self, path, version, weights):
         raise RuntimeError("not used")
 
 
-def receiver(rank: int, world: int, bench_port: int, sync_port: int, shapes: list, rounds: list[str]) -> None:
+def receiver(rank: int, world: int, bench_port: int, sync_port: int, shapes: list, rounds: list[str],
+             device: str) -> None:
     from grpojob.sync.agent import SyncAgent
 
     torch.set_num_threads(1)
-    agent = SyncAgent(DiscardSink(), f"127.0.0.1:{sync_port}", replica=f"rx{rank}", url=f"http://rx{rank}",
-                      model_dir="unused").start()
+    agent = SyncAgent(DiscardSink(device), f"127.0.0.1:{sync_port}", token=TOKEN, replica=f"rx{rank}",
+                      url=f"http://rx{rank}", model_dir="unused").start()
     store = TCPStore("127.0.0.1", bench_port, is_master=False, timeout=TIMEOUT)
     pg = ProcessGroupGloo(PrefixStore("bench", store), rank, world, TIMEOUT)
     total = sum(torch.Size(s).numel() * torch.empty((), dtype=getattr(torch, d)).element_size() for s, d in shapes)
-    flat = torch.empty(total, dtype=torch.uint8)
-    tensors = [torch.empty(s, dtype=getattr(torch, d)) for s, d in shapes]
+    flat = torch.empty(total, dtype=torch.uint8, device=device)
+    tensors = [torch.empty(s, dtype=getattr(torch, d), device=device) for s, d in shapes]
     for i, kind in enumerate(rounds):
         store.wait([f"round/{i}"])
         if kind == "flat":
@@ -95,29 +99,35 @@ def main() -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--receivers", type=int, default=2)
-    p.add_argument("--bucket-mb", type=float, default=16)
+    p.add_argument("--bucket-mb", type=int, default=16)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: grpojob.devices.default())")
+    p.add_argument("--backend", default="auto", choices=["auto", "gloo", "shm", "cuda-ipc", "nccl"],
+                   help="weightSync.backend of ours (default auto: what a run picks)")
     a = p.parse_args()
 
+    from grpojob import devices
+    from grpojob.api.spec import WeightSyncSpec
     from grpojob.sync.publisher import WeightPublisher
-    from tests.rollout.harness import make_job
 
-    sd = state_dict(a.layers, a.hidden, a.vocab)
+    device = torch.device(a.device) if a.device else devices.default()
+    sd = {n: t.to(device) for n, t in state_dict(a.layers, a.hidden, a.vocab).items()}
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
     print(f"model: {len(sd)} tensors, {sum(t.numel() for t in sd.values()) / 1e6:.1f}M parameters, "
-          f"{nbytes / 2**20:.0f} MiB; {a.receivers} receivers over gloo on loopback; buckets of {a.bucket_mb} MiB")
+          f"{nbytes / 2**20:.0f} MiB on {device}; {a.receivers} receivers on {device}; buckets of {a.bucket_mb} MiB; "
+          f"baselines over gloo on loopback")
     kinds = ["ours", "flat", "per-tensor"]
     schedule = ["warm-up-" + k for k in kinds] + kinds * a.rounds
     raw_rounds = [k.removeprefix("warm-up-") for k in schedule if k.removeprefix("warm-up-") != "ours"]
 
-    pub = WeightPublisher(make_job("unused", weightSync={"timeoutSeconds": 300}).spec, "127.0.0.1", 0,
-                          bucket_mb=a.bucket_mb, heartbeat_timeout=60)
+    sync = WeightSyncSpec(backend=a.backend, timeout_seconds=300, bucket_size_mb=a.bucket_mb)
+    pub = WeightPublisher(sync, host="127.0.0.1", port=0, device=device, heartbeat_timeout=60, token=TOKEN)
     bench = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     world = a.receivers + 1
     shapes = [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in sd.values()]
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=receiver, args=(r, world, bench.port, pub.port, shapes, raw_rounds), daemon=True)
-             for r in range(1, world)]
+    procs = [ctx.Process(target=receiver, args=(r, world, bench.port, pub.port, shapes, raw_rounds, str(device)),
+                         daemon=True) for r in range(1, world)]
     for proc in procs:
         proc.start()
     try:
@@ -126,6 +136,7 @@ def main() -> None:
             time.sleep(0.05)
         flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in sd.values()])
         times: dict[str, list[float]] = {k: [] for k in kinds}
+        paths = set()
         raw_i = 0
         for version, kind in enumerate(schedule, start=1):
             base = kind.removeprefix("warm-up-")
@@ -133,6 +144,7 @@ def main() -> None:
             if base == "ours":
                 stats = pub.push(sd.items(), version=version)
                 assert stats["servers"] == a.receivers, stats
+                paths.add(stats["backend"])
             else:
                 bench.set(f"round/{raw_i}", "go")
                 raw_i += 1
@@ -145,19 +157,20 @@ def main() -> None:
             if not kind.startswith("warm-up"):
                 times[base].append(time.perf_counter() - start)
         med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"ours took the path: {', '.join(sorted(paths))} (weightSync.backend {a.backend})")
         print(f"{'method':<12} {'seconds':>9} {'GB/s':>7}   (median of {a.rounds})")
         for k in kinds:
             print(f"{k:<12} {med[k]:>9.4f} {nbytes / med[k] / 1e9:>7.2f}")
         print(f"ours / flat (goal <= 1.3):        {med['ours'] / med['flat']:.2f}")
         print(f"per-tensor / ours (goal >= 5):    {med['per-tensor'] / med['ours']:.2f}")
         print(json.dumps({"tensors": len(sd), "bytes": nbytes, "receivers": a.receivers, "bucket_mb": a.bucket_mb,
-                          "median_seconds": med}))
+                          "device": str(device), "path": sorted(paths), "median_seconds": med}))
     finally:
-        pub.close()
-        for proc in procs:
+        for proc in procs:  # they stop their agents after the last round, before the store goes
             proc.join(timeout=30)
             if proc.is_alive():
                 proc.kill()
+        pub.close()
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """Which spec changes a running job accepts.
 
-Scaling the rollouts and the run policy (suspend, limits, cleanup) apply in place; anything else
+Scaling the rollouts, the run policy (suspend, limits, cleanup) and who may reach the pods (the
+NetworkPolicies) apply in place; anything else
 (model, data, algorithm, trainer shape...) would silently restart or corrupt a run, so it is refused
-while the job is active and the job keeps running on the spec it was started with.
+while the job is active and the job keeps running on the spec it was started with. An edit is taken
+as a whole: one refused field refuses all of it, so no edit ever half-applies.
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Optional
 
 from grpojob.api import API_VERSION, KIND, GRPOJob, check
 
-MUTABLE = ("rollout.replicas", "runPolicy")  # spec paths (camelCase) that may change while running
+MUTABLE = ("rollout.replicas", "runPolicy", "network")  # spec paths (camelCase) that may change while running
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -32,26 +33,21 @@ def _full(job: GRPOJob) -> dict[str, Any]:
 
 
 def immutable_changes(applied: GRPOJob, new: GRPOJob) -> list[str]:
-    """One message per refused field, naming its path and both values."""
+    """One message per refused field, naming its path and both values; the edit's other changes
+    are named as held back with it."""
     a, b = _flatten(_full(applied)), _flatten(_full(new))
-    out = []
+    out, held = [], []
     for path in sorted(set(a) | set(b)):
-        if not _mutable(path) and a.get(path) != b.get(path):
+        if a.get(path) == b.get(path):
+            continue
+        if _mutable(path):
+            held.append(f"spec.{path}")
+        else:
             out.append(f"spec.{path} cannot change on a running job (running with {a.get(path)!r}, "
                        f"asked for {b.get(path)!r}); revert it, or suspend the job first")
+    if out and held:
+        out.append(f"the rest of the edit ({', '.join(held)}) is not applied either: an edit applies whole or not at all")
     return out
-
-
-def with_mutable(applied: GRPOJob, new: GRPOJob) -> GRPOJob:
-    """The applied job with the changes a running job accepts taken from the new spec."""
-    spec = copy.deepcopy(_full(applied))
-    fresh = _full(new)
-    spec["rollout"]["replicas"] = fresh["rollout"]["replicas"]
-    spec["runPolicy"] = fresh["runPolicy"]
-    doc = new.model_dump(by_alias=True, exclude_none=True, mode="json", exclude={"status"})
-    doc["spec"] = spec
-    job, errors = check(doc, resolve_plugins=False)
-    return job if job is not None and not errors else applied
 
 
 def applied_job(new_doc_meta: dict[str, Any], applied_spec: Optional[dict[str, Any]]) -> Optional[GRPOJob]:
@@ -66,11 +62,11 @@ def applied_job(new_doc_meta: dict[str, Any], applied_spec: Optional[dict[str, A
 def effective(new: Optional[GRPOJob], applied: Optional[GRPOJob], state: str) -> tuple[Optional[GRPOJob], list[str]]:
     """(the job to reconcile, refusal messages).
 
-    state: active (changes refused, with messages), finished (kept as it ran, silently), or
-    suspended (everything applies on resume)."""
+    state: active (an edit with a refused field is refused whole, with messages), finished (kept as
+    it ran, silently), or suspended (everything applies on resume)."""
     if new is None or applied is None or state == "suspended":
         return new, []
     refused = immutable_changes(applied, new)
     if not refused:
         return new, []
-    return with_mutable(applied, new), (refused if state == "active" else [])
+    return applied, (refused if state == "active" else [])

@@ -2,21 +2,28 @@
 
 Commands, environment and ports come from `grpojob.plan.roles` (the one renderer `grpojob run` uses
 too); this module only decides where those processes run: a trainer StatefulSet behind a headless
-Service, a rollout Deployment behind a Service, the runtime config in a ConfigMap, and optional gang
-scheduling and monitoring objects.
+Service, a rollout Deployment behind a Service, a Deployment per environment (spec.environments),
+the runtime config in a ConfigMap, the job's NetworkPolicies (`network`), and optional gang
+scheduling and monitoring objects. Every pod mounts the job's Secret (`token_secret`) read-only:
+the token its endpoints require (grpojob.auth). The Secret is not among `build`'s children: its
+token is made once, when the controller creates it, and never patched (the pods would lose it),
+so it has no spec hash to keep.
 """
 from __future__ import annotations
 
+import base64
 import copy
 import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from grpojob import plan
+from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
-from grpojob.api.spec import WorkloadSpec
+from grpojob.api.spec import CODE_DIR, GROUP
+from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
+from . import gang, network, pods
 from . import names as n
 
 Manifest = dict[str, Any]
@@ -24,15 +31,27 @@ Manifest = dict[str, Any]
 # The trainer checkpoints on SIGTERM before it exits; give it time to write a large model.
 TRAINER_GRACE_SECONDS = 300
 ROLLOUT_GRACE_SECONDS = 30
+ENVIRONMENT_GRACE_SECONDS = 30
 # vLLM may load a large model for many minutes before /healthz answers.
 ROLLOUT_STARTUP_SECONDS = 1800
 
 VOLCANO_API = "scheduling.volcano.sh/v1beta1"
 PODMONITOR_API = "monitoring.coreos.com/v1"
-KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
-KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
-KUEUE_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
-VOLCANO_GROUP = "scheduling.k8s.io/group-name"
+
+
+TOKEN_VOLUME = f"{RESERVED_VOLUME_PREFIX}token"
+TOKEN_FILE_MODE = 0o440  # owner root, group fsGroup (the runtime user's group): readable by the pod's user
+ANN_TOKEN = f"{GROUP}/token"
+TOKEN_NOTE = ("made by the operator when it first creates the job's children, kept for the job's life and "
+              "never patched; grpojob render shows it without a token")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What a job's children depend on beyond its spec: the operator's settings (the chart's values)."""
+    operator_namespace: str = n.DEFAULT_OPERATOR_NAMESPACE  # may reach the trainer's HTTP port
+    monitoring_namespaces: tuple[str, ...] = n.DEFAULT_MONITORING_NAMESPACES  # may reach the metrics ports
+    metrics_auth: bool = False  # the pods' /metrics need the job's token too
 
 
 @dataclass(frozen=True)
@@ -48,13 +67,19 @@ def checkpoint_dir(job: GRPOJob) -> str:
     return path if path.startswith("/") else f"{n.RUN_DIR}/{path}"
 
 
-def placement(job: GRPOJob, namespace: str) -> plan.Placement:
+def placement(job: GRPOJob, namespace: str, cluster: Cluster) -> plan.Placement:
     """Where the plan's processes run on a cluster (the local runner has its own Placement)."""
     return plan.Placement(
         trainer_host=n.trainer_host(job.metadata.name, namespace),
         config_path=f"{n.CONFIG_DIR}/{plan.CONFIG_FILE}",
         checkpoint_dir=checkpoint_dir(job),
         run_dir=n.RUN_DIR,
+        # Environments reach every rollout server through the rollout Service.
+        rollout_urls=(f"http://{n.rollout_name(job.metadata.name)}.{namespace}.svc:{job.spec.rollout.port}",),
+        code_dir=CODE_DIR if job.spec.code.has_modules else None,
+        site_dir=n.SITE_DIR if job.spec.code.pip else None,
+        token_file=f"{n.TOKEN_DIR}/{auth.TOKEN_KEY}",
+        metrics_auth=cluster.metrics_auth,
     )
 
 
@@ -82,114 +107,33 @@ def spec_hash(obj: Manifest) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _meta(job: str, namespace: str, name: str, component: str,
-          owner: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _meta(job: str, namespace: str, name: str, component: str, owner: Optional[dict[str, Any]],
+          extra_labels: Optional[dict[str, str]] = None) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name, "namespace": namespace,
-                            "labels": {**n.common_labels(job), n.LABEL_COMPONENT: component}}
+                            "labels": {**(extra_labels or {}), **n.common_labels(job), n.LABEL_COMPONENT: component}}
     if owner:
         meta["ownerReferences"] = [owner]
     return meta
 
 
-def _quantities(values: dict[str, Any]) -> dict[str, str]:
-    return {k: str(v) for k, v in values.items()}
-
-
-def _resources(w: WorkloadSpec) -> dict[str, Any]:
-    out = {}
-    if w.resources.requests:
-        out["requests"] = _quantities(w.resources.requests)
-    if w.resources.limits:
-        out["limits"] = _quantities(w.resources.limits)
-    return out
-
-
-_PER_REPLICA_SOURCES = {
-    plan.REPLICA_INDEX: {"fieldRef": {"fieldPath": f"metadata.labels['{n.POD_INDEX_LABEL}']"}},
-    plan.REPLICA_HOST: {"fieldRef": {"fieldPath": "status.podIP"}},
-    plan.REPLICA_NAME: {"fieldRef": {"fieldPath": "metadata.name"}},
-}
-
-
-def container_env(role: plan.Role, w: WorkloadSpec) -> list[dict[str, Any]]:
-    """The plan's environment verbatim, per-replica values from the downward API, then the user's
-    extra variables (a user variable with a plan name replaces it in place)."""
-    env: dict[str, dict[str, Any]] = {k: {"name": k, "value": v} for k, v in role.env.items()}
-    for key, source in role.per_replica_env.items():
-        env[key] = {"name": key, "valueFrom": copy.deepcopy(_PER_REPLICA_SOURCES[source])}
-    for var in w.env:
-        item: dict[str, Any] = {"name": var.name}
-        if var.value_from is not None:
-            item["valueFrom"] = var.value_from
-        else:
-            item["value"] = var.value or ""
-        env[var.name] = item
-    return list(env.values())
-
-
-def _gang(job: GRPOJob) -> tuple[dict[str, str], dict[str, str], Optional[str]]:
-    """Pod labels, pod annotations and scheduler name for the job's gang-scheduling choice."""
-    s = job.spec.scheduling
-    total = job.spec.trainer.replicas + job.spec.rollout.replicas
-    labels: dict[str, str] = {}
-    annotations: dict[str, str] = {}
-    scheduler = s.scheduler_name
-    if s.gang == "kueue":
-        labels[KUEUE_GROUP] = job.metadata.name
-        if s.queue_name:
-            labels[KUEUE_QUEUE] = s.queue_name
-        annotations[KUEUE_TOTAL] = str(total)
-    elif s.gang == "volcano":
-        annotations[VOLCANO_GROUP] = job.metadata.name
-        scheduler = scheduler or "volcano"
-    return labels, annotations, scheduler
-
-
-def _pod_spec(job: GRPOJob, w: WorkloadSpec, container: dict[str, Any], volumes: list[dict[str, Any]],
-              grace: int, scheduler: Optional[str]) -> dict[str, Any]:
-    spec: dict[str, Any] = {
-        "containers": [container],
-        "volumes": volumes,
-        "enableServiceLinks": False,  # one job's pods need no env vars for every Service in the namespace
-        "terminationGracePeriodSeconds": grace,
-    }
-    if w.node_selector:
-        spec["nodeSelector"] = dict(w.node_selector)
-    if w.tolerations:
-        spec["tolerations"] = copy.deepcopy(w.tolerations)
-    if w.affinity:
-        spec["affinity"] = copy.deepcopy(w.affinity)
-    if w.priority_class_name:
-        spec["priorityClassName"] = w.priority_class_name
-    if w.service_account_name:
-        spec["serviceAccountName"] = w.service_account_name
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    return spec
-
-
-def _common_volumes(job: GRPOJob) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    name = job.metadata.name
-    volumes: list[dict[str, Any]] = [
-        {"name": "config", "configMap": {"name": n.config_name(name)}},
-        {"name": "run", "emptyDir": {}},
-        # NCCL and vLLM move tensors through /dev/shm; the container default (64 MiB) is too small.
-        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-    ]
-    mounts: list[dict[str, Any]] = [
-        {"name": "config", "mountPath": n.CONFIG_DIR, "readOnly": True},
-        {"name": "run", "mountPath": n.RUN_DIR},
-        {"name": "dshm", "mountPath": n.SHM_DIR},
-    ]
-    if job.spec.model.volume_claim:
-        volumes.append({"name": "models", "persistentVolumeClaim": {
-            "claimName": job.spec.model.volume_claim, "readOnly": True}})
-        mounts.append({"name": "models", "mountPath": n.MODELS_DIR, "readOnly": True})
-    return volumes, mounts
+def _base_volumes(job: GRPOJob, model: bool = True) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(volume, mount) of every pod: the runtime config, the job's token, the scratch emptyDirs, the
+    model claim (not in environments' pods: they reach the model through the rollout servers)."""
+    pairs = [({"name": pods.CONFIG_VOLUME, "configMap": {"name": n.config_name(job.metadata.name)}},
+              {"name": pods.CONFIG_VOLUME, "mountPath": n.CONFIG_DIR, "readOnly": True}),
+             ({"name": TOKEN_VOLUME, "secret": {"secretName": n.token_name(job.metadata.name),
+                                                "defaultMode": TOKEN_FILE_MODE}},
+              {"name": TOKEN_VOLUME, "mountPath": n.TOKEN_DIR, "readOnly": True})]
+    pairs += pods.scratch_volumes()
+    if model and job.spec.model.volume_claim:
+        pairs.append(({"name": pods.MODELS_VOLUME, "persistentVolumeClaim": {
+            "claimName": job.spec.model.volume_claim, "readOnly": True}},
+            {"name": pods.MODELS_VOLUME, "mountPath": n.MODELS_DIR, "readOnly": True}))
+    return pairs + pods.code_volumes(job)
 
 
 def _pod_template(job: GRPOJob, role: str, w: WorkloadSpec, pod_spec: dict[str, Any]) -> dict[str, Any]:
-    gang_labels, gang_annotations, _ = _gang(job)
+    gang_labels, gang_annotations = gang.pod_metadata(job, role)
     labels = {**w.labels, **gang_labels, **n.common_labels(job.metadata.name),
               n.LABEL_COMPONENT: role, n.LABEL_ROLE: role}
     meta: dict[str, Any] = {"labels": labels}
@@ -199,8 +143,26 @@ def _pod_template(job: GRPOJob, role: str, w: WorkloadSpec, pod_spec: dict[str, 
     return {"metadata": meta, "spec": pod_spec}
 
 
-def _ports(role: plan.Role) -> list[dict[str, Any]]:
-    return [{"name": name, "containerPort": port, "protocol": "TCP"} for name, port in role.ports.items()]
+def token_secret(job: str, namespace: str, owner: Optional[dict[str, Any]], token: Optional[str]) -> Manifest:
+    """The job's Secret; without a token (grpojob render) it shows where the token comes from.
+    Immutable: nobody, the operator included, changes a token the pods already read."""
+    meta = _meta(job, namespace, n.token_name(job), "auth", owner)
+    meta["annotations"] = {ANN_TOKEN: TOKEN_NOTE}
+    obj: Manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "immutable": True}
+    if token is not None:
+        obj["data"] = {auth.TOKEN_KEY: base64.b64encode(token.encode()).decode()}
+    return obj
+
+
+def secret_token(obj: Manifest) -> Optional[str]:
+    """The token a job's Secret holds (None when it holds none)."""
+    raw = (obj.get("data") or {}).get(auth.TOKEN_KEY)
+    if not raw:
+        return None
+    try:
+        return base64.b64decode(raw).decode().strip() or None
+    except (ValueError, UnicodeDecodeError):
+        return None
 
 
 def config_map(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
@@ -224,44 +186,24 @@ def trainer_service(job: GRPOJob, role: plan.Role, namespace: str, owner: Option
             }}
 
 
-def _container(name: str, role: plan.Role, w: WorkloadSpec, image: str, mounts: list[dict[str, Any]],
-               probes: dict[str, Any]) -> dict[str, Any]:
-    """A role's container: the plan's command, env and ports verbatim, the user's image/resources."""
-    container: dict[str, Any] = {
-        "name": name,
-        "image": w.image or image,
-        "imagePullPolicy": w.image_pull_policy,
-        "command": list(role.command),
-        "env": container_env(role, w),
-        "ports": _ports(role),
-        "volumeMounts": mounts,
-        **probes,
-    }
-    resources = _resources(w)
-    if resources:
-        container["resources"] = resources
-    return container
-
-
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
                         owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
     w = spec.trainer
-    volumes, mounts = _common_volumes(job)
-    if spec.checkpoint.volume_claim:
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {
-            "claimName": spec.checkpoint.volume_claim}})
-    else:  # survives container restarts, not pod deletion: mount a claim to resume after suspend
-        volumes.append({"name": "checkpoints", "emptyDir": {}})
-    mounts.append({"name": "checkpoints", "mountPath": checkpoint_dir(job)})
-    container = _container("trainer", role, w, image, mounts, {
+    # An emptyDir survives container restarts, not pod deletion: mount a claim to resume after suspend.
+    source = {"persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim}} if spec.checkpoint.volume_claim \
+        else {"emptyDir": {}}
+    volumes, mounts = pods.volumes(_base_volumes(job) + [(
+        {"name": pods.CHECKPOINTS_VOLUME, **source},
+        {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})], w)
+    container = pods.container("trainer", role, w, image, mounts, {
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
     })
-    _, _, scheduler = _gang(job)
-    pod = _pod_spec(job, w, container, volumes, TRAINER_GRACE_SECONDS, scheduler)
+    pod = pods.pod_spec(w, container, volumes, TRAINER_GRACE_SECONDS, gang.scheduler(job),
+                        pods.init_containers(role, container))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner),
+            "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner, gang.workload_labels(job)),
             "spec": {
                 "serviceName": n.trainer_name(name),
                 "replicas": replicas,
@@ -285,12 +227,13 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
                        owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
     w = spec.rollout
-    volumes, mounts = _common_volumes(job)
+    base = _base_volumes(job)
     if spec.weight_sync.backend == "checkpoint" and spec.checkpoint.volume_claim:
-        volumes.append({"name": "checkpoints", "persistentVolumeClaim": {
-            "claimName": spec.checkpoint.volume_claim, "readOnly": True}})
-        mounts.append({"name": "checkpoints", "mountPath": checkpoint_dir(job), "readOnly": True})
-    container = _container("rollout", role, w, image, mounts, {
+        base.append(({"name": pods.CHECKPOINTS_VOLUME, "persistentVolumeClaim": {
+            "claimName": spec.checkpoint.volume_claim, "readOnly": True}},
+            {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job), "readOnly": True}))
+    volumes, mounts = pods.volumes(base, w)
+    container = pods.container("rollout", role, w, image, mounts, {
         "startupProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10,
                          "failureThreshold": ROLLOUT_STARTUP_SECONDS // 10},
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 15,
@@ -299,14 +242,41 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": "http"}, "periodSeconds": 5,
                            "failureThreshold": 3},
     })
-    _, _, scheduler = _gang(job)
-    pod = _pod_spec(job, w, container, volumes, ROLLOUT_GRACE_SECONDS, scheduler)
+    pod = pods.pod_spec(w, container, volumes, ROLLOUT_GRACE_SECONDS, gang.scheduler(job),
+                        pods.init_containers(role, container))
     return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": _meta(name, namespace, n.rollout_name(name), "rollout", owner),
+            "metadata": _meta(name, namespace, n.rollout_name(name), "rollout", owner, gang.workload_labels(job)),
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": n.selector(name, "rollout")},
                 "template": _pod_template(job, "rollout", w, pod),
+            }}
+
+
+def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
+                           owner: Optional[dict[str, Any]]) -> Manifest:
+    """An environment's pods: its command with the plan's environment (OpenAI base URL, trajectory
+    API), the same pod security as the other roles; no probes (the process is the user's)."""
+    name, env = job.metadata.name, role.environment
+    assert env is not None
+    w = next(e for e in job.spec.environments if e.name == env).workload()
+    volumes, mounts = pods.volumes(_base_volumes(job, model=False), w)
+    container = pods.container("environment", role, w, image, mounts, {})
+    if all(v["name"] != plan.ENV_OPENAI_API_KEY for v in container["env"]):  # a user's own key wins
+        # The OpenAI convention for agents: the job's token as the API key, from the Secret (never a
+        # literal value in the pod spec).
+        container["env"].append({"name": plan.ENV_OPENAI_API_KEY, "valueFrom": {"secretKeyRef": {
+            "name": n.token_name(name), "key": auth.TOKEN_KEY}}})
+    pod = pods.pod_spec(w, container, volumes, ENVIRONMENT_GRACE_SECONDS, gang.scheduler(job))
+    template = _pod_template(job, plan.ENVIRONMENT_ROLE, w, pod)
+    template["metadata"]["labels"][n.LABEL_ENVIRONMENT] = env
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": _meta(name, namespace, n.environment_name(name, env), plan.ENVIRONMENT_ROLE, owner,
+                              {**gang.workload_labels(job), n.LABEL_ENVIRONMENT: env}),
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": n.environment_selector(name, env)},
+                "template": template,
             }}
 
 
@@ -321,23 +291,37 @@ def volcano_podgroup(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any
             "metadata": _meta(name, namespace, name, "scheduling", owner), "spec": pg}
 
 
-def pod_monitor(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
+def pod_monitor(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]], metrics_auth: bool) -> Manifest:
     name = job.metadata.name
+    endpoint: dict[str, Any] = {"port": "http", "path": "/metrics"}
+    if metrics_auth:  # Prometheus presents the job's token, read from the job's Secret
+        endpoint["authorization"] = {"type": "Bearer", "credentials": {"name": n.token_name(name),
+                                                                       "key": auth.TOKEN_KEY}}
     return {"apiVersion": PODMONITOR_API, "kind": "PodMonitor",
             "metadata": _meta(name, namespace, name, "monitoring", owner),
-            "spec": {"selector": {"matchLabels": {n.LABEL_JOB: name}},
-                     "podMetricsEndpoints": [{"port": "http", "path": "/metrics"}]}}
+            "spec": {"selector": {"matchLabels": {n.LABEL_JOB: name}}, "podMetricsEndpoints": [endpoint]}}
 
 
-def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None,
-          owner: Optional[dict[str, Any]] = None, scale: Optional[Scale] = None) -> list[Manifest]:
-    """Every child object of the job, in creation order, each stamped with its spec hash."""
+def network_policies(job: GRPOJob, roles: dict[str, plan.Role], namespace: str, owner: Optional[dict[str, Any]],
+                     cluster: Cluster) -> list[Manifest]:
+    name = job.metadata.name
+    return network.policies(job, roles, namespace, cluster.operator_namespace, cluster.monitoring_namespaces,
+                            lambda policy: _meta(name, namespace, policy, "network", owner))
+
+
+def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None, owner: Optional[dict[str, Any]] = None,
+          scale: Optional[Scale] = None, cluster: Optional[Cluster] = None) -> list[Manifest]:
+    """Every child object of the job but its Secret, in creation order, each stamped with its spec hash."""
     if job.metadata.namespace != namespace:  # the plan's env and the config name the namespace
         job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": namespace})})
     image = n.runtime_image(image)
+    cluster = cluster or Cluster()
     scale = scale or Scale(job.spec.trainer.replicas, job.spec.rollout.replicas)
-    trainer, rollout = plan.roles(job, placement(job, namespace))
-    objs = [
+    trainer, rollout, *environments = plan.roles(job, placement(job, namespace, cluster))
+    objs = []
+    if network.wanted(job):  # before the pods: none runs unguarded
+        objs += network_policies(job, {"trainer": trainer, "rollout": rollout}, namespace, owner, cluster)
+    objs += [
         config_map(job, namespace, owner),
         trainer_service(job, trainer, namespace, owner),
         rollout_service(job, rollout, namespace, owner),
@@ -348,8 +332,11 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None,
         trainer_statefulset(job, trainer, namespace, image, scale.trainer, owner),
         rollout_deployment(job, rollout, namespace, image, scale.rollout, owner),
     ]
+    # Environments feed the trainer: they run while it does (suspend and cleanup stop them too).
+    objs += [environment_deployment(job, r, namespace, image, r.replicas if scale.trainer else 0, owner)
+             for r in environments]
     if job.spec.monitoring.pod_monitor:
-        objs.append(pod_monitor(job, namespace, owner))
+        objs.append(pod_monitor(job, namespace, owner, cluster.metrics_auth))
     for obj in objs:
         obj["metadata"].setdefault("annotations", {})[n.ANN_HASH] = spec_hash(obj)
     return objs

@@ -17,18 +17,24 @@ import kopf
 
 from grpojob.api import API_VERSION, KIND, GRPOJob, GRPOJobStatus, check
 
-from . import changes, children
+from . import changes, children, network
 from . import names as n
 from .config import OperatorConfig
 from .kube import Kube, KubeError
 from .metrics import OperatorMetrics
-from .status import Decision, Observation, PodView, decide, parse_status, transitions, with_children
+from .status import (Decision, Observation, PodView, decide, parse_status, transitions, with_children,
+                     with_suspend_request)
+from .tokens import Tokens
 from .trainer_client import TrainerClient
 from .views import ChildView, applied_spec
 
 log = logging.getLogger("grpojob.operator")
 
-INDEXED_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment")
+INDEXED_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "NetworkPolicy")
+# Children a job runs without (kind -> the field asking for it): left out, with a warning, when the
+# cluster does not serve their kind.
+OPTIONAL_KINDS = {"PodMonitor": "spec.monitoring.podMonitor"}
+OPTIONAL_RETRY_SECONDS = 300.0  # look for a missing optional kind again after this long
 
 
 def merge_patch(old: Any, new: Any) -> Any:
@@ -74,6 +80,7 @@ class Controller:
         self.kube = kube
         self.metrics = metrics or OperatorMetrics()
         self.trainer = trainer or TrainerClient(cfg.trainer_url, cfg.trainer_timeout)
+        self.tokens = Tokens()
         self._locks: dict[str, asyncio.Lock] = {}
         # What this process last wrote per job uid (status, ledger): kopf's body may lag behind it.
         self._written: dict[str, tuple[dict[str, Any], dict[str, int]]] = {}
@@ -81,6 +88,8 @@ class Controller:
         # moments before the watch shows them, and kinds not watched (PodGroup, PodMonitor).
         self._applied: dict[tuple[str, str, str], tuple[str, float]] = {}
         self._built: dict[str, tuple[Any, list[dict[str, Any]]]] = {}  # uid -> (inputs, children)
+        # Optional kinds the cluster does not serve: (apiVersion, kind) -> (why, monotonic time seen).
+        self._unserved: dict[tuple[str, str], tuple[str, float]] = {}
         self.watch_lag_grace = 10.0
 
     async def start(self) -> None:
@@ -98,8 +107,10 @@ class Controller:
     def forget(self, uid: str, namespace: str, name: str) -> None:
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
-        self._built.pop(uid, None)
-        mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name)}
+        built = self._built.pop(uid, None)
+        self.tokens.forget(uid)
+        mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name), *network.names(name)}
+        mine |= {o["metadata"]["name"] for o in (built[1] if built else ())}  # environments' Deployments
         for key in [k for k in self._applied if k[1] == namespace and k[2] in mine]:
             self._applied.pop(key, None)
         self.metrics.forget(namespace, name)
@@ -127,10 +138,10 @@ class Controller:
         written = self._written.get(uid)
         raw_status = written[0] if written else dict(body.get("status") or {})
         ledger = written[1] if written else _ledger(meta.get("annotations") or {})
-        prev = parse_status(raw_status)
+        prev = parse_status(raw_status, now)
 
         job, errors = parse_job(name, namespace, body.get("spec"))
-        mine = [k for k in kids if k.owner_uid in (uid, "")]
+        mine = [k for k in kids if k.owner_uid == uid]
         config = next((k.config for k in mine if k.kind == "ConfigMap"), None)
         state = ("finished" if prev.phase in ("Succeeded", "Failed") and not errors else
                  "suspended" if any(c.type == "Suspended" and c.status == "True" for c in prev.conditions)
@@ -146,21 +157,27 @@ class Controller:
 
         trainer_pods = sorted((p for p in pods if p.role == "trainer"), key=lambda p: p.name)
         rollout_pods = [p for p in pods if p.role == "rollout"]
+        token, token_error = None, ""
+        if job is not None and prev.phase not in ("Succeeded", "Failed"):
+            token, token_error = await self.tokens.get(self.kube, name, namespace, uid)
         trainer, trainer_error = None, ""
         if job is not None and prev.phase not in ("Succeeded", "Failed") and any(
                 p.name == f"{n.trainer_name(name)}-0" and p.phase == "Running" for p in trainer_pods):
-            trainer, trainer_error = await self.trainer.status(name, namespace, job.spec.trainer.port)
-            if trainer_error:
-                log.debug("%s/%s: %s", namespace, name, trainer_error)
+            if token is None:
+                trainer_error = f"no token to ask the trainer with: {token_error}"
+            else:
+                trainer, trainer_error = await self.trainer.status(name, namespace, job.spec.trainer.port, token)
         obs = Observation(now=now, trainer_pods=trainer_pods, rollout_pods=rollout_pods, trainer=trainer,
                           trainer_error=trainer_error, ledger=ledger)
         d = decide(job, prev, obs, generation=meta.get("generation"), errors=errors, rejected=rejected,
                    rejected_reason=reason, suspend_timeout=self.cfg.suspend_timeout)
 
         if d.request_suspend and job is not None:
-            why = await self.trainer.suspend(name, namespace, job.spec.trainer.port)
-            log.info("%s/%s: asked the trainer to checkpoint and stop%s", namespace, name,
-                     f" (failed: {why})" if why else "")
+            why = (await self.trainer.suspend(name, namespace, job.spec.trainer.port, token) if token
+                   else f"no token to ask the trainer with: {token_error}")
+            log.log(logging.WARNING if why else logging.INFO, "%s/%s: asked the trainer to checkpoint and stop%s",
+                    namespace, name, f" (failed: {why})" if why else "")
+            d = with_suspend_request(d, why, now)
 
         if d.delete_job:
             log.info("%s/%s: finished %s ago or more: deleting (ttlSecondsAfterFinished)", namespace, name,
@@ -171,45 +188,79 @@ class Controller:
             return d
 
         if d.ensure_children and job is not None:
-            ok, message = await self._ensure_children(job, namespace, uid, d, mine)
-            d = with_children(d, ok, message, now)
+            if token_error and token is None:  # the pods would mount a Secret that is not there
+                ok, message, warnings = False, token_error, []
+            else:
+                ok, message, warnings = await self._ensure_children(job, namespace, uid, d, kids)
+            d = with_children(d, ok, message, now, warnings)
 
         await self._record(body, prev, raw_status, d, ledger)
         return d
 
     async def _ensure_children(self, job: GRPOJob, namespace: str, uid: str, d: Decision,
-                               have: list[ChildView]) -> tuple[bool, str]:
+                               have: list[ChildView]) -> tuple[bool, str, list[str]]:
+        """Create or repair every child: (all in place, message, optional children left out)."""
+        if not network.wanted(job):  # turned off: the job's policies go (a failed delete: next look)
+            for policy in [k.name for k in have if k.kind == "NetworkPolicy" and k.owner_uid == uid]:
+                try:
+                    await self.kube.delete(network.NETWORKING_API, "NetworkPolicy", namespace, policy)
+                except KubeError as e:
+                    self.metrics.child_error("NetworkPolicy")
+                    return False, str(e), []
+                self._applied.pop(("NetworkPolicy", namespace, policy), None)
+                log.info("%s/%s: deleted NetworkPolicy %s (spec.network.policy: false)", namespace,
+                         job.metadata.name, policy)
         # Rebuilding and hashing every child on every tick is most of a quiet reconcile's cost.
         key = (job.model_dump_json(), d.scale, self.cfg.image)
         cached = self._built.get(uid)
         if cached and cached[0] == key:
             wanted = cached[1]
         else:
-            wanted = children.build(job, namespace=namespace, image=self.cfg.image,
+            wanted = children.build(job, namespace=namespace, image=self.cfg.image, cluster=self.cfg.cluster,
                                     owner=children.owner_reference(job.metadata.name, uid), scale=d.scale)
             self._built[uid] = (key, wanted)
-        present = {(k.kind, k.name): k.hash for k in have}
-        errors = []
+        present = {(k.kind, k.name): k.hash for k in have if k.owner_uid == uid}
+        foreign = {(k.kind, k.name): k.owner_uid for k in have if k.owner_uid != uid}
+        errors, warnings = [], []
         clock = time.monotonic()
         for obj in wanted:
             kind, cname = children.key(obj)
+            if (kind, cname) in foreign:
+                # Never take over another controller's object (nor an orphan): that would change its
+                # owner references, which needs delete on it under OwnerReferencesPermissionEnforcement.
+                owner = foreign[(kind, cname)]
+                errors.append(f"{kind} {namespace}/{cname} exists and is not this GRPOJob's (controller: "
+                              f"{owner or 'none'}); delete it and the operator creates its own")
+                continue
             h = obj["metadata"]["annotations"][n.ANN_HASH]
             if present.get((kind, cname)) == h:
                 continue
             recent = self._applied.get((kind, namespace, cname))
             if recent and recent[0] == h and (kind not in INDEXED_KINDS or clock - recent[1] < self.watch_lag_grace):
                 continue
+            unserved = self._unserved.get((obj["apiVersion"], kind))
+            if unserved and clock - unserved[1] < OPTIONAL_RETRY_SECONDS:
+                warnings.append(unserved[0])
+                continue
             try:
                 how = await self.kube.apply(obj)
                 self._applied[(kind, namespace, cname)] = (h, clock)
+                self._unserved.pop((obj["apiVersion"], kind), None)
                 log.info("%s/%s: %s %s %s", namespace, job.metadata.name, how, kind, cname)
             except KubeError as e:
                 self.metrics.child_error(kind)
-                errors.append(str(e))
+                if kind in OPTIONAL_KINDS and e.unserved_kind:
+                    why = (f"{kind} left out: this cluster does not serve {obj['apiVersion']} (install its CRDs, "
+                           f"or set {OPTIONAL_KINDS[kind]}: false); looking again every "
+                           f"{OPTIONAL_RETRY_SECONDS:.0f}s")
+                    self._unserved[(obj["apiVersion"], kind)] = (why, clock)
+                    warnings.append(why)
+                else:
+                    errors.append(str(e))
                 log.warning("%s/%s: %s", namespace, job.metadata.name, e)
         if errors:
-            return False, "; ".join(errors)
-        return True, f"{len(wanted)} child objects in place"
+            return False, "; ".join(errors), warnings
+        return True, f"{len(wanted) - len(warnings)} child objects in place", warnings
 
     async def _record(self, body: Mapping[str, Any], prev: GRPOJobStatus, raw_status: dict[str, Any],
                       d: Decision, ledger: dict[str, int]) -> None:
@@ -223,5 +274,6 @@ class Controller:
         self._written[uid] = (new_raw, dict(d.ledger))
         for ev in transitions(prev, d.status):
             kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])
-            log.info("%s/%s: %s %s: %s", namespace, name, ev.type, ev.reason, ev.message)
-        self.metrics.job(namespace, name, d.status)
+            log.log(logging.WARNING if ev.type == "Warning" else logging.INFO, "%s/%s: %s %s: %s",
+                    namespace, name, ev.type, ev.reason, ev.message)
+        self.metrics.job(namespace, name, d.status, body.get("spec"))

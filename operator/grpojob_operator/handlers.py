@@ -15,14 +15,16 @@ from . import names as n
 from .config import OperatorConfig
 from .controller import Controller
 from .kube import KubeError
-from .views import child_view, pod_view
+from .views import CONTENT_CHECKED, child_view, pod_view
 
 log = logging.getLogger("grpojob.operator")
 
 MANAGED = {n.LABEL_MANAGED_BY: n.MANAGER}
 # Watched kinds besides GRPOJobs: (group, version, plural, kind).
+# NetworkPolicies too: one edited or deleted by anyone is put back at the next look.
 CHILD_RESOURCES = (("", "v1", "configmaps", "ConfigMap"), ("", "v1", "services", "Service"),
-                   ("apps", "v1", "statefulsets", "StatefulSet"), ("apps", "v1", "deployments", "Deployment"))
+                   ("apps", "v1", "statefulsets", "StatefulSet"), ("apps", "v1", "deployments", "Deployment"),
+                   ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"))
 
 
 def plain(x: Any) -> Any:
@@ -76,7 +78,8 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
 
     def child_indexer(kind: str) -> Any:
         async def index(meta: Mapping[str, Any], body: Mapping[str, Any], **_: Any) -> Any:
-            entry = child_view(kind, plain(meta), plain(body.get("data")) if kind == "ConfigMap" else None)
+            entry = child_view(kind, plain(meta), plain(body.get("data")) if kind == "ConfigMap" else None,
+                               plain(body) if kind in CONTENT_CHECKED else None)
             return None if entry is None else {entry[0]: entry[1]}
         return index
 

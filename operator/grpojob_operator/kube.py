@@ -27,7 +27,8 @@ MERGE_PATCH = "application/merge-patch+json"
 # Plural resource names of the kinds the operator writes (no discovery round-trips needed).
 PLURALS = {"ConfigMap": "configmaps", "Service": "services", "StatefulSet": "statefulsets",
            "Deployment": "deployments", "PodGroup": "podgroups", "PodMonitor": "podmonitors",
-           "GRPOJob": PLURAL, "Pod": "pods", "Event": "events"}
+           "GRPOJob": PLURAL, "Pod": "pods", "Event": "events", "Secret": "secrets",
+           "NetworkPolicy": "networkpolicies"}
 RETRY_STATUSES = {409, 429, 500, 502, 503, 504}
 REQUEST_TIMEOUT = 30.0
 _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
@@ -36,12 +37,19 @@ _PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PR
 class KubeError(RuntimeError):
     def __init__(self, status: int, reason: str, what: str, body: str = ""):
         self.status, self.reason, self.what = status, reason, what
-        detail = body
+        detail, self.details = body, None
         try:
-            detail = json.loads(body).get("message", body)
+            doc = json.loads(body)
+            detail, self.details = doc.get("message", body), doc.get("details")
         except (ValueError, AttributeError):
             pass
         super().__init__(f"{what}: HTTP {status} {reason}" + (f": {detail}" if detail else ""))
+
+    @property
+    def unserved_kind(self) -> bool:
+        """404 for the resource type itself (its CRD is not installed), not for a named object or
+        a namespace: the API server's Status then names nothing."""
+        return self.status == 404 and not (self.details or {}).get("name")
 
 
 def path(api_version: str, kind: str, namespace: Optional[str], name: Optional[str] = None,
@@ -107,6 +115,16 @@ class Kube:
             log.info("retrying %s after HTTP %s (attempt %d/%d)", what, err.status, attempt, self.attempts)
             await asyncio.sleep(delay)
         raise AssertionError("unreachable")
+
+    async def get(self, api_version: str, kind: str, namespace: Optional[str], name: str) -> Optional[dict[str, Any]]:
+        """The object, or None when there is none."""
+        try:
+            return await self.request("GET", path(api_version, kind, namespace, name),
+                                      what=f"get {kind} {namespace}/{name}")
+        except KubeError as e:
+            if e.status == 404:
+                return None
+            raise
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         m = obj["metadata"]

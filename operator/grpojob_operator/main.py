@@ -24,7 +24,7 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kopf logs every successful handler and timer tick at INFO: a line per job every few seconds.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    cfg = OperatorConfig.from_env(metrics_port=args.metrics_port)
+    cfg = OperatorConfig.from_env(metrics_port=args.metrics_port, metrics_host=args.metrics_host)
     registry, _ = build(cfg)
     namespaces = list(args.namespace or [])
     log.info("watching %s", ", ".join(namespaces) if namespaces else "all namespaces")

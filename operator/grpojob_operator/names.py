@@ -18,21 +18,32 @@ LABEL_PART_OF = "app.kubernetes.io/part-of"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"
+LABEL_ENVIRONMENT = f"{GROUP}/environment"  # an environment's pods: spec.environments[].name
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 
 ANN_HASH = f"{GROUP}/spec-hash"  # hash of the rendered child: drift shows as a different hash
 ANN_LEDGER = f"{GROUP}/restart-ledger"  # on the GRPOJob: restarts already counted, per trainer pod
 
 CONFIG_DIR = "/etc/grpojob"  # the ConfigMap mount
+TOKEN_DIR = "/var/run/secrets/grpojob"  # the job's Secret, read-only (grpojob.auth)
 RUN_DIR = "/var/run/grpojob"  # emptyDir for run-local files
 MODELS_DIR = "/models"  # model PVC mount (see ModelSpec.volume_claim)
+SITE_DIR = "/opt/grpojob/site"  # emptyDir that spec.code.pip is installed into (CODE_DIR: grpojob.api.spec)
 SHM_DIR = "/dev/shm"
+TMP_DIR = "/tmp"
+# The runtime image's user and home (images/runtime/Dockerfile; a test keeps them equal).
+RUNTIME_UID = 10001
+HOME_DIR = "/home/grpojob"
 
 # How the operator reaches a trainer leader; tests point it at a stand-in on 127.0.0.1.
 TRAINER_URL_ENV = "GRPOJOB_TRAINER_URL"
 TRAINER_URL = "http://{name}-trainer-0.{name}-trainer.{namespace}.svc:{port}"
 
 ROLES = ("trainer", "rollout")
+
+# Where the chart installs the operator, unless it says otherwise (GRPOJOB_OPERATOR_NAMESPACE).
+DEFAULT_OPERATOR_NAMESPACE = "grpojob-system"
+DEFAULT_MONITORING_NAMESPACES = ("monitoring",)
 
 
 def runtime_image(override: str | None = None) -> str:
@@ -51,6 +62,20 @@ def rollout_name(job: str) -> str:
     return f"{job}-rollout"
 
 
+def environment_name(job: str, environment: str) -> str:
+    return f"{job}-env-{environment}"
+
+
+def token_name(job: str) -> str:
+    """The job's Secret: its token, made once by the operator (never in the ConfigMap or status)."""
+    return f"{job}-token"
+
+
+def policy_name(job: str, role: str) -> str:
+    """The NetworkPolicy guarding a role's pods."""
+    return f"{job}-{role}"
+
+
 def workload_name(job: str, role: str) -> str:
     return trainer_name(job) if role == "trainer" else rollout_name(job)
 
@@ -67,3 +92,7 @@ def common_labels(job: str) -> dict[str, str]:
 
 def selector(job: str, role: str) -> dict[str, str]:
     return {LABEL_JOB: job, LABEL_ROLE: role}
+
+
+def environment_selector(job: str, environment: str) -> dict[str, str]:
+    return {**selector(job, "environment"), LABEL_ENVIRONMENT: environment}

@@ -19,12 +19,22 @@ RBAC_RULES: tuple[Rule, ...] = (
     # The jobs: watched by kopf, annotated (kopf progress, restart ledger), deleted after their TTL.
     Rule(GROUP, PLURAL, ("get", "list", "watch", "patch", "delete")),
     Rule(GROUP, f"{PLURAL}/status", ("get", "patch")),
+    # Children carry blockOwnerDeletion on their owner reference to the job: with the API server's
+    # OwnerReferencesPermissionEnforcement admission (OpenShift enables it) that needs this verb.
+    Rule(GROUP, f"{PLURAL}/finalizers", ("update",)),
     # Children: watched into kopf indexes, created, and patched back into shape.
     Rule("", "configmaps", ("list", "watch", "create", "patch")),
     Rule("", "services", ("list", "watch", "create", "patch")),
     Rule("apps", "statefulsets", ("list", "watch", "create", "patch")),
     Rule("apps", "deployments", ("list", "watch", "create", "patch")),
     Rule("", "pods", ("list", "watch")),
+    # Each job's token: its Secret is created once and read back (after an operator restart, to
+    # call the trainer with it); never patched, listed or watched. RBAC cannot narrow `get` to the
+    # Secrets the operator owns: watchNamespaces narrows it to the namespaces it serves.
+    Rule("", "secrets", ("create", "get")),
+    # Each job's NetworkPolicies (spec.network.policy): watched like the other children (an edited
+    # or deleted one is put back), deleted when the job turns them off.
+    Rule("networking.k8s.io", "networkpolicies", ("list", "watch", "create", "patch", "delete")),
     # Optional children (spec.scheduling.gang=volcano, spec.monitoring.podMonitor).
     Rule("scheduling.volcano.sh", "podgroups", ("create", "patch")),
     Rule("monitoring.coreos.com", "podmonitors", ("create", "patch")),

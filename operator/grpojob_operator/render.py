@@ -1,5 +1,8 @@
 """`grpojob render FILE`: the child objects the operator would create, as a YAML stream (for review
-and GitOps). Owner references are left out: they need the live job's uid."""
+and GitOps). Owner references are left out: they need the live job's uid. The job's Secret comes
+without its token (the operator makes the token when it creates the Secret); the operator's
+settings the children depend on (its namespace, the monitoring namespaces, metrics auth) are read
+from the same environment variables the operator reads (grpojob_operator.config)."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +10,10 @@ import sys
 
 import yaml
 
-from grpojob.api import InvalidSpec, check
-from grpojob.cli import load_manifest
+from grpojob.api import InvalidSpec, check, load_manifest
 
 from . import children
+from .config import OperatorConfig
 
 
 def render(doc: dict, namespace: str, image: str | None = None) -> str:
@@ -22,7 +25,9 @@ def render(doc: dict, namespace: str, image: str | None = None) -> str:
     errors = children.cluster_errors(job)
     if errors:
         raise InvalidSpec(errors)
-    objs = children.build(job, namespace=namespace, image=image)
+    cluster = OperatorConfig.from_env().cluster
+    objs = [children.token_secret(job.metadata.name, namespace, None, None),
+            *children.build(job, namespace=namespace, image=image, cluster=cluster)]
     return yaml.safe_dump_all(objs, sort_keys=False)
 
 

@@ -1,4 +1,5 @@
-"""The operator's side of the trainer leader endpoint: GET /status and POST /suspend."""
+"""The operator's side of the trainer leader endpoint: GET /status and POST /suspend, each with the
+job's token (its Secret; grpojob.auth) as a bearer token."""
 from __future__ import annotations
 
 import asyncio
@@ -36,11 +37,13 @@ class TrainerClient:
         if self._session is not None:
             await self._session.close()
 
-    async def status(self, name: str, namespace: str, port: int) -> tuple[Optional[TrainerStatus], str]:
+    async def status(self, name: str, namespace: str, port: int, token: str) -> tuple[Optional[TrainerStatus], str]:
         """(status, "") or (None, why it could not be read)."""
         url = self.base_url(name, namespace, port) + "/status"
         try:
-            async with self._http().get(url) as resp:
+            async with self._http().get(url, headers=_bearer(token)) as resp:
+                if resp.status == 401:
+                    return None, f"GET {url}: HTTP 401: the trainer refused the token in Secret {n.token_name(name)}"
                 if resp.status != 200:
                     return None, f"GET {url}: HTTP {resp.status}"
                 body = await resp.json(content_type=None)
@@ -50,13 +53,17 @@ class TrainerClient:
         except (ValueError, ValidationError) as e:
             return None, f"GET {url}: not a TrainerStatus: {e}"
 
-    async def suspend(self, name: str, namespace: str, port: int) -> str:
+    async def suspend(self, name: str, namespace: str, port: int, token: str) -> str:
         """Ask the leader to checkpoint and stop; returns "" or why the request failed."""
         url = self.base_url(name, namespace, port) + "/suspend"
         try:
-            async with self._http().post(url) as resp:
+            async with self._http().post(url, headers=_bearer(token)) as resp:
                 if resp.status >= 300:
                     return f"POST {url}: HTTP {resp.status}"
             return ""
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             return f"POST {url}: {type(e).__name__}: {e}"
+
+
+def _bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}

@@ -7,9 +7,16 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from grpojob import plan
+from grpojob.api import plugins
 
+from . import children
 from . import names as n
 from .status import PodView
+
+# Kinds whose watched content is hashed, not just their stamp read: an edit that keeps the
+# spec-hash annotation (opening a NetworkPolicy to everyone, say) still shows as drift.
+CONTENT_CHECKED = ("NetworkPolicy",)
+_KEPT_META = ("name", "namespace", "labels", "annotations", "ownerReferences")
 
 
 @dataclass(frozen=True)
@@ -37,6 +44,16 @@ def _last_exit(status: Mapping[str, Any]) -> str:
     return status.get("message") or status.get("reason") or ""
 
 
+def _failure(status: Mapping[str, Any]) -> Optional[tuple[str, str]]:
+    """A plug-in failure a container wrote as its termination message (init containers first)."""
+    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+            found = plugins.parse_failure((state.get("terminated") or {}).get("message", ""))
+            if found:
+                return found
+    return None
+
+
 def _clean_exit(status: Mapping[str, Any]) -> bool:
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("lastState") or {}).get("terminated")
@@ -53,19 +70,33 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tup
     restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
     view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",
                    ready=_ready(status), restarts=restarts, message=_last_exit(status),
-                   deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status))
+                   deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status),
+                   failure=_failure(status))
     return (meta.get("namespace", ""), job), view
 
 
-def child_view(kind: str, meta: Mapping[str, Any], data: Optional[Mapping[str, Any]] = None
-               ) -> Optional[tuple[tuple[str, str], ChildView]]:
+def _content_hash(body: Mapping[str, Any]) -> str:
+    """The spec hash of the object as it is (only what the operator renders), "" when its stamp
+    is gone: equal to the stamp exactly when nobody changed what the operator wrote."""
+    meta = body.get("metadata") or {}
+    if n.ANN_HASH not in (meta.get("annotations") or {}):
+        return ""
+    kept = {k: v for k, v in body.items() if k in ("apiVersion", "kind", "spec")}
+    kept["metadata"] = {k: meta[k] for k in _KEPT_META if k in meta}
+    return children.spec_hash(kept)
+
+
+def child_view(kind: str, meta: Mapping[str, Any], data: Optional[Mapping[str, Any]] = None,
+               body: Optional[Mapping[str, Any]] = None) -> Optional[tuple[tuple[str, str], ChildView]]:
     labels = meta.get("labels") or {}
     job = labels.get(n.LABEL_JOB)
     if not job or labels.get(n.LABEL_MANAGED_BY) != n.MANAGER:
         return None
     owners = [o.get("uid", "") for o in meta.get("ownerReferences") or [] if o.get("controller")]
     config = (data or {}).get(plan.CONFIG_FILE) if kind == "ConfigMap" else None
-    view = ChildView(kind=kind, name=meta["name"], hash=(meta.get("annotations") or {}).get(n.ANN_HASH, ""),
+    stamp = (meta.get("annotations") or {}).get(n.ANN_HASH, "")
+    view = ChildView(kind=kind, name=meta["name"],
+                     hash=_content_hash(body) if kind in CONTENT_CHECKED and body is not None else stamp,
                      owner_uid=owners[0] if owners else "", config=config)
     return (meta.get("namespace", ""), job), view
 

@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 from typing import Callable, Optional
 
-from .api import FieldError, InvalidSpec, check, load_file, set_path
+from .api import InvalidSpec, check, load_manifest
+from .api.validate import check_plugins
 
-
-def load_manifest(path: str, sets: list[str]) -> dict:
-    doc = load_file(path)
-    for item in sets or []:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise InvalidSpec([FieldError(key, "--set needs KEY=VALUE")])
-        set_path(doc, key, value)
-    return doc
+Command = Callable[[argparse.Namespace], int]
 
 
 def _errors(path: str, errors) -> int:
@@ -32,7 +24,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         doc = load_manifest(args.file, args.set)
     except InvalidSpec as e:
         return _errors(args.file, e.errors)
-    job, errors = check(doc, resolve_plugins=not args.no_resolve)
+    job, errors = check(doc)
+    if job is not None and not args.no_resolve:  # import every plug-in here, spec.code.localPath included
+        from .code import use_locally
+
+        use_locally(job)
+        errors = check_plugins(job)
     if errors:
         return _errors(args.file, errors)
     s = job.spec
@@ -55,18 +52,53 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def _delegate(target: str) -> Callable[[argparse.Namespace], int]:
-    """Run `module:function(args)` of a subsystem that may not be installed in this image."""
+def _lazy(load: Callable[[], Command]) -> Command:
+    """A subcommand whose module is imported only when it runs: it may need an extra that this
+    image lacks (torch for the trainer, kopf for the operator)."""
     def run(args: argparse.Namespace) -> int:
-        module_name, _, fn = target.partition(":")
         try:
-            module = importlib.import_module(module_name)
+            fn = load()
         except ModuleNotFoundError as e:
             print(f"grpojob {args.command}: {e.name} is not installed here "
                   f"(install grpojob with the extra this command needs)", file=sys.stderr)
             return 2
-        return int(getattr(module, fn)(args) or 0)
+        return int(fn(args) or 0)
     return run
+
+
+def _run() -> Command:
+    from .local.runner import main
+    return main
+
+
+def _render() -> Command:
+    from grpojob_operator.render import main
+    return main
+
+
+def _trainer() -> Command:
+    from .trainer.main import main
+    return main
+
+
+def _rollout() -> Command:
+    from .rollout.server import main
+    return main
+
+
+def _install_code() -> Command:
+    from .code import main
+    return main
+
+
+def _operator() -> Command:
+    from grpojob_operator.main import main
+    return main
+
+
+def _tiny() -> Command:
+    from .tiny import cli
+    return cli
 
 
 def parser() -> argparse.ArgumentParser:
@@ -93,32 +125,36 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", help="run directory (default: runs/<job name>)")
     sp.add_argument("--backend", choices=["hf", "vllm"], help="rollout engine override")
     sp.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    sp.set_defaults(fn=_delegate("grpojob.local.runner:main"))
+    sp.set_defaults(fn=_lazy(_run))
 
     sp = sub.add_parser("render", help="print the Kubernetes objects the operator creates for a job")
     manifest_args(sp)
     sp.add_argument("--namespace", default=None, help="namespace (default: the manifest's, else default)")
     sp.add_argument("--image", default=None, help="runtime image (default: the operator's default)")
-    sp.set_defaults(fn=_delegate("grpojob_operator.render:main"))
+    sp.set_defaults(fn=_lazy(_render))
 
     sp = sub.add_parser("trainer", help="(in pods) the trainer; started by torchrun")
-    sp.set_defaults(fn=_delegate("grpojob.trainer.main:main"))
+    sp.set_defaults(fn=_lazy(_trainer))
 
     sp = sub.add_parser("rollout", help="(in pods) a rollout server")
-    sp.set_defaults(fn=_delegate("grpojob.rollout.server:main"))
+    sp.set_defaults(fn=_lazy(_rollout))
+
+    sp = sub.add_parser("install-code", help="(in pods) install spec.code.pip into $GRPOJOB_SITE_DIR")
+    sp.set_defaults(fn=_lazy(_install_code))
 
     sp = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     sp.add_argument("-n", "--namespace", action="append", default=[],
                     help="watch these namespaces (default: all)")
     sp.add_argument("--metrics-port", type=int, default=8080)
+    sp.add_argument("--metrics-host", default="0.0.0.0", help="address the operator's /metrics binds")
     sp.add_argument("--liveness", default="http://0.0.0.0:8081/healthz")
     sp.add_argument("--peering", default=None, help="kopf peering name for leader election")
-    sp.set_defaults(fn=_delegate("grpojob_operator.main:main"))
+    sp.set_defaults(fn=_lazy(_operator))
 
     sp = sub.add_parser("tiny", help="build a tiny random model and tokenizer for CPU runs and tests")
     sp.add_argument("output", help="directory to write the model to")
     sp.add_argument("--tie-embeddings", action="store_true")
-    sp.set_defaults(fn=_delegate("grpojob.tiny:cli"))
+    sp.set_defaults(fn=_lazy(_tiny))
     return p
 
 

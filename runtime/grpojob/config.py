@@ -6,11 +6,24 @@ import os
 from pathlib import Path
 
 from .api import GRPOJob, parse
+from .api.validate import check_plugins
+from .failures import PluginError
 from .plan import ENV_CONFIG
 
 
-def load(path: str | os.PathLike | None = None) -> GRPOJob:
+def load(path: str | os.PathLike | None = None, resolve_plugins: bool = True) -> GRPOJob:
+    """The job; with resolve_plugins, PluginError (field paths) when a plug-in does not import."""
     path = path or os.environ.get(ENV_CONFIG)
     if not path:
         raise SystemExit(f"{ENV_CONFIG} is not set: it must name the job's runtime config file")
-    return parse(json.loads(Path(path).read_text()), resolve_plugins=True)
+    job = parse(json.loads(Path(path).read_text()))
+    if resolve_plugins:
+        load_plugins(job)
+    return job
+
+
+def load_plugins(job: GRPOJob) -> None:
+    """Import every plug-in the job names (PluginError with every failure's field path)."""
+    errors = check_plugins(job)
+    if errors:
+        raise PluginError(errors)

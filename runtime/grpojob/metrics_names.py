@@ -3,6 +3,10 @@
 Exporters build their prometheus-client objects from these tables (grpojob.prom.build), and the
 Grafana dashboard test checks that every name it uses is here. Histograms expose the usual
 _bucket/_sum/_count series.
+
+A gauge has a sample only while its value is known (grpojob.prom): nothing before the first step
+reports it, nothing while a step does not compute it (grpojob_kl with klBeta 0). A dashboard panel
+shows "no data" then, never a made-up 0.
 """
 from __future__ import annotations
 
@@ -16,11 +20,16 @@ class MetricDef:
     help: str
     labels: tuple[str, ...] = ()
     buckets: tuple[float, ...] = ()
+    # The trainer step record's field that sets it (StatusBoard.observe): a gauge takes the value
+    # (none: no sample), a counter grows by it. Empty: code sets the metric by its name.
+    record: str = ""
 
 
 _STAGE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
-# Served by trainer rank 0 on trainer.port at /metrics.
+# Served by trainer rank 0 on trainer.port at /metrics. Step, version and total steps mirror the
+# trainer's /status; the rollout-server gauges are read from the weight-sync membership at scrape
+# time; the rest come from each step's record.
 TRAINER = (
     MetricDef("grpojob_trainer_step", "gauge", "Optimizer steps completed."),
     MetricDef("grpojob_trainer_total_steps", "gauge", "Steps the run will do."),
@@ -28,44 +37,55 @@ TRAINER = (
     MetricDef("grpojob_reward_mean", "gauge", "Mean reward of the last step, per reward function "
               "(reward=\"total\" for the weighted sum).", ("reward",)),
     MetricDef("grpojob_reward_std", "gauge", "Reward standard deviation of the last step.", ("reward",)),
-    MetricDef("grpojob_advantage_mean", "gauge", "Mean advantage of the last step."),
-    MetricDef("grpojob_advantage_std", "gauge", "Advantage standard deviation of the last step."),
-    MetricDef("grpojob_loss", "gauge", "Policy loss of the last step."),
-    MetricDef("grpojob_kl", "gauge", "KL to the reference policy at the last step."),
-    MetricDef("grpojob_entropy", "gauge", "Mean token entropy of the policy at the last step."),
-    MetricDef("grpojob_clip_fraction", "gauge", "Fraction of tokens whose ratio was clipped."),
+    MetricDef("grpojob_advantage_mean", "gauge", "Mean advantage of the last step.", record="advantage_mean"),
+    MetricDef("grpojob_advantage_std", "gauge", "Advantage standard deviation of the last step.",
+              record="advantage_std"),
+    MetricDef("grpojob_loss", "gauge", "Policy loss of the last step.", record="loss"),
+    MetricDef("grpojob_kl", "gauge", "KL to the reference policy at the last step; no sample when "
+              "algorithm.klBeta is 0 (not computed).", record="kl"),
+    MetricDef("grpojob_entropy", "gauge", "Mean token entropy of the policy at the last step.", record="entropy"),
+    MetricDef("grpojob_clip_fraction", "gauge", "Fraction of tokens whose ratio was clipped.",
+              record="clip_fraction"),
     MetricDef("grpojob_importance_weight_mean", "gauge", "Mean truncated importance weight "
-              "(rollout vs. training policy)."),
-    MetricDef("grpojob_importance_weight_max", "gauge", "Largest importance weight before truncation."),
-    MetricDef("grpojob_completion_length_mean", "gauge", "Mean completion length in tokens."),
-    MetricDef("grpojob_truncated_fraction", "gauge", "Fraction of completions cut at maxTokens."),
-    MetricDef("grpojob_zero_std_group_fraction", "gauge", "Fraction of groups whose rewards were all equal."),
-    MetricDef("grpojob_grad_norm", "gauge", "Global gradient norm before clipping."),
-    MetricDef("grpojob_learning_rate", "gauge", "Current learning rate."),
-    MetricDef("grpojob_tokens_per_second", "gauge", "Training tokens per second at the last step."),
-    MetricDef("grpojob_policy_staleness", "gauge", "Mean policy-version lag of the last step's samples."),
+              "(rollout vs. training policy).", record="importance_weight_mean"),
+    MetricDef("grpojob_importance_weight_max", "gauge", "Largest importance weight before truncation.",
+              record="importance_weight_max"),
+    MetricDef("grpojob_completion_length_mean", "gauge", "Mean completion length in tokens.",
+              record="completion_length_mean"),
+    MetricDef("grpojob_truncated_fraction", "gauge", "Fraction of completions cut at maxTokens.",
+              record="truncated_fraction"),
+    MetricDef("grpojob_zero_std_group_fraction", "gauge", "Fraction of groups whose rewards were all equal.",
+              record="zero_std_group_fraction"),
+    MetricDef("grpojob_grad_norm", "gauge", "Global gradient norm before clipping.", record="grad_norm"),
+    MetricDef("grpojob_learning_rate", "gauge", "Current learning rate.", record="learning_rate"),
+    MetricDef("grpojob_tokens_per_second", "gauge", "Training tokens per second at the last step.",
+              record="tokens_per_second"),
+    MetricDef("grpojob_policy_staleness", "gauge", "Mean policy-version lag of the last step's samples.",
+              record="policy_staleness"),
     # The async pipeline (algorithm.maxStaleness): what the trainer waited for and what generation did.
     MetricDef("grpojob_policy_staleness_max", "gauge", "Largest policy-version lag among the last step's "
-              "samples."),
-    MetricDef("grpojob_trainer_wait_seconds", "gauge", "Seconds the trainer waited for groups in the last step."),
+              "samples.", record="policy_staleness_max"),
+    MetricDef("grpojob_trainer_wait_seconds", "gauge", "Seconds the trainer waited for groups in the last step.",
+              record="wait_seconds"),
     MetricDef("grpojob_rollout_idle_fraction", "gauge", "Fraction of the last step during which no group was "
-              "being generated."),
+              "being generated.", record="rollout_idle_fraction"),
     MetricDef("grpojob_groups_in_flight", "gauge", "Groups being generated or ready ahead of training at the "
-              "end of the last step."),
+              "end of the last step.", record="groups_in_flight"),
     MetricDef("grpojob_resampled_groups_total", "counter", "Extra groups generated to replace groups dropped "
-              "by dynamic sampling (all-equal rewards)."),
+              "by dynamic sampling (all-equal rewards).", record="groups_resampled"),
     MetricDef("grpojob_stale_groups_total", "counter", "Groups dropped because they became older than "
-              "maxStaleness allows (their prompts are generated again)."),
+              "maxStaleness allows (their prompts are generated again).", record="groups_stale"),
     MetricDef("grpojob_generation_paused_seconds", "gauge", "Seconds generation was paused by the last weight "
-              "push."),
-    MetricDef("grpojob_rollout_server_lag", "gauge", "Policy versions each rollout server is behind the trainer.",
-              ("replica",)),
+              "push.", record="generation_paused_seconds"),
+    MetricDef("grpojob_rollout_server_lag", "gauge", "Policy versions each rollout server in the weight-sync "
+              "group is behind the trainer.", ("replica",)),
     MetricDef("grpojob_stage_seconds", "histogram", "Time per step stage "
               "(generate, score, train, sync, checkpoint).", ("stage",), _STAGE_BUCKETS),
     MetricDef("grpojob_step_seconds", "histogram", "Wall time per step.", (), _STAGE_BUCKETS),
     MetricDef("grpojob_weight_sync_seconds", "histogram", "Duration of a weight push to all rollout servers.",
               (), _STAGE_BUCKETS),
-    MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group."),
+    MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group; no sample "
+              "when the trainer generates in-process."),
 )
 
 # Served by every rollout server on rollout.port at /metrics.
@@ -73,10 +93,12 @@ ROLLOUT = (
     MetricDef("grpojob_rollout_queue_depth", "gauge", "Requests waiting for the engine."),
     MetricDef("grpojob_rollout_running_requests", "gauge", "Requests being generated."),
     MetricDef("grpojob_rollout_generated_tokens_total", "counter", "Completion tokens generated."),
-    MetricDef("grpojob_rollout_tokens_per_second", "gauge", "Generation throughput over the last request."),
+    MetricDef("grpojob_rollout_tokens_per_second", "gauge", "Generation throughput over the last request; "
+              "no sample before the first one."),
     MetricDef("grpojob_rollout_requests_total", "counter", "Generate requests by result.", ("result",)),
     MetricDef("grpojob_rollout_weight_version", "gauge", "Policy version the server is serving."),
-    MetricDef("grpojob_rollout_last_sync_seconds", "gauge", "Duration of the last weight load."),
+    MetricDef("grpojob_rollout_last_sync_seconds", "gauge", "Duration of the last weight load; no sample "
+              "before the first push."),
 )
 
 # Served by the operator on its metrics port.
@@ -87,10 +109,12 @@ OPERATOR = (
     MetricDef("grpojob_operator_jobs", "gauge", "GRPOJobs by phase.", ("phase",)),
     MetricDef("grpojob_operator_child_errors_total", "counter", "Failed child-object operations.", ("kind",)),
     MetricDef("grpojob_job_step", "gauge", "Step of each job.", ("namespace", "job")),
-    MetricDef("grpojob_job_total_steps", "gauge", "Total steps of each job.", ("namespace", "job")),
-    MetricDef("grpojob_job_reward_mean", "gauge", "Mean reward of each job's last step.", ("namespace", "job")),
-    MetricDef("grpojob_job_policy_lag", "gauge", "Policy versions the rollouts are behind the trainer.",
+    MetricDef("grpojob_job_total_steps", "gauge", "Total steps of each job (spec.training.steps).",
               ("namespace", "job")),
+    MetricDef("grpojob_job_reward_mean", "gauge", "Mean reward of each job's last step; no sample before "
+              "the trainer's first report.", ("namespace", "job")),
+    MetricDef("grpojob_job_policy_lag", "gauge", "Policy versions the slowest rollout server is behind the "
+              "trainer; no sample before the trainer reports it.", ("namespace", "job")),
     MetricDef("grpojob_job_trainer_ready", "gauge", "Ready trainer pods of each job.", ("namespace", "job")),
     MetricDef("grpojob_job_rollout_ready", "gauge", "Ready rollout pods of each job.", ("namespace", "job")),
     MetricDef("grpojob_job_restarts", "gauge", "Trainer restarts of each job.", ("namespace", "job")),

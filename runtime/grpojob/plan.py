@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
+from .api.plugins import CODE_DIR_ENV
 from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
+from .auth import ENV_METRICS_AUTH, ENV_TOKEN_FILE
 
 # Environment contract read by the runtime processes.
 ENV_CONFIG = "GRPOJOB_CONFIG"  # path of the runtime config (the job's JSON)
@@ -27,6 +30,20 @@ ENV_ADVERTISE_HOST = "GRPOJOB_ADVERTISE_HOST"  # address the rollout server regi
 ENV_REPLICA_ID = "GRPOJOB_REPLICA_ID"
 ENV_BACKEND = "GRPOJOB_ROLLOUT_BACKEND"
 ENV_LOG_FORMAT = "GRPOJOB_LOG_FORMAT"
+# Environments (spec.environments): their name, the trainer's trajectory API, the rollout servers'
+# OpenAI endpoint (OPENAI_BASE_URL is what the `openai` client reads; the list holds every server).
+ENV_ENVIRONMENT = "GRPOJOB_ENVIRONMENT"
+ENV_TRAJECTORY_URL = "GRPOJOB_TRAJECTORY_URL"
+ENV_OPENAI_BASE_URL = "OPENAI_BASE_URL"
+ENV_OPENAI_BASE_URLS = "GRPOJOB_OPENAI_BASE_URLS"
+# The job's token is the API key of the rollout servers' OpenAI endpoints: environment pods get it
+# as OPENAI_API_KEY from the job's Secret; processes started by `grpojob run` read GRPOJOB_TOKEN_FILE.
+ENV_OPENAI_API_KEY = "OPENAI_API_KEY"
+
+# The trajectory API is served on the trainer leader's HTTP port under this path.
+TRAJECTORY_PREFIX = "/trajectories"
+ENV_CODE_DIR = CODE_DIR_ENV  # spec.code's modules (on PYTHONPATH; relative file references start here)
+ENV_SITE_DIR = "GRPOJOB_SITE_DIR"  # where spec.code.pip is installed (on PYTHONPATH)
 
 # Per-replica values: the operator fills them from the downward API, `grpojob run` from its index.
 REPLICA_INDEX = "index"  # trainer: StatefulSet pod ordinal
@@ -47,16 +64,40 @@ class Placement:
     sync_port: int = SYNC_STORE_PORT
     trainer_port: Optional[int] = None  # default: spec.trainer.port
     rollout_port: Optional[int] = None  # default: spec.rollout.port
+    # Base URLs (http://host:port) at which environments reach the rollout servers: the rollout
+    # Service on a cluster, each local server for `grpojob run`. Needed when spec.environments is set.
+    rollout_urls: tuple[str, ...] = ()
+    code_dir: Optional[str] = None  # spec.code's modules, when it has some
+    site_dir: Optional[str] = None  # the writable directory spec.code.pip installs into
+    # The file holding the job's token (grpojob.auth): the mounted Secret, or <run dir>/token.
+    token_file: str = ""
+    metrics_auth: bool = False  # /metrics needs the token too (the operator's chart value)
 
 
 @dataclass(frozen=True)
 class Role:
-    name: str  # trainer | rollout
+    name: str  # trainer | rollout | env-<environment name>
     replicas: int
     command: list[str]
     env: dict[str, str]
     ports: dict[str, int]
     per_replica_env: dict[str, str] = field(default_factory=dict)  # ENV name -> REPLICA_* value
+    environment: Optional[str] = None  # spec.environments[].name of an environment's role
+    # Run once per replica before `command`, with the same environment (spec.code.pip): an init
+    # container in pods, a step before the processes start with `grpojob run`.
+    setup: Optional[list[str]] = None
+
+
+ENVIRONMENT_ROLE = "environment"  # GRPOJOB_ROLE of every environment process
+
+
+def environment_role_name(name: str) -> str:
+    return f"env-{name}"
+
+
+def trajectory_url(trainer_host: str, trainer_port: int) -> str:
+    """The trajectory API's base URL: the trainer leader's HTTP port."""
+    return f"http://{trainer_host}:{trainer_port}{TRAJECTORY_PREFIX}"
 
 
 def bind_host(address: str) -> str:
@@ -78,21 +119,49 @@ def rollout_command() -> list[str]:
     return ["grpojob", "rollout"]
 
 
+def install_code_command() -> list[str]:
+    return ["grpojob", "install-code"]
+
+
+def code_env(job: GRPOJob, where: Placement) -> dict[str, str]:
+    """The environment that brings spec.code into a process: PYTHONPATH and where things are."""
+    env, path = {}, []
+    if where.code_dir:
+        env[ENV_CODE_DIR] = where.code_dir
+        path.append(where.code_dir)
+    if job.spec.code.pip and where.site_dir:
+        env[ENV_SITE_DIR] = where.site_dir
+        path.append(where.site_dir)
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
+    return env
+
+
 def roles(job: GRPOJob, where: Placement) -> list[Role]:
     spec = job.spec
+    if not where.token_file:
+        raise ValueError("Placement.token_file: every process of a job needs the job's token file")
     trainer_port = where.trainer_port or spec.trainer.port
     rollout_port = where.rollout_port or spec.rollout.port
-    common = {
+    base = {
         ENV_CONFIG: where.config_path,
         ENV_JOB: job.metadata.name,
         ENV_NAMESPACE: job.metadata.namespace or "default",
+        ENV_LOG_FORMAT: spec.monitoring.log_format,
+        ENV_TOKEN_FILE: where.token_file,  # the file's path: the token itself is never in the env
+        "PYTHONUNBUFFERED": "1",
+    }
+    common = {
+        **base,
         ENV_RUN_DIR: where.run_dir,
         ENV_CHECKPOINT_DIR: where.checkpoint_dir,
         ENV_SYNC_ADDR: f"{where.trainer_host}:{where.sync_port}",
         ENV_TRAINER_PORT: str(trainer_port),
-        ENV_LOG_FORMAT: spec.monitoring.log_format,
-        "PYTHONUNBUFFERED": "1",
+        **code_env(job, where),
     }
+    if where.metrics_auth:
+        common[ENV_METRICS_AUTH] = "true"
+    setup = install_code_command() if spec.code.pip else None
     trainer = Role(
         name="trainer",
         replicas=spec.trainer.replicas,
@@ -105,6 +174,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
              "PET_MAX_RESTARTS": "0"},
         ports={"rendezvous": where.rendezvous_port, "sync": where.sync_port, "http": trainer_port},
         per_replica_env={"PET_NODE_RANK": REPLICA_INDEX},
+        setup=setup,
     )
     rollout = Role(
         name="rollout",
@@ -114,8 +184,26 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
              ENV_BACKEND: spec.rollout.backend},
         ports={"http": rollout_port},
         per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
+        setup=setup,
     )
-    return [trainer, rollout]
+    return [trainer, rollout, *environment_roles(job, where, base, trainer_port)]
+
+
+def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trainer_port: int) -> list[Role]:
+    """One role per spec.environments entry: its command, the rollout servers' OpenAI endpoint and
+    the trajectory API; the job's token file comes with `base`, as for the other roles."""
+    if not job.spec.environments:
+        return []
+    if not where.rollout_urls:
+        raise ValueError("Placement.rollout_urls is empty: environments need the rollout servers' address")
+    openai = [f"{u.rstrip('/')}/v1" for u in where.rollout_urls]
+    env = {**base, ENV_ROLE: ENVIRONMENT_ROLE,
+           ENV_TRAJECTORY_URL: trajectory_url(where.trainer_host, trainer_port),
+           ENV_OPENAI_BASE_URL: openai[0], ENV_OPENAI_BASE_URLS: ",".join(openai)}
+    return [Role(name=environment_role_name(e.name), replicas=e.replicas, command=list(e.command),
+                 env={**env, ENV_ENVIRONMENT: e.name}, ports={},
+                 per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, environment=e.name)
+            for e in job.spec.environments]
 
 
 def render_config(job: GRPOJob) -> str:

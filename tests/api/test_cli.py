@@ -62,3 +62,14 @@ def test_run_without_model_says_which_field(tmp_path):
     r = grpojob("run", str(ROOT / "examples" / "tiny-local.yaml"), "--set", "metadata.annotations={}",
                 "--set", "model.path=nothing-here", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
     assert r.returncode == 1 and "spec.model.path" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_validate_names_the_field_inside_a_kubernetes_object(tmp_path):
+    doc = (ROOT / "examples" / "qwen-gsm8k.yaml").read_text().replace(
+        "- {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}",
+        "- {key: {name: nvidia.com/gpu}, operator: Exists, effect: NoSchedule}")
+    (tmp_path / "bad.yaml").write_text(doc.replace("requests: {cpu: \"32\"", "requests: {cpus: \"32\""))
+    r = grpojob("validate", str(tmp_path / "bad.yaml"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "spec.trainer.tolerations[0].key: must be a string" in r.stderr
+    assert "spec.trainer.resources.requests[cpus]: not a valid name" in r.stderr

@@ -1,6 +1,7 @@
 """The committed CRD is exactly what the models generate, is a valid CRD, and accepts the examples."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -8,7 +9,9 @@ import jsonschema
 import pytest
 import yaml
 
+from grpojob.api import k8s
 from grpojob.api.crd import crd, crd_yaml
+from tools.vendor_k8s_schemas import DESCRIPTION_DEPTH
 from tests.helpers.k8s_schema import ROOT, crd_schema, validate_builtin, validate_grpojob
 
 CRD_FILE = ROOT / "crds" / "grpojob.yaml"
@@ -27,21 +30,73 @@ def test_crd_passes_strict_kubernetes_validation():
     validate_builtin(yaml.safe_load(CRD_FILE.read_text()))
 
 
-def _walk(node, path="spec"):
-    yield path, node
+def _walk(node, path="spec", depth=None):
+    """(path, node, depth below the embedding Kubernetes object or None) of every schema node."""
+    yield path, node, depth
     for name, child in (node.get("properties") or {}).items():
-        yield from _walk(child, f"{path}.{name}")
-    items = node.get("items")
-    if isinstance(items, dict) and items.get("properties"):  # lists of free-form objects need none
-        yield from _walk(items, f"{path}[]")
+        inner = depth + 1 if depth is not None else (0 if k8s.MARKER in _PYDANTIC.get(f"{path}.{name}", {}) else None)
+        yield from _walk(child, f"{path}.{name}", inner)
+    for key, mark in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            inner = depth if depth is not None else (0 if k8s.MARKER in _PYDANTIC.get(f"{path}{mark}", {}) else None)
+            yield from _walk(node[key], f"{path}{mark}", inner)
+
+
+def _pydantic_nodes():
+    """Pydantic's own JSON schema by path, to tell our fields from embedded Kubernetes objects."""
+    from grpojob.api.spec import GRPOJobSpec
+
+    raw = GRPOJobSpec.model_json_schema(by_alias=True)
+    defs = raw.pop("$defs")
+    out = {}
+
+    def walk(node, path):
+        if "$ref" in node:
+            node = defs[node["$ref"].split("/")[-1]]
+        for branch in node.get("anyOf", []):
+            if branch.get("type") != "null":
+                walk(branch, path)
+        out.setdefault(path, node)
+        for name, child in (node.get("properties") or {}).items():
+            walk(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            walk(node["items"], f"{path}[]")
+    walk(raw, "spec")
+    return out
+
+
+_PYDANTIC = _pydantic_nodes()
+STRUCTURAL_FORBIDDEN = {"$ref", "anyOf", "oneOf", "allOf", "not", "definitions", "patternProperties",
+                        "additionalItems", "dependencies", "uniqueItems", "$schema", "id", "title"}
 
 
 def test_every_field_is_described_and_structural():
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
-    for path, node in _walk(schema["properties"]["spec"]):
-        assert node.get("description"), f"{path} has no description (kubectl explain would be empty)"
-        assert "$ref" not in node and "anyOf" not in node and "oneOf" not in node, path
+    embedded = 0
+    for path, node, depth in _walk(schema["properties"]["spec"]):
+        a_field = not path.endswith(("[]", "{}"))  # list items and map values are described by their field
+        if a_field and (depth is None or depth <= DESCRIPTION_DEPTH):
+            assert node.get("description"), f"{path} has no description (kubectl explain would be empty)"
+        embedded += depth == 0
+        assert not STRUCTURAL_FORBIDDEN & set(node), f"{path}: {STRUCTURAL_FORBIDDEN & set(node)}"
         assert node.get("type") or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        assert not ("properties" in node and "additionalProperties" in node), path
+    assert embedded == 2 * 8 + 3 + 1, "each workload embeds eight Kubernetes objects, an environment three, " \
+        "spec.code its volume"
+
+
+def test_unknown_fields_are_kept_only_where_kubernetes_keeps_them_or_for_plugin_arguments():
+    schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    kept = {p for p, node, _ in _walk(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
+    assert kept == {"spec.dataset.args", "spec.rewards[].args", "spec.trainer.args", "spec.rollout.engineArgs",
+                    "spec.code.volume.ephemeral.volumeClaimTemplate.metadata.managedFields[].fieldsV1"} | {
+        f"spec.{role}.volumes[].ephemeral.volumeClaimTemplate.metadata.managedFields[].fieldsV1"
+        for role in ("trainer", "rollout")}
+
+
+def test_the_crd_fits_a_client_side_kubectl_apply():
+    """`kubectl apply` (client-side) stores the object in a 256 KiB annotation."""
+    assert len(json.dumps(crd(), separators=(",", ":"))) < 256 * 1024
 
 
 def test_crd_shape():
@@ -49,6 +104,11 @@ def test_crd_shape():
     assert version["subresources"] == {"status": {}}
     cols = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
     assert cols == ["Phase", "Step", "Reward", "Age"]
+    wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
+    assert wide["Lag"] == ".status.progress.rollouts[*].lag"  # each rollout server's policy lag
+    assert wide["Sync"] == ".status.progress.weightSyncBackend"
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]["properties"]
+    assert {"lag", "replica", "version"} <= set(status["rollouts"]["items"]["properties"])
     assert crd()["spec"]["names"]["shortNames"] == ["grpo"]
     algo = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["algorithm"]
     assert algo["properties"]["groupSize"]["minimum"] == 2

@@ -118,6 +118,10 @@ def test_default_render_is_exactly_the_operator(render):
     (["--set", "metrics.port=70000"], "port"),
     (["--set", "resources.limits.memory=lots"], "memory"),
     (["--set", "leaderElection.enabled=yes-please"], "enabled"),
+    (["--set", "metrics.bindAddress=everywhere"], "bindAddress"),
+    (["--set", "health.bindAddress=localhost"], "bindAddress"),
+    (["--set", "jobs.metricsAuth=sometimes"], "metricsAuth"),
+    (["--set", "networkPolicy.monitoringNamespaces={Prometheus_NS}"], "monitoringNamespaces"),
 ], ids=lambda v: v if isinstance(v, str) else v[1])
 def test_schema_rejects_wrong_values(helm, args, field):
     out = run_helm(helm, "template", RELEASE, str(CHART), "-n", NAMESPACE, *args)
@@ -182,7 +186,7 @@ def test_operator_args_parse_with_the_real_cli(render, name):
     args = cli_parser().parse_args(c["args"])
     assert args.command == "operator"
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
-    assert args.metrics_port == ports["metrics"]
+    assert args.metrics_port == ports["metrics"] and args.metrics_host == "0.0.0.0"
     assert args.liveness == f"http://0.0.0.0:{ports['health']}/healthz"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     watch = ["ml", "research"] if "watch" in name else []
@@ -193,6 +197,42 @@ def test_operator_args_parse_with_the_real_cli(render, name):
     assert deploy["spec"]["strategy"]["type"] == ("RollingUpdate" if args.peering else "Recreate")
     env = {e["name"]: e for e in c["env"]}
     assert env["POD_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"  # kopf's peer id
+
+
+@pytest.mark.parametrize("metrics, health, liveness", [
+    ("127.0.0.1", "10.0.0.7", "http://10.0.0.7:8081/healthz"),
+    ("::", "::", "http://[::]:8081/healthz"),
+])
+def test_the_operators_bind_addresses_come_from_the_values(render, metrics, health, liveness):
+    objs = render("--set", f"metrics.bindAddress={metrics}", "--set", f"health.bindAddress={health}")
+    args = cli_parser().parse_args(operator_container(objs)["args"])
+    assert args.metrics_host == metrics and args.liveness == liveness
+
+
+def test_the_operator_reads_its_namespace_and_the_jobs_settings_from_the_chart(render, monkeypatch):
+    """The env the chart sets, read by the operator's own config (OperatorConfig.from_env)."""
+    from grpojob_operator.config import OperatorConfig
+
+    env = {e["name"]: e for e in operator_container(render(
+        "--set", "networkPolicy.monitoringNamespaces={prom,obs}", "--set", "jobs.metricsAuth=true"))["env"]}
+    assert env["GRPOJOB_OPERATOR_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
+    monkeypatch.setenv("GRPOJOB_OPERATOR_NAMESPACE", NAMESPACE)  # what the downward API gives
+    for name in ("GRPOJOB_MONITORING_NAMESPACES", "GRPOJOB_JOBS_METRICS_AUTH"):
+        monkeypatch.setenv(name, env[name]["value"])
+    cluster = OperatorConfig.from_env().cluster
+    assert (cluster.operator_namespace, cluster.monitoring_namespaces, cluster.metrics_auth) == \
+        (NAMESPACE, ("prom", "obs"), True)
+    defaults = {e["name"]: e.get("value") for e in operator_container(render())["env"]}
+    assert defaults["GRPOJOB_MONITORING_NAMESPACES"] == "monitoring"
+    assert defaults["GRPOJOB_JOBS_METRICS_AUTH"] == "false"
+
+
+def test_jobs_metrics_auth_refuses_the_chart_pod_monitor_that_cannot_present_a_token(helm):
+    out = run_helm(helm, "template", RELEASE, str(CHART), "-n", NAMESPACE, "--set", "jobs.metricsAuth=true",
+                   "--set", "metrics.podMonitor.enabled=true")
+    assert out.returncode != 0 and "metrics.podMonitor cannot scrape with jobs.metricsAuth" in out.stderr
+    ok = run_helm(helm, "template", RELEASE, str(CHART), "-n", NAMESPACE, "--set", "jobs.metricsAuth=true")
+    assert ok.returncode == 0, ok.stderr
 
 
 # --- RBAC ----------------------------------------------------------------------------------------
@@ -262,7 +302,12 @@ _RELABEL = {"type": "object", "additionalProperties": False, "properties": {
     "action": {"enum": ["replace", "keep", "drop", "labelmap", "labeldrop", "labelkeep"]}}}
 _ENDPOINT = {"type": "object", "additionalProperties": False, "required": ["port"], "properties": {
     "port": {"type": "string"}, "path": {"type": "string"}, "interval": _DURATION, "scrapeTimeout": _DURATION,
-    "honorLabels": {"type": "boolean"}, "relabelings": {"type": "array", "items": _RELABEL}}}
+    "honorLabels": {"type": "boolean"}, "relabelings": {"type": "array", "items": _RELABEL},
+    # SafeAuthorization: the bearer credentials from a Secret in the monitor's namespace.
+    "authorization": {"type": "object", "additionalProperties": False, "properties": {
+        "type": {"type": "string"}, "credentials": {
+            "type": "object", "additionalProperties": False, "required": ["key"], "properties": {
+                "name": {"type": "string"}, "key": {"type": "string"}, "optional": {"type": "boolean"}}}}}}}
 _NS_SELECTOR = {"type": "object", "additionalProperties": False, "properties": {
     "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}}
 # The subset of monitoring.coreos.com/v1 the chart uses, with the Prometheus Operator's field names.

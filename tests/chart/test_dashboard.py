@@ -193,6 +193,30 @@ def test_every_metric_name_is_exported(dash):
     assert wanted <= used, f"missing from the dashboard: {wanted - used}"
 
 
+# Exported but deliberately not drawn, and why. Everything else in metrics_names is on the dashboard.
+NOT_DRAWN = {
+    "grpojob_trainer_total_steps": "Progress divides the operator's grpojob_job_step by grpojob_job_total_steps, "
+                                   "known from the spec before the trainer runs",
+    "grpojob_job_reward_mean": "the reward panels draw the trainer's per-step grpojob_reward_mean; the operator's "
+                               "copy is for alerts over all jobs",
+}
+
+
+def test_every_exported_metric_is_drawn(dash):
+    owner = series_owner()
+    drawn = {owner[name].name for _, q in all_queries(dash) for name in q.metric_names}
+    missing = {m.name for m in mn.ALL} - drawn - NOT_DRAWN.keys()
+    assert not missing, f"exported but on no panel (draw them or say why in NOT_DRAWN): {sorted(missing)}"
+    assert not drawn & NOT_DRAWN.keys(), "NOT_DRAWN lists a metric the dashboard draws"
+    pipeline = {"grpojob_policy_staleness", "grpojob_policy_staleness_max", "grpojob_trainer_wait_seconds",
+                "grpojob_rollout_idle_fraction", "grpojob_groups_in_flight", "grpojob_resampled_groups_total",
+                "grpojob_stale_groups_total", "grpojob_generation_paused_seconds", "grpojob_rollout_server_lag"}
+    row = next(i for i, p in enumerate(dash["panels"]) if p["type"] == "row" and p["title"] == "Async pipeline")
+    end = next((i for i, p in enumerate(dash["panels"]) if i > row and p["type"] == "row"), len(dash["panels"]))
+    in_row = {n for p in dash["panels"][row + 1:end] for t in p["targets"] for n in parse(t["expr"]).metric_names}
+    assert pipeline <= in_row, f"not in the Async pipeline row: {pipeline - in_row}"
+
+
 def test_every_label_is_one_the_series_has(dash):
     for where, q in all_queries(dash):
         available = set().union(*(labels_of(n) for n in q.metric_names))

@@ -170,6 +170,12 @@ def test_runs_as_a_non_root_user(image):
     assert not gid or int(gid) != 0
     if name == "operator":  # the chart's pod securityContext runs it as the same user
         assert int(uid) == VALUES["podSecurityContext"]["runAsUser"]
+    if name == "runtime":  # the operator's trainer and rollout pods run as this user, $HOME an emptyDir
+        names = pytest.importorskip("grpojob_operator.names")
+        assert int(uid) == names.RUNTIME_UID
+        env = dict(kv.split("=", 1) for arg in stages[-1].all("ENV") for kv in shlex.split(arg))
+        assert env["HOME"] == names.HOME_DIR
+        assert f"--home-dir {names.HOME_DIR}" in " ".join(stages[-1].all("RUN"))
 
 
 def test_entrypoints_are_real_commands(image):

@@ -73,3 +73,34 @@ def test_the_operators_own_pod_monitor_is_well_formed(job_children):
     monitors = by_kind(job_children, "PodMonitor")
     assert len(monitors) == 1
     check_monitor(monitors[0])
+
+
+def test_with_jobs_metrics_auth_a_jobs_pod_monitor_presents_the_token_from_the_jobs_secret():
+    """jobs.metricsAuth reaches the pods (GRPOJOB_METRICS_AUTH) and the job's own PodMonitor, whose
+    bearer token is the key of the job's Secret that the pods mount."""
+    from grpojob import auth
+
+    doc = yaml.safe_load((ROOT / "examples" / "qwen-gsm8k.yaml").read_text())
+    doc["spec"]["monitoring"] = {"podMonitor": True}
+    job, _ = check(doc, resolve_plugins=False)
+    objs = children.build(job, namespace="ml", cluster=children.Cluster(metrics_auth=True))
+    (ep,) = one(objs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    secret = children.token_secret("qwen-gsm8k", "ml", None, "t")
+    assert ep["authorization"] == {"type": "Bearer", "credentials": {"name": secret["metadata"]["name"],
+                                                                     "key": auth.TOKEN_KEY}}
+    assert auth.TOKEN_KEY in secret["data"]
+    for t in pod_templates(objs).values():
+        env = {e["name"]: e.get("value") for c in t["spec"]["containers"] for e in c["env"]}
+        assert env[auth.ENV_METRICS_AUTH] == "true"
+        assert {"name": children.TOKEN_VOLUME, "secret": {"secretName": secret["metadata"]["name"],
+                                                          "defaultMode": 0o440}} in t["spec"]["volumes"]
+    check_monitor(one(objs, "PodMonitor"))
+    (plain,) = one(job_children_default(), "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert "authorization" not in plain
+
+
+def job_children_default() -> list[dict]:
+    doc = yaml.safe_load((ROOT / "examples" / "qwen-gsm8k.yaml").read_text())
+    doc["spec"]["monitoring"] = {"podMonitor": True}
+    job, _ = check(doc, resolve_plugins=False)
+    return children.build(job, namespace="ml")

@@ -2,11 +2,15 @@
 processes on this machine, as the README's command does."""
 from __future__ import annotations
 
+import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -62,27 +66,54 @@ def workdir(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
-def test_tiny_local_run_learns(workdir):
-    """The README's command with fewer steps: reward must rise by at least 0.3."""
+def test_tiny_local_run_learns_with_generation_two_versions_ahead(workdir):
+    """The README's command with fewer steps, rollouts running up to 2 policy versions ahead of
+    training: the stale samples are corrected by importance weights and the reward still rises."""
     run_dir = workdir / "run"
-    proc = grpojob_run(run_dir, "training.steps=60", cwd=workdir)
+    proc = grpojob_run(run_dir, "training.steps=60", "algorithm.maxStaleness=2", cwd=workdir)
     out, _ = proc.communicate(timeout=900)
     assert proc.returncode == 0, out
     records = read_records(run_dir / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 61))
-    first, last = records[0]["reward_mean"], records[-1]["reward_mean"]
-    assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}"
+    first, last = records[0]["reward_mean"], max(r["reward_mean"] for r in records[-3:])
+    assert last >= first + 0.5, f"reward {first:.3f} -> {last:.3f}"
+    assert max(r["policy_staleness_max"] for r in records) == 2  # it did run ahead, within the bound
+    assert any(abs(r["importance_weight_mean"] - 1) > 1e-4 for r in records)
     assert "building a tiny random model" in out and "done: 60 steps" in out
     assert (run_dir / "final-model" / "config.json").exists()
     assert (run_dir / "reward.png").stat().st_size > 1000
     assert processes_of(run_dir) == []
 
 
-def test_interrupt_checkpoints_and_resume_continues(workdir):
+def test_pushes_every_other_step_finish_and_runs_are_reproducible(workdir):
+    """weightSync.everySteps 2 at maxStaleness 0 used to hang at step 2 (the rollouts were asked for
+    a version never pushed). And the same manifest and seed give the same steps, metric for metric."""
+    runs = []
+    for name in ("a", "b"):
+        proc = grpojob_run(workdir / name, "weightSync.everySteps=2", "training.steps=10", cwd=workdir)
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+        runs.append(read_records(workdir / name / "metrics.jsonl"))
+    a, b = runs
+    assert [r["step"] for r in a] == list(range(1, 11))
+    assert [r["policy_staleness_max"] for r in a] == [0, 1] * 5  # the version pushed every other step
+    for ra, rb in zip(a, b):
+        assert ra["sample_ids"] == rb["sample_ids"] and ra["completions"] == rb["completions"]
+        for key in ("reward_mean", "reward_std", "completion_length_mean", "advantage_std", "loss", "grad_norm",
+                    "entropy", "importance_weight_mean"):
+            assert ra[key] == pytest.approx(rb[key], rel=1e-5, abs=1e-7), (ra["step"], key)
+
+
+def test_interrupt_checkpoints_and_resume_trains_each_prompt_once(workdir):
+    """Ctrl-C mid-run with generation running ahead (maxStaleness 1): the checkpoint holds the data
+    position and the prompts generated but not trained; after the resume every prompt of the
+    stream's first 12 steps is trained exactly once."""
     run_dir = workdir / "run"
-    sets = ("training.steps=12", "checkpoint.everySteps=100")  # only the interrupt writes a checkpoint
+    sets = ("training.steps=12", "checkpoint.everySteps=100", "algorithm.maxStaleness=1",
+            "dataset.args.size=1000")  # one epoch: row ids are stream positions
     proc = grpojob_run(run_dir, *sets, cwd=workdir)
     wait_steps(run_dir, 3, proc)
+    token = _token_is_only_in_its_file(run_dir)
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode != 0, out
@@ -93,9 +124,49 @@ def test_interrupt_checkpoints_and_resume_continues(workdir):
     proc = grpojob_run(run_dir, *sets, cwd=workdir)
     out, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, out
-    steps = [r["step"] for r in read_records(run_dir / "metrics.jsonl")]
-    assert steps == list(range(1, 13)), f"steps after resume: {steps} (before: {done})"
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 13)), f"steps after resume (before: {done})"
     assert f"resuming after step {len(done)}" in out
+    trained = [i for r in records for i in r["sample_ids"]]
+    assert len(trained) == len(set(trained)) == 12 * 16, "a prompt was trained twice"
+    assert set(trained) == set(_stream_rows(workdir, run_dir, 12 * 16)), "a prompt was skipped"
+    assert (run_dir / "token").read_text().strip() == token, "a resumed run keeps its token"
+
+
+def _token_is_only_in_its_file(run_dir: Path) -> str:
+    """The run's token (issue 15): a 0600 file in the run dir, named by GRPOJOB_TOKEN_FILE in every
+    process's environment; the token itself in no environment, config, log or endpoints file; the
+    trainer's /status refuses a request without it."""
+    path = run_dir / "token"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    token = path.read_text().strip()
+    pids = processes_of(run_dir)
+    assert len(pids) >= 2
+    for pid in pids:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+        assert f"GRPOJOB_TOKEN_FILE={path}".encode() in env and token.encode() not in env
+    for f in [run_dir / "grpojob.json", run_dir / "endpoints.json", *(run_dir / "logs").iterdir()]:
+        assert token not in f.read_text(), f
+    trainer = json.loads((run_dir / "endpoints.json").read_text())["trainer-0"]
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(trainer + "/status", timeout=5)
+    assert e.value.code == 401
+    req = urllib.request.Request(trainer + "/status", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200
+    return token
+
+
+def _stream_rows(workdir: Path, run_dir: Path, n: int) -> list[int]:
+    """The dataset rows of the job's first n stream positions (its seeded order)."""
+    from transformers import AutoTokenizer
+
+    from grpojob.api import parse
+    from grpojob.data import PromptStream
+
+    job = parse(json.loads((run_dir / "grpojob.json").read_text()))
+    stream = PromptStream(job.spec, AutoTokenizer.from_pretrained(job.spec.model.path))
+    return [s.index for s in stream.take(n)]
 
 
 def test_a_dead_child_takes_the_run_down_cleanly(workdir):

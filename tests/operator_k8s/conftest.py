@@ -10,11 +10,14 @@ import pytest
 import yaml
 
 from grpojob.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from grpojob_operator import children
+from grpojob_operator import names as n
 from grpojob_operator.config import OperatorConfig
 
+from . import admission
 from .cluster import Cluster
 from .harness import OperatorThread, TrainerStub
-from .kmock_shim import Emulator
+from .kmock_shim import SECRETS, Emulator
 
 NS = "ml"
 
@@ -42,7 +45,10 @@ def job_path(ns: str = NS, name: str = "") -> str:
 
 @pytest.fixture
 async def emulator() -> AsyncIterator[Emulator]:
+    """The API server: kmock, completed by the shim, with two admission plugins acted out."""
     async with Emulator() as emu, kmock.Server(emu):
+        admission.owner_references_permission_enforcement(emu)
+        admission.pod_security_admission(emu)
         yield emu
 
 
@@ -66,9 +72,17 @@ async def cluster(emulator: Emulator) -> AsyncIterator[Cluster]:
         yield c
 
 
+def secret_token(emu: Emulator) -> Callable[[str, str], Any]:
+    """A job's token as its pods read it: from the job's Secret in the emulator."""
+    def read(ns: str, job: str) -> Any:
+        obj = emu.get_obj(SECRETS, ns, n.token_name(job))
+        return children.secret_token(obj) if obj else None
+    return read
+
+
 @pytest.fixture
-async def trainer() -> AsyncIterator[TrainerStub]:
-    async with TrainerStub() as stub:
+async def trainer(emulator: Emulator) -> AsyncIterator[TrainerStub]:
+    async with TrainerStub(token_of=secret_token(emulator)) as stub:
         yield stub
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import kopf
 from aiohttp import web
 
 from grpojob.api import TrainerStatus
+from grpojob.auth import BODY, Auth
 from grpojob_operator.config import OperatorConfig
 from grpojob_operator.controller import Controller
 from grpojob_operator.handlers import register
@@ -21,12 +22,19 @@ log = logging.getLogger("tests.harness")
 class TrainerStub:
     """Mock of the trainer leader's HTTP endpoint (GET /status, POST /suspend), because no trainer
     pods run here: one aiohttp server on 127.0.0.1 answers for every job under /{namespace}/{name}.
-    A job without a state set answers 503, like a trainer that is not up yet."""
+    A job without a state set answers 503, like a trainer that is not up yet. Like the real one it
+    answers only requests that carry the job's token (401 "unauthorized" otherwise), with the real
+    check (grpojob.auth): the one in the job's Secret (`token_of(namespace, name)` reads it), kept
+    once read, as a running pod keeps the file it mounted."""
 
-    def __init__(self) -> None:
+    def __init__(self, token_of: Optional[Callable[[str, str], Optional[str]]] = None) -> None:
+        self.token_of = token_of
+        self._held: dict[tuple[str, str], str] = {}
+        self.refused: list[tuple[str, str, str]] = []  # (ns, name, path) of requests without the token
         self.states: dict[tuple[str, str], TrainerStatus] = {}
         self.suspends: list[tuple[str, str]] = []
         self.on_suspend: Optional[Any] = None  # called with (ns, name) after a POST /suspend
+        self.unreachable: set[tuple[str, str]] = set()  # jobs whose trainer answers nothing (503)
         self._runner: Optional[web.AppRunner] = None
         self.port = 0
 
@@ -39,15 +47,32 @@ class TrainerStub:
     def url_template(self) -> str:
         return f"http://127.0.0.1:{self.port}/{{namespace}}/{{name}}"
 
+    def _unauthorized(self, request: web.Request) -> Optional[web.Response]:
+        key = (request.match_info["ns"], request.match_info["name"])
+        token = self._held.get(key) or (self.token_of(*key) if self.token_of else None)
+        if token is not None:
+            self._held[key] = token
+        if token is not None and Auth(token).accepts(request.headers.get("Authorization")):
+            return None
+        self.refused.append((*key, request.path.rsplit("/", 1)[1]))
+        return web.Response(status=401, body=BODY)
+
     async def _status(self, request: web.Request) -> web.Response:
-        st = self.states.get((request.match_info["ns"], request.match_info["name"]))
+        if (refused := self._unauthorized(request)) is not None:
+            return refused
+        key = (request.match_info["ns"], request.match_info["name"])
+        st = None if key in self.unreachable else self.states.get(key)
         if st is None:
             return web.json_response({"error": "not up"}, status=503)
         return web.json_response(st.dump())
 
     async def _suspend(self, request: web.Request) -> web.Response:
+        if (refused := self._unauthorized(request)) is not None:
+            return refused
         key = (request.match_info["ns"], request.match_info["name"])
         self.suspends.append(key)
+        if key in self.unreachable:
+            return web.json_response({"error": "unreachable"}, status=503)
         if key in self.states:
             self.set(*key, phase="checkpointing")
         if self.on_suspend:

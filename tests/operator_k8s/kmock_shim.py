@@ -37,6 +37,8 @@ DEPLOYMENTS = kmock.resource("apps", "v1", "deployments")
 SERVICES = kmock.resource("", "v1", "services")
 CONFIGMAPS = kmock.resource("", "v1", "configmaps")
 EVENTS = kmock.resource("", "v1", "events")
+SECRETS = kmock.resource("", "v1", "secrets")
+NETWORKPOLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
 
 Hook = Callable[[rendering.Request], Awaitable[None]]
 

@@ -22,12 +22,16 @@ def test_mutable_fields_pass_and_others_are_named():
         "revert it, or suspend the job first"]
 
 
-def test_running_job_keeps_its_spec_but_takes_the_mutable_parts():
+def test_an_edit_with_a_refused_field_is_refused_whole():
     applied = job()
     new = job(trainer={"replicas": 1}, rollout={"replicas": 3}, runPolicy={"suspend": True})
     eff, refused = effective(new, applied, "active")
-    assert len(refused) == 1 and refused[0].startswith("spec.trainer.replicas")
-    assert eff.spec.trainer.replicas == 2 and eff.spec.rollout.replicas == 3 and eff.spec.run_policy.suspend
+    assert refused[0].startswith("spec.trainer.replicas cannot change")
+    assert refused[1] == ("the rest of the edit (spec.rollout.replicas, spec.runPolicy.suspend) is not applied "
+                          "either: an edit applies whole or not at all")
+    assert eff == applied  # nothing half-applied: the rollouts stay at 2, the job is not suspended
+    scaled = job(rollout={"replicas": 3})
+    assert effective(scaled, applied, "active") == (scaled, [])
 
 
 def test_suspended_jobs_take_every_change_and_finished_ones_say_nothing():

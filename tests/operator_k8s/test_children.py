@@ -11,6 +11,7 @@ from grpojob import plan
 from grpojob.api import load_file, parse
 from grpojob_operator import children
 from grpojob_operator import names as n
+from grpojob_operator import pods
 from tests.helpers.k8s_schema import ROOT, validate_all
 
 from .conftest import job_manifest
@@ -32,11 +33,14 @@ def env_of(c: dict) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
 
 
-def test_a_job_gets_exactly_its_five_children_in_order_with_owner_and_labels():
+def test_a_job_gets_exactly_its_seven_children_in_order_with_owner_and_labels():
     objs = children.build(parse(job_manifest("j")), namespace="ml", owner=OWNER)
     assert [children.key(o) for o in objs] == [
+        ("NetworkPolicy", "j-trainer"), ("NetworkPolicy", "j-rollout"),  # before any pod runs
         ("ConfigMap", "j-config"), ("Service", "j-trainer"), ("Service", "j-rollout"),
         ("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")]
+    off = children.build(parse(job_manifest("j", network={"policy": False})), namespace="ml", owner=OWNER)
+    assert [children.key(o) for o in off] == [children.key(o) for o in objs[2:]]
     for o in objs:
         assert o["metadata"]["namespace"] == "ml"
         assert o["metadata"]["ownerReferences"] == [{
@@ -103,11 +107,12 @@ def test_trainer_statefulset_runs_torchrun_ranks_with_rendezvous_on_pod_zero():
     assert env[plan.ENV_CONFIG] == "/etc/grpojob/grpojob.json"
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert mounts == {"/etc/grpojob": "config", "/var/run/grpojob": "run", "/dev/shm": "dshm",
-                      "/checkpoints": "checkpoints"}
+    assert mounts == {"/etc/grpojob": "grpojob-config", "/var/run/grpojob": "grpojob-run", "/dev/shm": "grpojob-shm",
+                      "/home/grpojob": "grpojob-home", "/tmp": "grpojob-tmp", "/checkpoints": "grpojob-checkpoints",
+                      "/var/run/secrets/grpojob": "grpojob-token"}
     volumes = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
-    assert volumes["config"]["configMap"] == {"name": "j-config"}
+    assert volumes["grpojob-shm"]["emptyDir"] == {"medium": "Memory"}
+    assert volumes["grpojob-config"]["configMap"] == {"name": "j-config"}
     assert kids[("ConfigMap", "j-config")]["data"][plan.CONFIG_FILE] == plan.render_config(parse(job_manifest("j")))
 
 
@@ -128,9 +133,9 @@ def test_user_settings_reach_the_pods_but_never_the_selector_labels():
     env = env_of(c)
     assert env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf", "key": "token"}} and env["NCCL_DEBUG"] == "INFO"
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
-    assert mounts["/models"]["readOnly"] is True and mounts["/ckpt"]["name"] == "checkpoints"
+    assert mounts["/models"]["readOnly"] is True and mounts["/ckpt"]["name"] == "grpojob-checkpoints"
     volumes = {v["name"]: v for v in ps["volumes"]}
-    assert volumes["checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
+    assert volumes["grpojob-checkpoints"]["persistentVolumeClaim"] == {"claimName": "ckpt"}
     # weightSync.backend checkpoint: the rollouts read the same claim, read-only.
     rc = container(kids[("Deployment", "j-rollout")])
     assert {m["mountPath"]: m.get("readOnly") for m in rc["volumeMounts"]}["/ckpt"] is True
@@ -159,11 +164,19 @@ def test_rollout_deployment_finds_the_trainer_store_through_the_headless_service
 
 def test_gang_scheduling_hints():
     kueue = build(job_manifest("j", scheduling={"gang": "kueue", "queueName": "gpu"}))
-    for key in (("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")):
-        meta = kueue[key]["spec"]["template"]["metadata"]
-        assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == "j"
-        assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
-        assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "4"  # 2 trainer + 2 rollout
+    sts, dep = kueue[("StatefulSet", "j-trainer")], kueue[("Deployment", "j-rollout")]
+    # As Kueue shapes a StatefulSet and a Deployment: the trainer pods are one group of
+    # trainer.replicas; each rollout pod is admitted on its own (both workloads name the queue).
+    assert sts["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert dep["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    trainer = sts["spec"]["template"]["metadata"]
+    assert trainer["labels"]["kueue.x-k8s.io/pod-group-name"] == "j-trainer"
+    assert trainer["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert trainer["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    assert trainer["annotations"]["kueue.x-k8s.io/pod-group-serving"] == "true"
+    rollout = dep["spec"]["template"]["metadata"]
+    assert rollout["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert "kueue.x-k8s.io/pod-group-name" not in rollout["labels"] and "annotations" not in rollout
     volcano = build(job_manifest("j", scheduling={"gang": "volcano", "queueName": "q"}))
     pg = volcano[("PodGroup", "j")]
     assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" and pg["spec"] == {"minMember": 4, "queue": "q"}
@@ -173,6 +186,15 @@ def test_gang_scheduling_hints():
         assert tmpl["spec"]["schedulerName"] == "volcano"
         assert tmpl["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "j"
     assert not any(k[0] == "PodGroup" for k in build(job_manifest("j")))
+
+
+@pytest.mark.parametrize("gang", ["none", "kueue", "volcano"])
+def test_rollout_count_never_reaches_the_trainer_template(gang):
+    """A StatefulSet rolls its pods when its template changes: scaling the rollouts must not."""
+    def trainer(rollouts):
+        kids = build(job_manifest("j", rollout={"replicas": rollouts}, scheduling={"gang": gang, "queueName": "q"}))
+        return kids[("StatefulSet", "j-trainer")]
+    assert trainer(4) == trainer(2)
 
 
 def test_scale_and_hash():
@@ -204,10 +226,12 @@ def test_checkpoint_weight_sync_needs_a_shared_claim_on_a_cluster():
 def test_image_default_and_override(monkeypatch):
     job = parse(job_manifest("j"))
     monkeypatch.delenv(n.IMAGE_ENV, raising=False)
-    assert container(children.build(job, namespace="ml")[3])["image"] == n.DEFAULT_IMAGE == "ghcr.io/grpojob/runtime:0.1.0"
+    sts = 5  # after the NetworkPolicies, the ConfigMap and the Services
+    assert container(children.build(job, namespace="ml")[sts])["image"] == n.DEFAULT_IMAGE
+    assert n.DEFAULT_IMAGE == "ghcr.io/grpojob/runtime:0.1.0"
     monkeypatch.setenv(n.IMAGE_ENV, "mirror.local/grpojob:0.1.0")
-    assert container(children.build(job, namespace="ml")[3])["image"] == "mirror.local/grpojob:0.1.0"
-    assert container(children.build(job, namespace="ml", image="x/y:1")[3])["image"] == "x/y:1"
+    assert container(children.build(job, namespace="ml")[sts])["image"] == "mirror.local/grpojob:0.1.0"
+    assert container(children.build(job, namespace="ml", image="x/y:1")[sts])["image"] == "x/y:1"
 
 
 def test_trainer_pod_runs_exactly_what_grpojob_run_starts_locally(tmp_path):
@@ -223,10 +247,12 @@ def test_trainer_pod_runs_exactly_what_grpojob_run_starts_locally(tmp_path):
         proc = local[f"{role}-0"]
         assert [os.path.basename(proc.argv[0]), *proc.argv[1:]] == pod["command"]
         pod_env = env_of(pod)
-        role_obj = next(r for r in plan.roles(job, children.placement(job, "ml")) if r.name == role)
-        assert set(pod_env) == set(role_obj.env) | set(role_obj.per_replica_env)
+        role_obj = next(r for r in plan.roles(job, children.placement(job, "ml", children.Cluster())) if r.name == role)
+        assert set(pod_env) == set(role_obj.env) | set(role_obj.per_replica_env) | set(pods.CACHE_ENV)
+        pod_env = {k: v for k, v in pod_env.items() if k not in pods.CACHE_ENV}  # the pod's own writable dirs
         assert set(pod_env) <= set(proc.env)
         placement_dependent = {plan.ENV_CONFIG, plan.ENV_RUN_DIR, plan.ENV_CHECKPOINT_DIR, plan.ENV_SYNC_ADDR,
+                               plan.ENV_TOKEN_FILE,
                                plan.ENV_TRAINER_PORT, plan.ENV_ROLLOUT_PORT, "PET_MASTER_ADDR", "PET_MASTER_PORT",
                                *role_obj.per_replica_env}
         same = {k for k in pod_env if k not in placement_dependent}

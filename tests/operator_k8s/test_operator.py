@@ -21,9 +21,10 @@ from tests.helpers.k8s_schema import validate_all
 from .cluster import Cluster, eventually
 from .conftest import NS, job_manifest, job_path
 from .harness import OperatorThread, TrainerStub
-from .kmock_shim import CONFIGMAPS, DEPLOYMENTS, EVENTS, GRPOJOBS, SERVICES, STATEFULSETS, Emulator, fail_next
+from .kmock_shim import (CONFIGMAPS, DEPLOYMENTS, EVENTS, GRPOJOBS, NETWORKPOLICIES, SERVICES, STATEFULSETS, Emulator,
+                         fail_next)
 
-CHILD_RESOURCES = (CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)
+CHILD_RESOURCES = (NETWORKPOLICIES, CONFIGMAPS, SERVICES, STATEFULSETS, DEPLOYMENTS)  # the Secret: test_security
 SERVER_FIELDS = ("uid", "resourceVersion", "creationTimestamp", "generation")
 
 
@@ -82,7 +83,7 @@ async def test_create_gives_exact_children_with_owner_references(emulator, clust
         got = have[children.key(obj)]
         assert got["metadata"]["ownerReferences"] == [children.owner_reference("exact", uid)]
         assert without_server_fields(got) == obj, f"{children.key(obj)} differs from the rendering"
-    assert validate_all(have.values()) == 5
+    assert validate_all(have.values()) == 7
 
     st = status(emulator, "exact")
     assert st["phase"] == "Initializing"
@@ -94,12 +95,15 @@ async def test_create_gives_exact_children_with_owner_references(emulator, clust
 
 async def test_ready_pods_give_running_with_trainer_progress(emulator, cluster, operator, trainer):
     await running(emulator, cluster, trainer, "prog")
+    lags = [{"replica": "prog-rollout-a", "version": 7, "lag": 0}, {"replica": "prog-rollout-b", "version": 6, "lag": 1}]
     trainer.set(NS, "prog", step=7, totalSteps=20, policyVersion=7, rewardMean=0.625, kl=0.01,
-                tokensPerSecond=1234.5, lastCheckpointStep=5, weightsInSync=True)
+                tokensPerSecond=1234.5, lastCheckpointStep=5, weightsInSync=True, rollouts=lags,
+                weightSyncBackend="gloo")
     await eventually(lambda: status(emulator, "prog").get("progress", {}).get("step") == 7, what="progress")
     st = status(emulator, "prog")
     assert st["progress"] == {"step": 7, "totalSteps": 20, "policyVersion": 7, "rewardMean": 0.625, "kl": 0.01,
-                              "tokensPerSecond": 1234.5, "lastCheckpointStep": 5, "weightsInSync": True}
+                              "tokensPerSecond": 1234.5, "lastCheckpointStep": 5, "weightsInSync": True,
+                              "rollouts": lags, "weightSyncBackend": "gloo"}
     assert st["trainer"] == {"desired": 2, "ready": 2} and st["rollout"] == {"desired": 2, "ready": 2}
     assert st["startTime"] and st["restarts"] == 0
     for t in ("TrainerReady", "RolloutReady", "Running"):
@@ -112,7 +116,7 @@ async def test_ready_pods_give_running_with_trainer_progress(emulator, cluster, 
             text = await resp.text()
     assert 'grpojob_job_step{job="prog",namespace="ml"} 7.0' in text
     assert 'grpojob_job_reward_mean{job="prog",namespace="ml"} 0.625' in text
-    assert 'grpojob_job_policy_lag{job="prog",namespace="ml"} 0.0' in text
+    assert 'grpojob_job_policy_lag{job="prog",namespace="ml"} 1.0' in text  # the slowest server's lag
     assert 'grpojob_operator_jobs{phase="Running"} 1.0' in text
     assert 'grpojob_operator_reconciles_total{result="success"}' in text
     assert "grpojob_operator_reconcile_seconds_count" in text
@@ -205,10 +209,11 @@ async def test_rollout_replicas_scale_in_place_and_immutable_changes_are_refused
     await eventually(lambda: replicas(emulator, "scale") == (2, 3), what="rollout scaled")
     await eventually(lambda: status(emulator, "scale").get("rollout", {}).get("desired") == 3, what="desired 3")
 
-    # Invalid with promptsPerStep 4 (8 ranks): refused, the job keeps running as it was.
-    await cluster.patch(job_path(NS, "scale"), {"spec": {"trainer": {"replicas": 4}}})
+    # Invalid (partial rollouts need maxStaleness >= 1): refused, the job keeps running as it was.
+    await cluster.patch(job_path(NS, "scale"), {"spec": {"algorithm": {"partialRollouts": True}}})
     await eventually(lambda: cond(emulator, "scale", "InvalidSpec").get("reason") == "InvalidUpdate", what="bad edit")
-    assert cond(emulator, "scale", "InvalidSpec")["message"].startswith("spec.training.promptsPerStep")
+    assert cond(emulator, "scale", "InvalidSpec")["message"].startswith("spec.algorithm.partialRollouts")
+    await cluster.patch(job_path(NS, "scale"), {"spec": {"algorithm": {"partialRollouts": False}}})
     # Valid but not changeable while running.
     await cluster.patch(job_path(NS, "scale"), {"spec": {"trainer": {"replicas": 1}}})
     await eventually(lambda: cond(emulator, "scale", "InvalidSpec").get("reason") == "ImmutableFieldChanged",
@@ -240,11 +245,11 @@ async def test_success_marks_succeeded_cleans_up_and_deletes_after_ttl(emulator,
 
 async def test_invalid_spec_gives_InvalidSpec_with_the_field_path(emulator, cluster, operator, trainer):
     # Passes the CRD schema (types and bounds are fine) but not the cross-field rule.
-    bad = job_manifest("bad", training={"promptsPerStep": 3})
+    bad = job_manifest("bad", algorithm={"partialRollouts": True})
     await cluster.create(job_path(), bad)
     await eventually(lambda: cond(emulator, "bad", "InvalidSpec").get("status") == "True", what="InvalidSpec")
     c = cond(emulator, "bad", "InvalidSpec")
-    assert c["message"].startswith("spec.training.promptsPerStep: ")
+    assert c["message"].startswith("spec.algorithm.partialRollouts: needs algorithm.maxStaleness >= 1")
     assert status(emulator, "bad")["phase"] == "Failed"
     # A type error the API server would have caught, had the CRD been applied without validation.
     await cluster.create(job_path(), job_manifest("typo", trainer={"replicas": "two"}))
@@ -252,10 +257,10 @@ async def test_invalid_spec_gives_InvalidSpec_with_the_field_path(emulator, clus
                      what="typo reported")
     # The operator is not stuck: a good job still gets its children, and fixing the spec recovers.
     await cluster.create(job_path(), job_manifest("good"))
-    await eventually(lambda: len(kids(emulator, "good")) == 5, what="good job children")
+    await eventually(lambda: len(kids(emulator, "good")) == 7, what="good job children")
     assert not kids(emulator, "bad") and not kids(emulator, "typo")
-    await cluster.patch(job_path(NS, "bad"), {"spec": {"training": {"promptsPerStep": 4}}})
-    await eventually(lambda: len(kids(emulator, "bad")) == 5, what="children after the fix")
+    await cluster.patch(job_path(NS, "bad"), {"spec": {"algorithm": {"maxStaleness": 1}}})
+    await eventually(lambda: len(kids(emulator, "bad")) == 7, what="children after the fix")
     await eventually(lambda: cond(emulator, "bad", "InvalidSpec").get("status") == "False", what="valid again")
     assert status(emulator, "bad")["phase"] in ("Pending", "Initializing")
     await eventually(lambda: ("Warning", "InvalidSpec") in events(emulator, "bad"), what="event")
@@ -322,7 +327,7 @@ async def test_fifty_jobs_created_at_once_all_reach_their_children(emulator, clu
     try:
         names = [f"many-{i:02d}" for i in range(50)]
         await asyncio.gather(*(cluster.create(job_path(), job_manifest(name)) for name in names))
-        await eventually(lambda: all(len(kids(emulator, name)) == 5 for name in names), timeout=90,
+        await eventually(lambda: all(len(kids(emulator, name)) == 7 for name in names), timeout=90,
                          period=0.5, what="children of 50 jobs")
         await eventually(lambda: all(cond(emulator, name, "Created").get("status") == "True" for name in names),
                          timeout=60, period=0.5, what="50 jobs Created")
@@ -330,7 +335,7 @@ async def test_fifty_jobs_created_at_once_all_reach_their_children(emulator, clu
         await op.stop()
     for res in CHILD_RESOURCES:
         objs = emulator.live(res, NS)
-        assert len(objs) == (100 if res == SERVICES else 50)
+        assert len(objs) == (100 if res in (SERVICES, NETWORKPOLICIES) else 50)
         for o in objs:
             owner = o["metadata"]["ownerReferences"][0]
             assert emulator.get_obj(GRPOJOBS, NS, owner["name"])["metadata"]["uid"] == owner["uid"]
@@ -338,7 +343,7 @@ async def test_fifty_jobs_created_at_once_all_reach_their_children(emulator, clu
 
 async def test_every_request_of_the_operator_is_allowed_by_its_rbac_rules(emulator, cluster, operator, trainer):
     await running(emulator, cluster, trainer, "rbac", runPolicy={"ttlSecondsAfterFinished": 0})
-    trainer.set(NS, "rbac", phase="completed")
+    trainer.set(NS, "rbac", phase="completed", step=20)
     await eventually(lambda: emulator.get_obj(GRPOJOBS, NS, "rbac") is None, what="deleted after TTL")
     verbs = {"list": "list", "watch": "watch", "fetch": "get", "create": "create", "update": "patch",
              "delete": "delete"}

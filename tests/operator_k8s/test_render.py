@@ -19,13 +19,19 @@ def test_render_prints_valid_children_with_overrides():
     assert out.returncode == 0, out.stderr
     objs = list(yaml.safe_load_all(out.stdout))
     assert [(o["kind"], o["metadata"]["name"]) for o in objs] == [
-        ("ConfigMap", "qwen-gsm8k-config"), ("Service", "qwen-gsm8k-trainer"), ("Service", "qwen-gsm8k-rollout"),
+        ("Secret", "qwen-gsm8k-token"), ("NetworkPolicy", "qwen-gsm8k-trainer"),
+        ("NetworkPolicy", "qwen-gsm8k-rollout"), ("ConfigMap", "qwen-gsm8k-config"),
+        ("Service", "qwen-gsm8k-trainer"), ("Service", "qwen-gsm8k-rollout"),
         ("StatefulSet", "qwen-gsm8k-trainer"), ("Deployment", "qwen-gsm8k-rollout"), ("PodMonitor", "qwen-gsm8k")]
     assert all(o["metadata"]["namespace"] == "ml" and "ownerReferences" not in o["metadata"] for o in objs)
-    deploy = objs[4]
+    deploy = objs[7]
     assert deploy["spec"]["replicas"] == 6
     assert deploy["spec"]["template"]["spec"]["containers"][0]["image"] == "my/runtime:9"
-    assert validate_all(objs) == 5
+    assert validate_all(objs) == 8
+    # The Secret comes without a token, and says where it comes from.
+    secret = objs[0]
+    assert "data" not in secret and "stringData" not in secret and secret["immutable"] is True
+    assert "made by the operator" in secret["metadata"]["annotations"]["grpojob.io/token"]
     other = render("examples/qwen-gsm8k.yaml", "--namespace", "research")
     assert {o["metadata"]["namespace"] for o in yaml.safe_load_all(other.stdout)} == {"research"}
 

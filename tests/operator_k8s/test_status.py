@@ -24,10 +24,11 @@ def pods(role: str, n: int, *, ready: bool = True, restarts: tuple = (), phase: 
                     restarts=restarts[i] if i < len(restarts) else 0) for i in range(n)]
 
 
-def step(j, prev, now=T0, trainer=None, tp=None, rp=None, ledger=None, created=True, **kw) -> Decision:
-    """One reconcile as the controller does it: decide, then the children are in place."""
+def step(j, prev, now=T0, trainer=None, tp=None, rp=None, ledger=None, created=True, error="", **kw) -> Decision:
+    """One reconcile as the controller does it: decide, then the children are in place. `error`:
+    why the trainer's /status could not be read."""
     obs = Observation(now=now, trainer_pods=tp if tp is not None else [], rollout_pods=rp if rp is not None else [],
-                      trainer=trainer, ledger=ledger if ledger is not None else {})
+                      trainer=trainer, trainer_error=error, ledger=ledger if ledger is not None else {})
     d = decide(j, prev, obs, generation=1, **kw)
     return with_children(d, True, "ok", now) if (created and d.ensure_children) else d
 
@@ -38,7 +39,7 @@ def cond(st, type_):
 
 def running_status(j):
     """A job that is Running with all pods ready."""
-    d = step(j, initial_status())
+    d = step(j, initial_status(T0))
     d = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
              trainer=TrainerStatus(phase="running", step=3, total_steps=20))
     assert d.status.phase == "Running"
@@ -47,7 +48,7 @@ def running_status(j):
 
 def test_pending_initializing_running_with_progress():
     j = job()
-    d = step(j, initial_status(), created=False)
+    d = step(j, initial_status(T0), created=False)
     assert d.status.phase == "Pending" and d.scale == Scale(2, 2) and d.ensure_children
     d = with_children(d, True, "5 child objects in place", T0)
     assert d.status.phase == "Initializing" and cond(d.status, "Created").status == "True"
@@ -69,9 +70,11 @@ def test_pending_initializing_running_with_progress():
     ev = transitions(d.status, st)
     assert Event("Normal", "AllReady", "TrainerReady=True: 2/2 trainer pods ready") in ev
     assert any(e.reason == "Running" for e in ev)
-    # Unreachable trainer: progress is kept, not zeroed.
-    d3 = step(j, st, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=None)
-    assert d3.status.progress.step == 5 and transitions(st, d3.status) == []
+    # Unreachable trainer: progress is kept, not zeroed; nothing else changes on a quiet look.
+    d3 = step(j, st, tp=pods("trainer", 2), rp=pods("rollout", 2), error="GET /status: timeout")
+    assert d3.status.progress.step == 5
+    d4 = step(j, d3.status, tp=pods("trainer", 2), rp=pods("rollout", 2), error="GET /status: timeout")
+    assert transitions(d3.status, d4.status) == []
 
 
 def test_running_needs_every_trainer_but_one_rollout_is_enough():
@@ -152,7 +155,7 @@ def test_suspend_asks_for_a_checkpoint_then_scales_to_zero_and_resume_comes_back
 
 def test_suspend_without_a_running_trainer_or_past_the_timeout():
     j = job(runPolicy={"suspend": True})
-    fresh = step(j, initial_status())
+    fresh = step(j, initial_status(T0))
     assert fresh.status.phase == "Suspended" and fresh.scale == Scale(0, 0) and not fresh.request_suspend
     d = running_status(job())
     ask = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=TrainerStatus(phase="running"))
@@ -173,14 +176,18 @@ def test_success_cleanup_policy_and_ttl():
         assert step(j, done.status, now=T0 + timedelta(seconds=30)).delete_job
 
 
-def test_a_clean_exit_of_trainer_pod_zero_is_success_not_a_failure():
+def test_a_clean_exit_of_trainer_pod_zero_is_success_only_at_the_last_step():
     j = job(runPolicy={"backoffLimit": 0})
-    d = running_status(j)
+    d = running_status(j)  # the trainer last reported step 3 of 20
     exited = [PodView("j-trainer-0", "trainer-0", "trainer", phase="Running", restarts=1, clean_exit=True,
                       message="trainer exited 0 (Completed)")] + pods("trainer", 2)[1:]
-    done = step(j, d.status, tp=exited, rp=pods("rollout", 2), trainer=None, ledger=d.ledger)
+    early = step(j, d.status, tp=exited, rp=pods("rollout", 2), trainer=None, ledger=d.ledger)
+    assert early.status.phase == "Initializing" and early.status.restarts == 0, "an exit 0 at step 3/20 is not success"
+    last = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), ledger=d.ledger,
+                trainer=TrainerStatus(phase="running", step=20, total_steps=20))
+    done = step(j, last.status, tp=exited, rp=pods("rollout", 2), trainer=None, ledger=last.ledger)
     assert done.status.phase == "Succeeded" and done.status.restarts == 0
-    assert done.status.message == "trainer exited 0 (last seen at step 3/20)"
+    assert done.status.message == "trained 20/20 steps"
     # Pod 1 exiting 0 alone is not completion, and not a failure either.
     other = pods("trainer", 1) + [PodView("j-trainer-1", "trainer-1", "trainer", phase="Running", restarts=1, ready=True,
                                           clean_exit=True)]
@@ -190,11 +197,11 @@ def test_a_clean_exit_of_trainer_pod_zero_is_success_not_a_failure():
 
 def test_invalid_spec_is_failed_until_fixed():
     errors = [FieldError("spec.training.promptsPerStep", "must be a multiple of 4")]
-    bad = step(None, initial_status(), errors=errors)
+    bad = step(None, initial_status(T0), errors=errors)
     assert not bad.ensure_children and bad.status.phase == "Failed"
     c = cond(bad.status, "InvalidSpec")
     assert (c.status, c.reason, c.message) == ("True", "InvalidSpec", "spec.training.promptsPerStep: must be a multiple of 4")
-    assert Event("Warning", "InvalidSpec", f"InvalidSpec=True: {c.message}") in transitions(initial_status(), bad.status)
+    assert Event("Warning", "InvalidSpec", f"InvalidSpec=True: {c.message}") in transitions(initial_status(T0), bad.status)
     fixed = step(job(), bad.status)
     assert fixed.ensure_children and fixed.status.phase == "Initializing"
     assert cond(fixed.status, "InvalidSpec").status == "False" and cond(fixed.status, "Failed").status == "False"
@@ -208,9 +215,9 @@ def test_refused_edit_keeps_the_phase():
 
 
 def test_unreadable_status_starts_afresh_and_conditions_keep_their_transition_time():
-    assert parse_status({"phase": "Exploded"}).phase == "Pending"
-    st = parse_status({"phase": "Running", "kopf": {"x": 1}})
-    assert st.phase == "Running" and len(st.conditions) == 9
+    assert parse_status({"phase": "Exploded"}, T0).phase == "Pending"
+    st = parse_status({"phase": "Running", "kopf": {"x": 1}}, T0)
+    assert st.phase == "Running" and len(st.conditions) == 10
     d = running_status(job())
     t = cond(d.status, "TrainerReady").last_transition_time
     later = step(job(), d.status, now=T0 + timedelta(hours=1), tp=pods("trainer", 2), rp=pods("rollout", 2))

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from grpojob.auth import ENV_TOKEN_FILE
+from grpojob.devices import ENV_DEVICE
 from grpojob.local.processes import free_port  # noqa: F401 - re-exported for the tests
 from grpojob.plan import (
     ENV_ADVERTISE_HOST,
@@ -29,6 +31,7 @@ from grpojob.plan import (
 from tests.helpers.jobs import job_from
 
 REPO = Path(__file__).resolve().parents[2]
+TOKEN = "the-jobs-token-for-the-rollout-tests"  # every server of these tests holds it (grpojob.auth)
 
 BASE = {
     "model": {"path": None},
@@ -51,15 +54,36 @@ def write_config(job, path: Path) -> Path:
     return path
 
 
-def http(url: str, body: Optional[dict] = None, timeout: float = 60.0) -> tuple[int, dict]:
-    """(status, JSON body) of a GET, or a POST when body is given."""
+def http(url: str, body: Optional[dict] = None, timeout: float = 60.0,
+         token: Optional[str] = TOKEN) -> tuple[int, dict]:
+    """(status, JSON body) of a GET, or a POST when body is given, with the job's token (None:
+    without one). A body that is not JSON (the 401's "unauthorized") comes back as {"text": ...}."""
     data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    req = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
+            return r.status, _json(r.read())
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+        return e.code, _json(e.read())
+
+
+def _json(raw: bytes) -> dict:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return {"text": raw.decode(errors="replace")}
+
+
+def token_file(directory: Path, token: str = TOKEN) -> Path:
+    """The job's token as the plan hands it to a process: a 0600 file."""
+    path = directory / "token"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(token + "\n")
+    return path
 
 
 def wait_for(pred, timeout: float, what: str, interval: float = 0.1, proc=None):
@@ -81,14 +105,18 @@ def proc_tail(proc, n: int = 4000) -> str:
 
 
 class RolloutProcess:
-    """A real `grpojob rollout` process (killed on stop)."""
+    """A real `grpojob rollout` process (killed on stop), computing on `device` (the tests compare
+    it with references computed on that device)."""
 
     def __init__(self, config: Path, log_dir: Path, *, replica: str, backend: str = "hf",
                  sync_addr: Optional[str] = None, port: Optional[int] = None,
-                 checkpoint_dir: Optional[str] = None):
-        self.config, self.replica, self.backend = config, replica, backend
+                 checkpoint_dir: Optional[str] = None, device: str = "cpu", env: Optional[dict] = None):
+        self.config, self.replica, self.backend, self.device = config, replica, backend, device
         self.sync_addr, self.checkpoint_dir = sync_addr, checkpoint_dir
+        self.extra_env = dict(env or {})
         self.port = port or free_port()
+        self.token = TOKEN
+        self.token_file = token_file(log_dir)
         self.log_path = log_dir / f"{replica}.log"
         self.proc: Optional[subprocess.Popen] = None
 
@@ -99,12 +127,14 @@ class RolloutProcess:
     def start(self) -> "RolloutProcess":
         env = {**os.environ, ENV_CONFIG: str(self.config), ENV_ROLLOUT_PORT: str(self.port),
                ENV_REPLICA_ID: self.replica, ENV_BACKEND: self.backend, ENV_ADVERTISE_HOST: "127.0.0.1",
-               ENV_LOG_FORMAT: "text", "PYTHONUNBUFFERED": "1"}
+               ENV_LOG_FORMAT: "text", ENV_DEVICE: self.device, ENV_TOKEN_FILE: str(self.token_file),
+               "PYTHONUNBUFFERED": "1"}
         env.pop(ENV_SYNC_ADDR, None)
         if self.sync_addr:
             env[ENV_SYNC_ADDR] = self.sync_addr
         if self.checkpoint_dir:
             env[ENV_CHECKPOINT_DIR] = self.checkpoint_dir
+        env.update(self.extra_env)
         log = open(self.log_path, "a")
         self.proc = subprocess.Popen([sys.executable, "-m", "grpojob", "rollout"], env=env, cwd=REPO,
                                      stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -10,13 +10,15 @@ import threading
 import pytest
 
 from grpojob.rollout.client import RolloutClient, RolloutError
-from grpojob.rollout.manager import RolloutManager
-from grpojob.rollout.types import Sample, SamplingParams
+from grpojob.data import PromptStream
+from grpojob.rewards import RewardScorer
+from grpojob.rollout.manager import Pipeline, RolloutManager
+from grpojob.rollout.types import SamplingParams
 from grpojob.rollout.workflows import SingleTurn
 from grpojob.sync.publisher import WeightPublisher
 
-from .harness import (PROMPTS, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb, wait_for,
-                      write_config)
+from .harness import (PROMPTS, TOKEN, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb,
+                      wait_for, write_config)
 
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
 
@@ -45,7 +47,7 @@ def _requests_ok(srv) -> float:
 
 
 def test_concurrent_requests_go_to_the_least_loaded_server(two_servers):
-    client = RolloutClient([s.url for s in two_servers])
+    client = RolloutClient([s.url for s in two_servers], token=TOKEN)
     before = [_requests_ok(s) for s in two_servers]
 
     async def run():
@@ -60,7 +62,7 @@ def test_concurrent_requests_go_to_the_least_loaded_server(two_servers):
 
 def test_a_dead_server_is_skipped_and_its_requests_retried(two_servers, caplog):
     dead = f"http://127.0.0.1:{free_port()}"
-    client = RolloutClient([dead, two_servers[0].url], cooldown=60)
+    client = RolloutClient([dead, two_servers[0].url], token=TOKEN, cooldown=60)
 
     async def run():
         try:
@@ -82,41 +84,45 @@ def test_errors_are_clear_and_bounded(two_servers):
         finally:
             await client.close()
     with pytest.raises(RolloutError, match=f"rollout server {srv.url} rejected the request: .*context length"):
-        asyncio.run(call(RolloutClient([srv.url]), sampling=SamplingParams(max_tokens=10 ** 6)))
+        asyncio.run(call(RolloutClient([srv.url], token=TOKEN), sampling=SamplingParams(max_tokens=10 ** 6)))
     with pytest.raises(RolloutError, match="within 1 s .*no rollout server registered"):
-        asyncio.run(call(RolloutClient([], timeout=1)))
+        asyncio.run(call(RolloutClient([], token=TOKEN, timeout=1)))
     with pytest.raises(RolloutError, match="HTTP 409: replica c0 holds policy version 0, older than the required 5"):
-        asyncio.run(call(RolloutClient([srv.url], timeout=1), min_version=5))
+        asyncio.run(call(RolloutClient([srv.url], token=TOKEN, timeout=1), min_version=5))
 
 
 @pytest.mark.slow
 def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path, tiny_dir, tokenizer):
-    job = make_job(tiny_dir, algorithm={"groupSize": 4}, rollout={"sampling": {"maxTokens": 48}})
+    job = make_job(tiny_dir, algorithm={"groupSize": 4}, rollout={"sampling": {"maxTokens": 48}},
+                   training={"promptsPerStep": 8, "steps": 10})
     config = write_config(job, tmp_path / "job.json")
-    pub = WeightPublisher(job.spec, "127.0.0.1", 0, heartbeat_timeout=2)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=2,
+                          token=TOKEN)
     addr = f"127.0.0.1:{pub.port}"
     servers = [RolloutProcess(config, tmp_path, replica=f"r{i}", sync_addr=addr).start() for i in range(2)]
-    client = RolloutClient(pub.rollout_addresses, timeout=120)
-    samples = (Sample(i, t, tokenizer.encode(t)) for i, t in enumerate(PROMPTS * 100))
-    manager = RolloutManager(client, SingleTurn(job.spec, tokenizer), samples, max_staleness=0)
+    client = RolloutClient(pub.rollout_addresses, token=TOKEN, timeout=120)
+    spec = job.spec
+    manager = None
     try:
         for s in servers:
             s.wait_ready()
         wait_for(lambda: len(pub.rollout_addresses()) == 2, 30, "both servers registered")
         trainer = perturb(load_model(tiny_dir), seed=1)
         assert pub.push(trainer.state_dict().items(), version=1)["servers"] == 2
-        assert len(manager.next_groups(4, policy_version=1)) == 4
+        manager = RolloutManager(client, SingleTurn(spec, tokenizer), RewardScorer(spec, tokenizer),
+                                 PromptStream(spec, tokenizer), Pipeline.from_spec(spec), published=1)
+        assert len(manager.next_step().groups) == 8
 
         # Step 2: r0 is killed while it generates for this step.
         victim = servers[0]
         result: dict = {}
-        step = threading.Thread(target=lambda: result.update(groups=manager.next_groups(24)))
+        step = threading.Thread(target=lambda: result.update(step=manager.next_step()))
         step.start()
         wait_for(lambda: client.loads().get(victim.url, 0) > 0, 30, "requests in flight at r0")
         victim.kill()
         step.join(120)
-        groups = result["groups"]
-        assert len(groups) == 24 and all(len(g.completions) == 4 for g in groups)
+        groups = result["step"].groups
+        assert len(groups) == 8 and all(len(g.completions) == 4 for g in groups)
         assert {c.policy_version for g in groups for c in g.completions} == {1}
 
         # The trainer goes on: r0 is dropped (no heartbeat), version 2 reaches r1 only.
@@ -124,7 +130,7 @@ def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path,
         trainer = perturb(load_model(tiny_dir), seed=2)
         stats = pub.push(trainer.state_dict().items(), version=2)
         assert stats["servers"] == 1
-        manager.set_policy_version(2)
+        manager.set_published(2)
 
         # r0 comes back (same name, same port): it re-joins and is brought to version 2 first.
         victim.start()
@@ -136,10 +142,11 @@ def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path,
             out = victim.generate(p, temperature=0, max_tokens=8)
             assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, 8)[0]
             assert out["policy_version"] == 2
-        groups = manager.next_groups(8)
+        groups = manager.next_step().groups
         assert {c.policy_version for g in groups for c in g.completions} == {2}
     finally:
-        manager.close()
+        if manager is not None:
+            manager.close()
         for s in servers:
             s.stop()
         pub.close()

@@ -20,7 +20,7 @@ LONG = 120  # tokens of a request that is still running when a swap is asked for
 
 
 async def _engine(model_dir, partial=False, max_batch=16) -> HFEngine:
-    engine = HFEngine(make_job(model_dir, algorithm={"groupSize": 4, "partialRollouts": partial},
+    engine = HFEngine(make_job(model_dir, algorithm={"groupSize": 4, "partialRollouts": partial, "maxStaleness": 1},
                                rollout={"maxModelLen": 256}).spec, device="cpu", max_batch=max_batch)
     await engine.start()
     return engine

@@ -7,7 +7,8 @@ import pytest
 
 from grpojob.sync.publisher import WeightPublisher
 
-from .harness import (PROMPTS, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb, write_config)
+from .harness import (PROMPTS, TOKEN, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb,
+                      write_config)
 
 MAX_TOKENS = 12
 
@@ -28,7 +29,8 @@ def synced(request, tmp_path_factory, tiny_dir, tiny_tied_dir):
         from .harness import wait_for
         wait_for(lambda: srv.status("/info")[1].get("engine") == "up", 60, "engine up", proc=srv.proc)
         before = {"readyz": srv.status("/readyz"), "generate": srv.generate([5, 6, 7], temperature=0, max_tokens=3)}
-        pub = WeightPublisher(job.spec, "127.0.0.1", port, heartbeat_timeout=5)
+        pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=port, device="cpu", heartbeat_timeout=5,
+                              token=TOKEN)
         srv.wait_ready()
         yield {"pub": pub, "srv": srv, "model_dir": model_dir, "before": before, "job": job}
     finally:
@@ -53,6 +55,7 @@ def test_push_then_greedy_equals_the_trainers_model(synced, tokenizer):
         trainer = perturb(load_model(model_dir), seed=seed)
         stats = pub.push(trainer.state_dict().items(), version=version)
         assert stats["servers"] == 1 and stats["dropped"] == [] and stats["version"] == version
+        assert stats["paths"] == {"gloo": [srv.replica]}  # both ends pinned to the CPU
         after = []
         for p in prompts:
             out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
@@ -71,7 +74,7 @@ def test_openai_endpoints_answer_the_openai_client(synced, tokenizer):
     if synced["srv"].replica != "hf-untied":
         pytest.skip("one model is enough for the API shape")
     srv = synced["srv"]
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=TOKEN, max_retries=0)
     assert [m.id for m in client.models.list().data] == [synced["model_dir"].name]
     prompt = PROMPTS[1]
     ref = srv.generate(tokenizer.encode(prompt), temperature=0, max_tokens=6)["completions"][0]
@@ -147,7 +150,8 @@ def test_checkpoint_backend_serves_the_pushed_weights(tmp_path, tiny_dir, tokeni
     """weightSync.backend checkpoint: the weights go through a shared directory, not a collective."""
     job = make_job(tiny_dir, weightSync={"backend": "checkpoint"})
     shared = tmp_path / "checkpoints"
-    pub = WeightPublisher(job.spec, "127.0.0.1", 0, checkpoint_dir=str(shared), heartbeat_timeout=5)
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", checkpoint_dir=str(shared),
+                          heartbeat_timeout=5, token=TOKEN)
     srv = RolloutProcess(write_config(job, tmp_path / "job.json"), tmp_path, replica="hf-ckpt",
                          sync_addr=f"127.0.0.1:{pub.port}", checkpoint_dir=str(shared)).start()
     try:

@@ -10,19 +10,21 @@ import torch
 
 from grpojob.sync.publisher import WeightPublisher
 
-from .harness import PROMPTS, RolloutProcess, greedy, http, load_model, make_job, perturb, wait_for, write_config
+from .harness import PROMPTS, TOKEN, RolloutProcess, greedy, http, load_model, make_job, perturb, wait_for, write_config
 
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 MAX_TOKENS = 12
+LONG = 900  # tokens (the tiny model has 1024 positions): a few seconds on CPU, for a push to land mid-request
 
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory, tiny_tied_dir):
     tmp = tmp_path_factory.mktemp("vllm")
-    job = make_job(tiny_tied_dir, rollout={"backend": "vllm"})
-    pub = WeightPublisher(job.spec, "127.0.0.1", 0, heartbeat_timeout=10)
+    job = make_job(tiny_tied_dir, rollout={"backend": "vllm", "maxModelLen": LONG + 64})
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=10,
+                          token=TOKEN)
     state = {"pub": pub}
     srv = RolloutProcess(write_config(job, tmp / "job.json"), tmp, replica="vllm-0", backend="vllm",
                          sync_addr=f"127.0.0.1:{pub.port}").start()
@@ -100,7 +102,7 @@ def test_sampled_logprobs_follow_the_contract(vllm_server, tied_tokenizer):
 
 def test_openai_chat_and_completions(vllm_server, tied_tokenizer):
     srv = vllm_server["srv"]
-    client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=srv.url + "/v1", api_key=TOKEN, max_retries=0)
     chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
                                           max_tokens=5, temperature=0, n=2)
     assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
@@ -118,10 +120,85 @@ def test_a_restarted_trainer_gets_the_model_directory_back(vllm_server, tied_tok
     pub, srv = vllm_server["pub"], vllm_server["srv"]
     if srv.status("/info")[1]["policy_version"] == 0:
         pub.push(perturb(load_model(vllm_server["model_dir"]), seed=5, scale=1.0).state_dict().items(), version=1)
-    port, spec = pub.port, pub.spec
+    port, sync = pub.port, pub.sync
     pub.close()
     wait_for(lambda: srv.status("/readyz")[0] == 503, 30, "not ready without a trainer")
-    pub = vllm_server["pub"] = WeightPublisher(spec, "127.0.0.1", port, heartbeat_timeout=10)
+    pub = vllm_server["pub"] = WeightPublisher(sync, host="127.0.0.1", port=port, device="cpu",
+                                               heartbeat_timeout=10, token=TOKEN)
     srv.wait_ready(timeout=60)
     assert srv.status("/info")[1]["policy_version"] == 0
     _check_greedy(srv, load_model(vllm_server["model_dir"]), tied_tokenizer, version=0)
+
+
+# ---- a push that lands while a request is being generated --------------------------------------------
+
+
+def _running(srv) -> float:
+    import urllib.request
+    text = urllib.request.urlopen(srv.url + "/metrics", timeout=10).read().decode()
+    line = next(x for x in text.splitlines() if x.startswith("grpojob_rollout_running_requests"))
+    return float(line.split()[-1])
+
+
+def _push_mid_request(srv, pub, model, version, prompt):
+    import threading
+    result: dict = {}
+    t = threading.Thread(target=lambda: result.update(out=srv.generate(prompt, temperature=0, max_tokens=LONG)))
+    t.start()
+    wait_for(lambda: _running(srv) > 0, 60, "the request running", interval=0.005)
+    stats = pub.push(model.state_dict().items(), version=version)
+    t.join(300)
+    return result["out"]["completions"][0], stats
+
+
+def _hf_greedy(model, ids, n):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, min_new_tokens=n,
+                             pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+def test_a_push_waits_for_requests_in_flight_which_finish_on_the_old_weights(vllm_server, tied_tokenizer):
+    """partialRollouts false (the default, this module's server): the request in flight is not
+    disturbed, it carries the old version, and the push reports how long generation was held."""
+    pub, srv = vllm_server["pub"], vllm_server["srv"]
+    version = srv.status("/info")[1]["policy_version"]
+    old = load_model(vllm_server["model_dir"])
+    if version:
+        old = perturb(old, seed=20 + version, scale=1.0)
+    prompt = tied_tokenizer.encode(PROMPTS[0])
+    c, stats = _push_mid_request(srv, pub, perturb(load_model(vllm_server["model_dir"]), seed=31, scale=1.0),
+                                 version + 1, prompt)
+    assert c["policy_version"] == version and c.get("versions") is None
+    assert c["completion_ids"][:64] == _hf_greedy(old, prompt, 64)  # the old weights throughout
+    assert stats["servers"] == 1 and stats["paused_seconds"] > 0
+    assert srv.generate(prompt, temperature=0, max_tokens=4)["policy_version"] == version + 1
+
+
+def test_partial_rollouts_resume_a_request_on_the_pushed_weights(tied_tokenizer, tmp_path, tiny_tied_dir):
+    """partialRollouts true: the push aborts the request in flight, which goes on from its tokens so
+    far on the new weights; each token carries the version that produced it, and the tokens after
+    the switch are the new model's greedy continuation of the prompt plus the tokens before it."""
+    job = make_job(tiny_tied_dir, rollout={"backend": "vllm", "maxModelLen": LONG + 64},
+                   algorithm={"partialRollouts": True, "maxStaleness": 1})
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, device="cpu", heartbeat_timeout=10,
+                          token=TOKEN)
+    srv = RolloutProcess(write_config(job, tmp_path / "job.json"), tmp_path, replica="vllm-partial",
+                         backend="vllm", sync_addr=f"127.0.0.1:{pub.port}").start()
+    try:
+        srv.wait_ready(timeout=240)
+        new = perturb(load_model(tiny_tied_dir), seed=32, scale=1.0)
+        prompt = tied_tokenizer.encode(PROMPTS[1])
+        c, stats = _push_mid_request(srv, pub, new, 1, prompt)
+        versions = c["versions"]
+        assert versions is not None and versions[0] == 0 and versions[-1] == 1, "the push did not land mid-request"
+        cut = versions.index(1)
+        assert versions == [0] * cut + [1] * (len(versions) - cut) and c["policy_version"] == 0
+        assert c["completion_ids"][:min(cut, 64)] == _hf_greedy(load_model(tiny_tied_dir), prompt, min(cut, 64))
+        after = c["completion_ids"][cut:cut + 32]
+        assert after == _hf_greedy(new, prompt + c["completion_ids"][:cut], len(after))
+        assert len(c["completion_ids"]) == len(c["logprobs"]) == len(versions)
+        assert stats["paused_seconds"] is not None
+    finally:
+        srv.stop()
+        pub.close()

@@ -77,18 +77,19 @@ def test_builtin_factories(tokenizer):
     assert len(cd) == 5 and all("numbers" in s.row and "target" in s.row for s in cd)
 
 
-def test_stream_shards_by_rank_and_resumes(tokenizer):
-    spec = job_with(factory="toy", promptField="prompt", answerField="answer",
-                    args={"size": 10})
-    spec.training.prompts_per_step = 4
-    one = PromptStream(spec, tokenizer)
-    r0, r1 = PromptStream(spec, tokenizer, rank=0, world=2), PromptStream(spec, tokenizer, rank=1, world=2)
-    for _ in range(5):  # crosses epoch boundaries (10 samples, 4 per step)
-        g = [s.index for s in one.next_batch()]
-        a, b = [s.index for s in r0.next_batch()], [s.index for s in r1.next_batch()]
-        assert sorted(a + b) == sorted(g) and a == g[0::2] and b == g[1::2]
-    state = one.state_dict()
-    expected = [s.index for s in one.next_batch()]
+def test_stream_covers_each_epoch_once_in_a_seeded_order_and_resumes(tokenizer):
+    spec = job_with(factory="toy", promptField="prompt", answerField="answer", args={"size": 10})
+    stream = PromptStream(spec, tokenizer)
+    first = stream.take(25)  # crosses two epoch boundaries
+    assert [s.seq for s in first] == list(range(25))
+    for epoch in (first[0:10], first[10:20]):
+        assert sorted(s.index for s in epoch) == list(range(10))
+    assert [s.index for s in first[:10]] != [s.index for s in first[10:20]]  # reshuffled each epoch
+    assert [s.index for s in PromptStream(spec, tokenizer).take(25)] == [s.index for s in first]  # seeded
+    # any position can be rebuilt (pending prompts after a resume), and the position resumes
+    assert [stream.sample_at(s.seq).index for s in first] == [s.index for s in first]
+    state = stream.state_dict()
+    expected = [(s.seq, s.index) for s in stream.take(7)]
     again = PromptStream(spec, tokenizer)
     again.load_state_dict(state)
-    assert [s.index for s in again.next_batch()] == expected
+    assert [(s.seq, s.index) for s in again.take(7)] == expected

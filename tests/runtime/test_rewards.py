@@ -2,6 +2,7 @@
 weights, and failures that name the reward."""
 from __future__ import annotations
 
+import asyncio
 import copy
 import sys
 import types
@@ -96,7 +97,7 @@ def test_scorer_weights_user_rewards_sync_and_async(monkeypatch):
                               {"name": "user_rewards_mod:has_answer", "weight": 2.0, "args": {"bonus": 3.0}}]
     scorer = RewardScorer(parse(doc, resolve_plugins=True).spec, FakeTokenizer())
     g = group_of(["xx 42", "no"], {"answer": "42"})
-    scorer.score([g])
+    asyncio.run(scorer.score_group(g))
     assert g.reward_parts == {"length": [0.5, 0.2], "has_answer": [3.0, 0.0]}
     assert g.rewards == pytest.approx([0.5 * 0.5 + 2 * 3.0, 0.5 * 0.2])
 
@@ -105,7 +106,7 @@ def test_workflow_reward_wins():
     scorer = RewardScorer(parse(MINIMAL).spec, FakeTokenizer())
     g = group_of(["\\boxed{1}", "\\boxed{2}"], {"answer": "1"})
     g.completions[1].reward = 0.25
-    scorer.score([g])
+    asyncio.run(scorer.score_group(g))
     assert g.rewards == [1.0, 0.25]
 
 
@@ -119,12 +120,12 @@ def test_failing_reward_names_itself(monkeypatch):
         doc["spec"]["rewards"] = [{"name": "math_exact"}, {"name": name}]
         scorer = RewardScorer(parse(doc, resolve_plugins=True).spec, FakeTokenizer())
         with pytest.raises(RewardError, match=rf"spec.rewards\[1\].*{words}"):
-            scorer.score([group_of(["x"], {})])
+            asyncio.run(scorer.score_group(group_of(["x"], {})))
 
 
 def test_greedy_baseline_completion_is_scored():
     scorer = RewardScorer(parse(MINIMAL).spec, FakeTokenizer())
     g = group_of(["\\boxed{1}", "\\boxed{2}"], {"answer": "2"})
     g.baseline = group_of(["\\boxed{2}"], {}).completions[0]
-    scorer.score([g])
+    asyncio.run(scorer.score_group(g))
     assert g.rewards == [0.0, 1.0] and g.baseline_reward == 1.0

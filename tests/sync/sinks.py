@@ -1,29 +1,34 @@
-"""The smallest real WeightSink: a dict of named tensors with the model's shapes (the rollout
-engines, which are the production sinks, are tested through real servers in tests/rollout)."""
+"""The smallest real WeightSink: a dict of named tensors with the model's shapes on one device
+(the rollout engines, which are the production sinks, are tested through real servers in
+tests/rollout)."""
 from __future__ import annotations
 
 import threading
 
 import torch
 
-from grpojob.sync import files
+from grpojob.sync import files, placement
 from grpojob.sync.protocol import DISK
 from grpojob.sync.receiver import PushReceiver
 
 
 class TensorSink:
-    workers = 1
+    last_pause_seconds = None  # a sink that serves no generation pauses none
 
-    def __init__(self, shapes: dict[str, tuple]):
-        self.tensors = {n: torch.zeros(s) for n, s in shapes.items()}
+    def __init__(self, shapes: dict[str, tuple], device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.tensors = {n: torch.zeros(s, device=self.device) for n, s in shapes.items()}
         self.version, self.weights = 0, DISK
         self.loads = 0
         self.lock = threading.Lock()
         self._rx = None
 
+    def endpoints(self):
+        return [placement.local(self.device)]
+
     def receive_push(self, cmd, store_addr, instance):
         if self._rx is None or self._rx.instance != instance or self._rx.addr != store_addr:
-            self._rx = PushReceiver(store_addr, instance)
+            self._rx = PushReceiver(store_addr, instance, self.device)
         self._load(self._rx.receive(cmd), cmd["version"], cmd["weights"])
 
     def load_dir(self, path, version, weights):
@@ -36,6 +41,6 @@ class TensorSink:
                 raise ValueError(f"tensor {n} {tuple(t.shape)} does not fit this model")
         with self.lock:
             for n, t in named.items():
-                self.tensors[n] = t.clone()
+                self.tensors[n] = t.to(self.device, copy=True)
             self.version, self.weights = version, weights
             self.loads += 1

@@ -1,13 +1,12 @@
-"""A trainer rank for the distributed tests, started by torchrun: the real Trainer with the
-in-process source sampling each prompt with its own seed (so completions do not depend on how
-prompts are sharded), then the final model in $GRPOJOB_RUN_DIR/final-model."""
+"""A trainer rank for the distributed tests, started by torchrun: the real trainer assembly with
+the in-process engine on rank 0 (it generates the global batch with per-sample seeds, so the
+groups do not depend on the world size), then the final model in $GRPOJOB_RUN_DIR/final-model."""
 import logging
 import sys
 
 from grpojob import config
 from grpojob.trainer import dist
-from grpojob.trainer.loop import Trainer
-from grpojob.trainer.sources import InProcessSource
+from grpojob.trainer.build import build
 
 
 def main() -> int:
@@ -15,9 +14,9 @@ def main() -> int:
     job = config.load()
     env = dist.init(timeout_seconds=120)
     try:
-        tr = Trainer(job, env=env, source=lambda t: InProcessSource.for_trainer(t, per_prompt_seed=True))
-        print(f"rank {env.rank}/{env.world} strategy {tr.strategy}", flush=True)
-        tr.run()
+        run = build(job, env=env)
+        print(f"rank {env.rank}/{env.world} strategy {run.trainer.strategy}", flush=True)
+        run.run()
     finally:
         dist.shutdown(env)
     return 0

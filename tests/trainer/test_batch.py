@@ -38,7 +38,7 @@ def _finite(stats):
 def test_identical_rewards_and_single_completion_give_zero_advantage():
     prep = prepare([group(0, [0.5, 0.5, 0.5]), group(1, [1.0])], algo(), OverlongSpec(), 4, 0, ENV, ["r"])
     _finite(prep.stats)
-    assert prep.seqs == []  # all advantages are 0: nothing to train on
+    assert [s.has_signal for s in prep.seqs] == [False] * 4  # all advantages are 0: nothing to train on
     assert prep.stats["zero_std_group_fraction"] == 1.0
     assert prep.stats["advantage_mean"] == 0.0 and prep.stats["reward_mean"] == pytest.approx(0.625)
     assert prep.n_seqs == 4 and prep.n_tokens == 12  # ...but they count in the normalisers
@@ -101,6 +101,7 @@ def test_leaving_out_zero_advantage_sequences_is_exact(tiny_dir):
     assert skips_zero_advantage(fast) and not skips_zero_advantage(full)
     assert not skips_zero_advantage(algo(kl_beta=0.1))
     a = prepare(groups(), fast, OverlongSpec(), 4, 0, ENV)
+    a.seqs = [s for s in a.seqs if s.has_signal]  # what GRPOTrainer.step_training does for `fast`
     b = prepare(groups(), full, OverlongSpec(), 4, 0, ENV)
     assert len(a.seqs) == 5 and len(b.seqs) == 9  # group 1 and the 0.5 of group 0 have advantage 0
 

@@ -8,12 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from grpojob.plan import CONFIG_FILE, ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_RUN_DIR, render_config
-from grpojob.trainer.loop import Trainer
-from grpojob.trainer.sources import InProcessSource
+from grpojob.trainer.build import build
 
 from .conftest import make_job
 from .procs import ROOT, free_port
@@ -26,10 +24,9 @@ OVER = dict(training={"steps": 3, "promptsPerStep": 8, "microBatchTokens": 128},
 @pytest.fixture(scope="module")
 def one_rank(tiny_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("one")
-    tr = Trainer(make_job(tiny_dir, **OVER), checkpoint_dir=str(out / "ck"), run_dir=str(out),
-                 source=lambda t: InProcessSource.for_trainer(t, per_prompt_seed=True))
-    before = {k: v.clone() for k, v in tr.model.state_dict().items()}
-    tr.run()
+    run = build(make_job(tiny_dir, **OVER), checkpoint_dir=str(out / "ck"), run_dir=str(out))
+    before = {k: v.clone() for k, v in run.trainer.model.state_dict().items()}
+    run.run()
     return before, load_file(str(out / "final-model" / "model.safetensors")), out / "ck" / "step-000002"
 
 
@@ -63,7 +60,9 @@ def test_two_gloo_ranks_match_one_rank(tiny_dir, tmp_path, one_rank, strategy, p
     assert moved > 1e-3, "the step changed nothing: the comparison would be vacuous"
     for k in single:
         # Float summation order differs (other packing, the all-reduce); Adam turns that into
-        # differences up to ~1e-5 after 3 steps. A real error (e.g. a loss not scaled for the
-        # gradient average) moves many weights by ~lr/10 = 3e-4.
-        torch.testing.assert_close(double[k], single[k], atol=1e-4, rtol=1e-4,
-                                   msg=lambda m, k=k: f"{k}: {m}")
+        # differences up to ~1e-5 after 3 steps, rarely ~1e-4 for a weight whose gradient is
+        # near 0 (Adam divides by its tiny second moment). A real error (e.g. a loss not scaled
+        # for the gradient average) moves many weights by ~lr/10 = 3e-4.
+        diff = (double[k] - single[k]).abs()
+        far = (diff > 1e-4 + 1e-4 * single[k].abs()).float().mean().item()
+        assert far <= 1e-3 and diff.max().item() < 1e-3, f"{k}: {far:.2%} of weights differ, up to {diff.max():.2e}"

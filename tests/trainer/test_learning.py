@@ -2,7 +2,7 @@
 asked category) from below 0.3 to above 0.8 mean reward within a bounded number of steps."""
 import pytest
 
-from grpojob.trainer.loop import Trainer
+from grpojob.trainer.build import build
 
 from .conftest import make_job
 
@@ -13,13 +13,13 @@ def _learn(job, tmp_path):
     records = []
 
     def on_step(r):
-        records.append(r)
+        records.append(r.to_json())
         recent = [x["reward_mean"] for x in records[-3:]]
         if len(recent) == 3 and min(recent) > 0.8:
-            tr.request_suspend()  # learned: stop early (the trainer checkpoints and returns)
+            run.request_suspend()  # learned: stop early (the trainer checkpoints and returns)
 
-    tr = Trainer(job, checkpoint_dir=str(tmp_path / "ck"), on_step=on_step)
-    tr.run()
+    run = build(job, checkpoint_dir=str(tmp_path / "ck"), on_step=on_step)
+    run.run()
     return records
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpojob import checkpoint
+from grpojob import auth, checkpoint
 from grpojob.plan import CONFIG_FILE, Placement, render_config, roles
 
 from .conftest import make_job
@@ -23,7 +23,7 @@ def _env(job, tmp: Path) -> tuple[dict, int]:
     port = free_port()
     where = Placement(trainer_host="127.0.0.1", config_path=str(tmp / CONFIG_FILE),
                       checkpoint_dir=str(tmp / "ck"), run_dir=str(tmp), rendezvous_port=free_port(),
-                      sync_port=free_port(), trainer_port=port)
+                      sync_port=free_port(), trainer_port=port, token_file=str(auth.ensure_file(tmp / "token")))
     trainer = next(r for r in roles(job, where) if r.name == "trainer")
     env = {**os.environ, **trainer.env, "PET_NODE_RANK": "0", "OMP_NUM_THREADS": "1",
            "GRPOJOB_LOG_FORMAT": "json", "GRPOJOB_ROLLOUT_SOURCE": "inprocess"}
@@ -31,17 +31,22 @@ def _env(job, tmp: Path) -> tuple[dict, int]:
     return env, port
 
 
-def _status(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as r:
+def _bearer(env) -> dict:
+    return auth.Auth.from_env(env).headers()
+
+
+def _status(port, env):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers=_bearer(env))
+    with urllib.request.urlopen(req, timeout=5) as r:
         return json.loads(r.read())
 
 
-def _wait_status(port, proc, pred, timeout=300):
+def _wait_status(port, env, proc, pred, timeout=300):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.p.poll() is None, f"trainer exited early:\n{proc.tail()}"
         try:
-            doc = _status(port)
+            doc = _status(port, env)
             if pred(doc):
                 return doc
         except OSError:
@@ -58,14 +63,14 @@ def _records(tmp):
 def test_suspend_over_http_then_sigterm_then_resume_to_completion(tiny_dir, tmp_path, procs):
     job = make_job(tiny_dir, training={"steps": 400}, checkpoint={"everySteps": 1000})
     env, port = _env(job, tmp_path)
-    cmd = ["torchrun", *roles(job, Placement("h", "c", "k", "r"))[0].command[1:]]  # the plan's command
+    cmd = ["torchrun", *roles(job, Placement("h", "c", "k", "r", token_file="t"))[0].command[1:]]  # the plan's command
     first = procs(cmd, env, tmp_path / "first.log")
-    _wait_status(port, first, lambda d: d["phase"] == "running" and d["step"] >= 2)
+    _wait_status(port, env, first, lambda d: d["phase"] == "running" and d["step"] >= 2)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     assert "grpojob_trainer_total_steps 400.0" in text and 'grpojob_stage_seconds_count{stage="train"}' in text
-    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/suspend", method="POST", data=b""),
-                           timeout=5).close()
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/suspend", method="POST", data=b"",
+                                                  headers=_bearer(env)), timeout=5).close()
     assert first.wait() == 0, first.tail()
     stopped = len(_records(tmp_path))
     assert 2 <= stopped < 400
@@ -73,7 +78,7 @@ def test_suspend_over_http_then_sigterm_then_resume_to_completion(tiny_dir, tmp_
 
     # SIGTERM (what Kubernetes sends) to a lone process: same checkpoint-then-stop; it resumes first
     second = procs([sys.executable, "-m", "grpojob", "trainer"], env, tmp_path / "second.log")
-    _wait_status(port, second, lambda d: d["step"] >= stopped + 2)
+    _wait_status(port, env, second, lambda d: d["step"] >= stopped + 2)
     second.p.send_signal(signal.SIGTERM)
     assert second.wait() == 0, second.tail()
     steps = [r["step"] for r in _records(tmp_path)]
@@ -98,3 +103,14 @@ def test_bad_model_path_fails_with_the_field_named(tiny_dir, tmp_path, procs):
     lines = [json.loads(x) for x in p.log.read_text().splitlines() if x.startswith("{")]
     failure = [x for x in lines if x["level"] == "ERROR"]
     assert len(failure) == 1 and "spec.model.path" in failure[0]["message"] and "exception" not in failure[0]
+
+
+def test_a_trainer_without_the_jobs_token_refuses_to_start(tiny_dir, tmp_path, procs):
+    env, _ = _env(make_job(tiny_dir), tmp_path)
+    env.pop(auth.ENV_TOKEN_FILE)
+    p = procs([sys.executable, "-m", "grpojob", "trainer"], env, tmp_path / "no-token.log")
+    assert p.wait() != 0
+    lines = [json.loads(x) for x in p.log.read_text().splitlines() if x.startswith("{")]
+    failure = [x for x in lines if x["level"] == "ERROR"]
+    assert len(failure) == 1 and f"{auth.ENV_TOKEN_FILE} is not set" in failure[0]["message"]
+    assert "exception" not in failure[0]

@@ -1,4 +1,5 @@
-"""The trainer leader endpoint: /healthz, /status (TrainerStatus), /metrics, POST /suspend."""
+"""The trainer leader endpoint: /healthz, /status (TrainerStatus), /metrics, POST /suspend; only
+/healthz (and /metrics, unless the job locks it) answers without the job's token."""
 import json
 import urllib.error
 import urllib.request
@@ -6,23 +7,40 @@ import urllib.request
 import pytest
 
 from grpojob.api.status import TrainerStatus
+from grpojob import auth as authmod
+from grpojob.auth import Auth
 from grpojob.metrics_names import TRAINER
 from grpojob.trainer.server import LeaderServer, StatusBoard
 
 
+TOKEN = "the-trainers-token"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def serve(metrics_auth: bool = False):
+    board = StatusBoard(total_steps=10)
+    return board, LeaderServer(board, "127.0.0.1", 0, Auth(TOKEN, metrics=metrics_auth)).start()
+
+
 @pytest.fixture
 def served():
-    board = StatusBoard(total_steps=10)
-    server = LeaderServer(board, "127.0.0.1", 0).start()
+    board, server = serve()
     try:
         yield board, f"http://127.0.0.1:{server.port}"
     finally:
         server.stop()
 
 
-def _get(url):
-    with urllib.request.urlopen(url, timeout=10) as r:
+def _get(url, headers=BEARER):
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
         return r.status, r.read().decode()
+
+
+def _refused(url, method="GET", headers=None):
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None, headers=headers or {})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    return e.value.code, e.value.read(), e.value.headers.get("WWW-Authenticate")
 
 
 def test_status_metrics_and_suspend(served):
@@ -49,7 +67,7 @@ def test_status_metrics_and_suspend(served):
         assert m.name in text
 
     assert not board.suspend_requested.is_set()
-    req = urllib.request.Request(base + "/suspend", method="POST", data=b"")
+    req = urllib.request.Request(base + "/suspend", method="POST", data=b"", headers=BEARER)
     with urllib.request.urlopen(req, timeout=10) as r:
         assert r.status == 202
     assert board.suspend_requested.is_set()
@@ -62,4 +80,28 @@ def test_port_in_use_is_a_clear_error(served):
     _, base = served
     port = int(base.rsplit(":", 1)[1])
     with pytest.raises(OSError, match="GRPOJOB_TRAINER_PORT"):
-        LeaderServer(StatusBoard(), "127.0.0.1", port)
+        LeaderServer(StatusBoard(), "127.0.0.1", port, Auth(TOKEN))
+
+
+def test_without_the_token_nothing_but_health_and_metrics_answers(served, caplog, monkeypatch):
+    monkeypatch.setattr(authmod, "refused", authmod._RefusalLog())  # no window left by another test
+    board, base = served
+    for path, method in (("/status", "GET"), ("/suspend", "POST"), ("/nope", "GET"), ("/nope", "POST")):
+        for headers in (None, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+            assert _refused(base + path, method, headers) == (401, b"unauthorized", "Bearer"), (path, headers)
+    assert not board.suspend_requested.is_set(), "a refused /suspend must not suspend"
+    assert _get(base + "/healthz", headers={})[0] == 200
+    assert _get(base + "/metrics", headers={})[0] == 200
+    assert "refused GET /status from 127.0.0.1: no token" in caplog.text and TOKEN not in caplog.text
+
+
+def test_a_job_may_lock_its_metrics_too():
+    _, server = serve(metrics_auth=True)
+    base = f"http://127.0.0.1:{server.port}"
+    try:
+        assert _refused(base + "/metrics")[:2] == (401, b"unauthorized")
+        code, text = _get(base + "/metrics")
+        assert code == 200 and "grpojob_trainer_total_steps 10.0" in text
+        assert _get(base + "/healthz", headers={})[0] == 200
+    finally:
+        server.stop()

@@ -57,6 +57,11 @@ app.kubernetes.io/part-of: grpojob
 {{- printf "%s:%s" .Values.runtimeImage.repository (default .Chart.AppVersion .Values.runtimeImage.tag) }}
 {{- end }}
 
+{{/* An address as the host of a URL: IPv6 in brackets. */}}
+{{- define "grpojob.urlHost" -}}
+{{- if contains ":" . }}[{{ . }}]{{ else }}{{ . }}{{ end }}
+{{- end }}
+
 {{/* Leader election (kopf peering): on with more than one replica, or when asked for. */}}
 {{- define "grpojob.peering" -}}
 {{- if or .Values.leaderElection.enabled (gt (int .Values.replicaCount) 1) }}true{{- end }}
@@ -73,6 +78,11 @@ namespace, or the ClusterRole. */}}
 - apiGroups: [grpojob.io]
   resources: [grpojobs/status]
   verbs: [get, patch]
+# Children set blockOwnerDeletion on their owner reference: OwnerReferencesPermissionEnforcement
+# (on in OpenShift) requires update on the owner's finalizers.
+- apiGroups: [grpojob.io]
+  resources: [grpojobs/finalizers]
+  verbs: [update]
 # Children: watched into kopf indexes, created, patched back into shape (deleted by ownerReferences).
 - apiGroups: [""]
   resources: [configmaps, services]
@@ -83,6 +93,17 @@ namespace, or the ClusterRole. */}}
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch]
+# Each job's token: its Secret is created once and read back (never patched, listed or watched).
+# RBAC cannot narrow `get` to the Secrets the operator owns: watchNamespaces narrows it to the
+# namespaces it serves.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [create, get]
+# Each job's NetworkPolicies (spec.network.policy): watched like the other children (an edited or
+# deleted one is put back), deleted when a job turns them off.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch, create, patch, delete]
 # Optional children: spec.scheduling.gang=volcano, spec.monitoring.podMonitor.
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]

@@ -21,9 +21,16 @@ def register(name: str) -> Callable[[type[Algorithm]], type[Algorithm]]:
     return deco
 
 
-def _check(name: str, cls: object) -> None:
+def check_class(cls: object) -> str | None:
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise TypeError(f"algorithm '{name}' must be a subclass of grpojob.algorithms.Algorithm, got {cls!r}")
+        return "is not a subclass of grpojob.algorithms.Algorithm"
+    return None
+
+
+def _check(name: str, cls: object) -> None:
+    why = check_class(cls)
+    if why:
+        raise TypeError(f"algorithm '{name}' {why}")
 
 
 def resolve(name: str) -> type[Algorithm]:
@@ -42,4 +49,5 @@ def build(spec: AlgorithmSpec, max_tokens: int) -> Algorithm:
     return resolve(spec.name)(spec, max_tokens)
 
 
-__all__ = ["Algorithm", "LossTerms", "Settings", "TokenBatch", "REGISTRY", "register", "resolve", "build"]
+__all__ = ["Algorithm", "LossTerms", "Settings", "TokenBatch", "REGISTRY", "register", "resolve", "build",
+           "check_class"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from torch import Tensor
@@ -63,6 +63,8 @@ class LossTerms:
     is_weight: Tensor  # [N] truncated importance weight
     is_raw: Tensor  # [N] importance ratio before truncation
     kl: Optional[Tensor] = None  # [N]
+    # A custom loss's own per-token numbers [N], reported as their token mean (StepRecord.extra).
+    extra: dict[str, Tensor] = field(default_factory=dict)
 
 
 class Algorithm:

@@ -1,17 +1,17 @@
 """Shared pydantic base: Kubernetes-style camelCase fields, unknown fields rejected."""
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
-# A Kubernetes quantity ("500m", "16Gi", 8): the CRD says x-kubernetes-int-or-string.
-Quantity = Union[int, str]
-
-# A free-form Kubernetes object we pass through untouched (affinity, tolerations...):
-# the CRD marks it x-kubernetes-preserve-unknown-fields; the rendered child is validated instead.
+# Keyword arguments for user plug-ins (dataset factories, rewards): the CRD keeps their unknown
+# fields. Kubernetes sub-objects are typed instead (grpojob.api.k8s).
 FreeForm = dict[str, Any]
+
+FIELD_ERROR = "field_error"  # a model validator's error about one of its fields (validate.errors_of)
 
 
 class Model(BaseModel):
@@ -19,6 +19,8 @@ class Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
+        # No coercion ("4" is not 4): the API server refuses what the CRD's types refuse, and so do we.
+        strict=True,
         validate_default=True,
         use_attribute_docstrings=False,
     )
@@ -33,3 +35,9 @@ def field(default: Any = ..., description: str = "", **kw: Any) -> Any:
     if not description:
         raise ValueError("every GRPOJob field needs a description")
     return Field(default, description=description, **kw)
+
+
+def invalid(subpath: str, message: str) -> PydanticCustomError:
+    """The error a model validator raises about one of its own fields, `subpath` relative to the
+    model (`volumes[0].name`): reported at that field's full path."""
+    return PydanticCustomError(FIELD_ERROR, "{subpath}: {message}", {"subpath": subpath, "message": message})

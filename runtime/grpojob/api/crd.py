@@ -2,7 +2,8 @@
 
 Pydantic's JSON schema is close to a Kubernetes structural schema; the differences handled here:
 $refs are inlined, Optional's null branch is dropped, int|str becomes x-kubernetes-int-or-string,
-free-form dicts keep unknown fields, and titles / null defaults go.
+free-form dicts keep unknown fields, and titles / null defaults go. Kubernetes sub-objects
+(grpojob.api.k8s) become their official schemas, vendored in k8s_schemas.json.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import yaml
 
+from . import k8s
 from . import spec as s
 from .spec import GRPOJobSpec
 from .status import GRPOJobStatus
@@ -23,6 +25,11 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
         return [_structural(n, defs) for n in node]
     if not isinstance(node, dict):
         return node
+    if k8s.MARKER in node:  # a Kubernetes core/v1 object: its official schema
+        target = k8s.schema(node[k8s.MARKER])
+        if node.get("description"):
+            target["description"] = node["description"]
+        return target
     if "$ref" in node:
         target = copy.deepcopy(defs[node["$ref"].split("/")[-1]])
         # A description on the referring field wins over the model's docstring.
@@ -56,6 +63,8 @@ def _structural(node: Any, defs: dict[str, Any]) -> Any:
             out[k] = True
         elif k == "additionalProperties" and v is False:
             continue  # structural schemas reject unknown fields by pruning; the API already forbids them
+        elif k.startswith("x-kubernetes-"):  # Kubernetes' own keywords (CEL rules, list types): verbatim
+            out[k] = copy.deepcopy(v)
         else:
             out[k] = _structural(v, defs)
     if out.get("type") == "object" and "properties" not in out:
@@ -116,6 +125,11 @@ def crd() -> dict[str, Any]:
                      "priority": 1},
                     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
                     {"name": "Policy", "type": "integer", "jsonPath": ".status.progress.policyVersion",
+                     "priority": 1},
+                    # Policy versions each rollout server is behind, e.g. 0,1,0 (kubectl get grpo -o wide).
+                    {"name": "Lag", "type": "string", "jsonPath": ".status.progress.rollouts[*].lag",
+                     "priority": 1},
+                    {"name": "Sync", "type": "string", "jsonPath": ".status.progress.weightSyncBackend",
                      "priority": 1},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                 ],

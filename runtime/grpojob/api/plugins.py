@@ -1,54 +1,173 @@
-"""Names of the built-in plug-ins, and the `module:attr` rule for everything else.
+"""Names of the built-in plug-ins, the reference rule for everything else, and the one resolver.
 
-This is the one list of built-in names: the spec validates against it without importing
-torch, and each runtime registry asserts it implements exactly these names.
+A spec names a built-in by name, or user code by reference:
+- `module:attr` (dotted on both sides), imported from the Python path;
+- `path/to/file.py:attr`, loaded from that file. A relative path is relative to the code directory
+  (GRPOJOB_CODE_DIR: spec.code's mount in pods, spec.code.localPath with `grpojob run`) when there is
+  one, else to the current directory.
+
+This is the one list of built-in names: the spec validates against it without importing torch,
+and each runtime registry asserts it implements exactly these names.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib
+import importlib.util
+import os
 import re
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Optional
 
 BUILTIN_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
 BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match", "toy")
 BUILTIN_DATASETS = ("toy", "countdown")
 BUILTIN_WORKFLOWS = ("single-turn", "greedy-baseline")
+# rollout.workflow `none`: the trainer generates nothing itself; its groups come from environments.
+NO_WORKFLOW = "none"
+BUILTIN_ENGINES = ("vllm", "hf")
 
 KINDS = {
     "algorithm": BUILTIN_ALGORITHMS,
     "reward": BUILTIN_REWARDS,
     "dataset": BUILTIN_DATASETS,
-    "workflow": BUILTIN_WORKFLOWS,
+    "dataset_class": (),
+    "workflow": (*BUILTIN_WORKFLOWS, NO_WORKFLOW),
+    "engine": BUILTIN_ENGINES,
+    "trainer": (),
+    "callback": (),
 }
 
-_REF = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+CODE_DIR_ENV = "GRPOJOB_CODE_DIR"  # where relative file references are looked up (see the module doc)
+
+# The CRD patterns and the validator share these; a new kind of reference is one more alternative.
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+_ATTR = rf"{_IDENT}(\.{_IDENT})*"
+MODULE_ATTR = rf"{_IDENT}(\.{_IDENT})*:{_ATTR}"
+FILE_ATTR = rf"[^:\s]*[^:\s/]\.py:{_ATTR}"
+REFERENCE_PATTERNS: tuple[str, ...] = (MODULE_ATTR, FILE_ATTR)
+_REF = re.compile("^(" + "|".join(REFERENCE_PATTERNS) + ")$")
+
+# How a process that cannot load user code says so: the trainer's /status `reason`, and the first
+# line of a pod's termination message (which the operator reads from the pod's status).
+IMPORT_FAILED = "PluginImportFailed"
+INSTALL_FAILED = "PluginInstallFailed"
+FAILURE_REASONS = (IMPORT_FAILED, INSTALL_FAILED)
+
+
+def name_pattern(kind: str) -> str:
+    """The CRD's pattern for a plug-in name of `kind`: a built-in or a well-formed reference (the API
+    server refuses anything else; the validator's own message says which names exist)."""
+    return "^(" + "|".join((*KINDS[kind], *REFERENCE_PATTERNS)) + ")$"
 
 
 def is_reference(name: str) -> bool:
     return ":" in name
 
 
+def is_file_reference(name: str) -> bool:
+    return name.rpartition(":")[0].endswith(".py")
+
+
 def check_name(kind: str, name: str) -> str | None:
-    """An error message, or None when `name` is a built-in or a well-formed `module:attr`."""
+    """An error message, or None when `name` is a built-in or a well-formed reference."""
     builtins = KINDS[kind]
     if name in builtins:
         return None
     if not is_reference(name):
-        return f"unknown {kind} '{name}': use one of {', '.join(builtins)} or 'module:attr'"
+        choices = f"one of {', '.join(builtins)} or " if builtins else ""
+        return f"unknown {kind.replace('_', ' ')} '{name}': use {choices}'module:attr' or 'path/to/file.py:attr'"
     if not _REF.match(name):
-        return f"'{name}' is not a valid 'module:attr' reference"
+        return f"'{name}' is not a valid 'module:attr' or 'path/to/file.py:attr' reference"
     return None
 
 
-def resolve(name: str):
-    """Import a `module:attr` reference; raises ImportError/AttributeError with a clear message."""
-    module_name, _, attr = name.partition(":")
+def file_path(ref: str) -> Path:
+    """The file a `path/to/file.py:attr` reference names, resolved as the module doc says."""
+    path = Path(ref.rpartition(":")[0]).expanduser()
+    if path.is_absolute():
+        return path
+    base = os.environ.get(CODE_DIR_ENV)
+    if base and (Path(base) / path).exists():
+        return Path(base) / path
+    return Path.cwd() / path
+
+
+def _load_file(path: Path):
+    """The module of a .py file, loaded once per process (a second reference gets the same classes)."""
+    path = path.resolve()
+    if not path.is_file():
+        raise ImportError(f"no such file '{path}'")
+    name = f"grpojob_user.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before executing: dataclasses and pickling look it up
     try:
-        obj = importlib.import_module(module_name)
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def resolve(name: str):
+    """Import a reference; ImportError/AttributeError with a message that says what failed."""
+    source, _, attr = name.rpartition(":")
+    try:
+        if is_file_reference(name):
+            obj = _load_file(file_path(name))
+        else:
+            obj = importlib.import_module(source)
     except ImportError as e:
-        raise ImportError(f"cannot import module '{module_name}': {e}") from e
+        raise ImportError(f"cannot import {'file' if is_file_reference(name) else 'module'} '{source}': {e}") \
+            from e
+    except Exception as e:  # the user's module raised while being imported
+        raise ImportError(f"importing '{source}' raised {type(e).__name__}: {e}") from e
     for part in attr.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise AttributeError(f"module '{module_name}' has no attribute '{attr}'") from None
+            raise AttributeError(f"'{source}' has no attribute '{attr}'") from None
     return obj
+
+
+# ---- checking what a reference resolved to ----------------------------------------------------------
+# Each kind's check lives next to its registry (most of them import torch); a reference of that
+# kind has already imported it when the check runs.
+_CHECKS = {
+    "trainer": "grpojob.trainer.plugin:check_class",
+    "engine": "grpojob.rollout.engine:check_class",
+    "dataset": "grpojob.data:check_factory",
+    "dataset_class": "grpojob.data:check_class",
+    "workflow": "grpojob.rollout.workflows:check_class",
+    "algorithm": "grpojob.algorithms:check_class",
+    "reward": "grpojob.rewards:check_function",
+    "callback": "grpojob.trainer.callbacks:check_class",
+}
+
+
+def check_object(kind: str, obj: Any) -> Optional[str]:
+    """Why `obj` cannot serve as a plug-in of `kind`, or None (also None where the check's module
+    cannot be imported here, e.g. `grpojob validate` without torch: the process that uses it checks)."""
+    module, _, fn = _CHECKS[kind].partition(":")
+    try:
+        check = getattr(importlib.import_module(module), fn)
+    except ImportError:
+        return None
+    return check(obj)
+
+
+def failure_message(reason: str, errors: Iterable[str]) -> str:
+    """A termination message: the reason on the first line, then one `spec.field: error` a line."""
+    return "\n".join([reason, *errors])
+
+
+def parse_failure(text: str) -> Optional[tuple[str, str]]:
+    """(reason, message) of a termination message written by failure_message, else None."""
+    head, _, rest = (text or "").strip().partition("\n")
+    if head.strip() in FAILURE_REASONS and rest.strip():
+        return head.strip(), "; ".join(line.strip() for line in rest.splitlines() if line.strip())
+    return None

@@ -1,13 +1,14 @@
 """The GRPOJob spec (v1alpha1): the one source of truth for the CRD, the operator and the runtime."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import field_validator, model_validator
+from pydantic import StringConstraints, field_validator, model_validator
 
 from . import plugins
-from .base import FreeForm, Model, Quantity, field
+from .base import FreeForm, Model, field, invalid
 from .status import GRPOJobStatus
+from .workload import RESERVED_VOLUME_PREFIX, EnvVar, Resources, Toleration, Volume, WorkloadSpec
 
 GROUP = "grpojob.io"
 VERSION = "v1alpha1"
@@ -20,6 +21,7 @@ SHORT_NAMES = ["grpo"]
 # Ports every process of a job agrees on (cluster defaults; `grpojob run` remaps them locally).
 RENDEZVOUS_PORT = 29500  # torchrun master port on trainer pod 0
 SYNC_STORE_PORT = 29600  # weight-sync TCPStore hosted by trainer rank 0
+CODE_DIR = "/opt/grpojob/code"  # spec.code's modules in the pods
 
 
 def _plugin(kind: str, value: str) -> str:
@@ -44,12 +46,20 @@ class ModelSpec(Model):
 
 
 class DatasetSpec(Model):
-    path: Optional[str] = field(None, description="A .jsonl or .parquet file, or a `datasets` directory "
-                                "saved with save_to_disk. Exactly one of path and factory.")
-    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or "
-                                   "'module:function' returning an iterable of dict rows.")
-    args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory.")
-    format: Literal["auto", "jsonl", "parquet", "disk"] = field(
+    path: Optional[str] = field(None, description="Local data: a .jsonl, .json, .csv or .parquet file, a glob "
+                                "of such files (loaded with datasets.load_dataset), or a `datasets` directory "
+                                "saved with save_to_disk. Exactly one of path, factory and class.")
+    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or a reference "
+                                   "('module:function' or 'path/to/file.py:function') called with args and "
+                                   "returning an iterable of dict rows.",
+                                   json_schema_extra={"pattern": plugins.name_pattern("dataset")})
+    class_: Optional[str] = field(None, alias="class", description="A dataset class ('module:Class' or "
+                                  "'path/to/file.py:Class'), constructed with args, with setup(spec, tokenizer), "
+                                  "__len__, __getitem__(i) (prompt text, chat messages or a row) and "
+                                  "reference_answer(i).",
+                                  json_schema_extra={"pattern": plugins.name_pattern("dataset_class")})
+    args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory or class.")
+    format: Literal["auto", "jsonl", "json", "csv", "parquet", "disk"] = field(
         "auto", description="File format of path; auto picks by extension (a directory means disk).")
     prompt_field: str = field("prompt", description="Row field holding the prompt text.")
     messages_field: Optional[str] = field(None, description="Row field holding chat messages "
@@ -63,10 +73,15 @@ class DatasetSpec(Model):
     def _factory(cls, v: Optional[str]) -> Optional[str]:
         return v if v is None else _plugin("dataset", v)
 
+    @field_validator("class_")
+    @classmethod
+    def _class(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _plugin("dataset_class", v)
+
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetSpec":
-        if (self.path is None) == (self.factory is None):
-            raise ValueError("set exactly one of path and factory")
+        if sum(x is not None for x in (self.path, self.factory, self.class_)) != 1:
+            raise ValueError("set exactly one of path, factory and class")
         return self
 
 
@@ -74,7 +89,8 @@ class RewardSpec(Model):
     """One reward function and its weight."""
 
     name: str = field(description="A built-in reward (math_exact, format, countdown, exact_match, toy) or "
-                      "'module:function' with signature (prompt, completion, **row) -> float, sync or async.")
+                      "'module:function' with signature (prompt, completion, **row) -> float, sync or async.",
+                      json_schema_extra={"pattern": plugins.name_pattern("reward")})
     weight: float = field(1.0, description="Weight of this reward in the summed reward.")
     args: FreeForm = field(default_factory=dict, description="Keyword arguments bound to the reward function.")
 
@@ -93,7 +109,8 @@ class OverlongSpec(Model):
 
 
 class AlgorithmSpec(Model):
-    name: str = field("grpo", description="grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, or 'module:Class'.")
+    name: str = field("grpo", description="grpo, dr_grpo, dapo, gspo, rloo, reinforce_pp, or 'module:Class'.",
+                      json_schema_extra={"pattern": plugins.name_pattern("algorithm")})
     group_size: int = field(8, ge=2, description="Completions sampled per prompt (the GRPO group).")
     loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = field(
         "token-mean", description="How per-token losses become one number, over the global batch.")
@@ -141,41 +158,22 @@ class TrainingSpec(Model):
     gradient_checkpointing: bool = field(False, description="Recompute activations to save memory.")
 
 
-class EnvVar(Model):
-    """An environment variable of the pods."""
-
-    name: str = field(description="Environment variable name.", min_length=1)
-    value: Optional[str] = field(None, description="Literal value.")
-    value_from: Optional[FreeForm] = field(None, description="A Kubernetes EnvVarSource (secretKeyRef...).")
-
-
-class ResourceSpec(Model):
-    requests: dict[str, Quantity] = field(default_factory=dict, description="Kubernetes resource requests.")
-    limits: dict[str, Quantity] = field(default_factory=dict, description="Kubernetes resource limits "
-                                        "(e.g. nvidia.com/gpu: 8).")
-
-
-class WorkloadSpec(Model):
-    image: Optional[str] = field(None, description="Container image; defaults to the operator's runtime image.")
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = field(
-        "IfNotPresent", description="Kubernetes image pull policy.")
-    resources: ResourceSpec = field(default_factory=ResourceSpec, description="Per-pod resources.")
-    env: list[EnvVar] = field(default_factory=list, description="Extra environment variables.")
-    node_selector: dict[str, str] = field(default_factory=dict, description="Kubernetes node selector.")
-    tolerations: list[FreeForm] = field(default_factory=list, description="Kubernetes tolerations.")
-    affinity: Optional[FreeForm] = field(None, description="Kubernetes affinity.")
-    priority_class_name: Optional[str] = field(None, description="Kubernetes priority class.")
-    service_account_name: Optional[str] = field(None, description="Service account of the pods.")
-    labels: dict[str, str] = field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = field(default_factory=dict, description="Extra pod annotations.")
-
-
 class TrainerSpec(WorkloadSpec):
     replicas: int = field(1, ge=1, description="Trainer pods (nodes); torchrun --nnodes.")
     processes_per_replica: int = field(1, ge=1, description="Ranks per pod; torchrun --nproc-per-node "
                                        "(usually the GPUs per node).")
     port: int = field(9400, ge=1024, le=65535, description="HTTP port of the trainer leader: "
                       "/healthz, /status, /metrics.")
+    class_: Optional[str] = field(None, alias="class", description="The learner: a subclass of "
+                                  "grpojob.GRPOTrainer ('module:Class' or 'path/to/file.py:Class') overriding "
+                                  "its hooks (loss_fn, prepare_batch, ...); default grpojob.GRPOTrainer.",
+                                  json_schema_extra={"pattern": plugins.name_pattern("trainer")})
+    args: FreeForm = field(default_factory=dict, description="Settings for the trainer class (self.args).")
+
+    @field_validator("class_")
+    @classmethod
+    def _class(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _plugin("trainer", v)
 
 
 class SamplingSpec(Model):
@@ -187,16 +185,22 @@ class SamplingSpec(Model):
 
 class RolloutSpec(WorkloadSpec):
     replicas: int = field(1, ge=1, description="Rollout server pods.")
-    backend: Literal["vllm", "hf"] = field("vllm", description="Generation engine: vllm, or hf "
-                                           "(transformers, for CPU and small runs).")
+    backend: str = field("vllm", description="Generation engine: vllm, hf (transformers, for CPU and small "
+                         "runs), or an engine class ('module:Class' or 'path/to/file.py:Class') implementing "
+                         "grpojob.rollout.engine.Engine.",
+                         json_schema_extra={"pattern": plugins.name_pattern("engine")})
+    engine_args: FreeForm = field(default_factory=dict, description="Settings for an engine class "
+                                  "(it reads spec.rollout.engineArgs).")
     tensor_parallel_size: int = field(1, ge=1, description="vLLM tensor parallelism per rollout pod.")
     gpu_memory_utilization: float = field(0.9, gt=0, le=1, description="vLLM GPU memory fraction.")
     max_model_len: Optional[int] = field(None, ge=16, description="vLLM context length; default: "
                                          "maxPromptLength + maxTokens.")
     enforce_eager: bool = field(False, description="Disable CUDA graphs in vLLM.")
     sampling: SamplingSpec = field(default_factory=SamplingSpec, description="Sampling parameters.")
-    workflow: str = field("single-turn", description="Rollout workflow: single-turn, greedy-baseline, or "
-                          "'module:Class' with an async run(client, sample).")
+    workflow: str = field("single-turn", description="Rollout workflow: single-turn, greedy-baseline, "
+                          "'module:Class' with an async run(client, sample), or none: the trainer generates "
+                          "nothing itself and trains only on groups its environments submit.",
+                          json_schema_extra={"pattern": plugins.name_pattern("workflow")})
     port: int = field(8000, ge=1024, le=65535, description="HTTP port of each rollout server.")
 
     @field_validator("workflow")
@@ -204,11 +208,51 @@ class RolloutSpec(WorkloadSpec):
     def _workflow(cls, v: str) -> str:
         return _plugin("workflow", v)
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        return _plugin("engine", v)
+
+
+class EnvironmentSpec(Model):
+    """An environment: a process of the user's own that generates through the rollout servers'
+    OpenAI endpoint and submits scored groups to the trainer's trajectory API (Atropos style).
+    Its pods get the trainer's and rollouts' pod security defaults; the fields a pod needs beyond
+    these (volumes, affinity, security contexts) belong in its image."""
+
+    name: str = field(description="Environment name: it registers with the trajectory API under it and "
+                      "names its Deployment (<job>-env-<name>).", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+                      max_length=20)
+    command: list[str] = field(description="The command to run (in the image, or locally from where "
+                               "`grpojob run` starts). It finds OPENAI_BASE_URL and GRPOJOB_TRAJECTORY_URL "
+                               "in its environment.", min_length=1)
+    replicas: int = field(1, ge=1, description="Processes (pods) of this environment; they share its "
+                          "name and its registration.")
+    image: Optional[str] = field(None, description="Container image; defaults to the operator's runtime image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = field(
+        "IfNotPresent", description="Kubernetes image pull policy.")
+    resources: Resources = field(default_factory=dict, description="Per-pod resources (a Kubernetes "
+                                 "ResourceRequirements).")
+    env: list[EnvVar] = field(default_factory=list, description="Extra environment variables (Kubernetes "
+                              "EnvVar; `grpojob run` takes values only).")
+    node_selector: dict[str, str] = field(default_factory=dict, description="Kubernetes node selector.")
+    tolerations: list[Toleration] = field(default_factory=list, description="Kubernetes tolerations.")
+    priority_class_name: Optional[str] = field(None, description="Kubernetes priority class.")
+    service_account_name: Optional[str] = field(None, description="Service account of the pods.")
+    labels: dict[str, str] = field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = field(default_factory=dict, description="Extra pod annotations.")
+
+    def workload(self) -> WorkloadSpec:
+        """The pod settings as the other roles' (for the operator's pod rendering)."""
+        return WorkloadSpec.model_validate(self.model_dump(exclude={"name", "command", "replicas"}))
+
 
 class WeightSyncSpec(Model):
-    backend: Literal["auto", "nccl", "gloo", "checkpoint"] = field(
-        "auto", description="auto: NCCL on GPU, gloo on CPU; checkpoint: rollouts reload the newest "
-                            "checkpoint from a shared volume.")
+    backend: Literal["auto", "nccl", "cuda-ipc", "shm", "gloo", "checkpoint"] = field(
+        "auto", description="auto picks per rollout endpoint: NCCL between different GPUs, CUDA IPC on "
+                            "the trainer's own GPU, gloo with a CPU on either side. cuda-ipc and shm "
+                            "(/dev/shm) need the trainer's host (grpojob run); checkpoint: rollouts "
+                            "load each version from files on a shared volume.")
     bucket_size_mb: int = field(256, ge=1, description="Flat broadcast bucket size in MiB.")
     every_steps: int = field(1, ge=1, description="Push weights every N optimizer steps.")
     timeout_seconds: int = field(600, ge=1, description="Timeout of every weight-sync collective.")
@@ -235,23 +279,118 @@ class RunPolicy(Model):
 
 
 class SchedulingSpec(Model):
-    gang: Literal["none", "kueue", "volcano"] = field("none", description="Gang scheduling of trainer and "
-                                                      "rollout pods together: Kueue pod group or Volcano PodGroup.")
+    gang: Literal["none", "kueue", "volcano"] = field(
+        "none", description="Gang scheduling. kueue: the trainer pods are one Kueue pod group (all nodes "
+        "start together) and each rollout pod is admitted on its own, so scaling the rollouts restarts no "
+        "trainer pod; volcano: one PodGroup of trainer and rollout pods.")
     queue_name: Optional[str] = field(None, description="Kueue LocalQueue or Volcano queue.")
     scheduler_name: Optional[str] = field(None, description="Pod scheduler (volcano sets it by default).")
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
 class MonitoringSpec(Model):
     pod_monitor: bool = field(False, description="Create a Prometheus Operator PodMonitor for the job's pods.")
     log_format: Literal["json", "text"] = field("json", description="Structured log format of the processes.")
+    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(
+        default_factory=list, description="Experiment trackers fed every step's record by the trainer leader: "
+        "tensorboard (event files in the run dir's tensorboard/), wandb (WANDB_* variables apply; offline in "
+        "the run dir's wandb/ unless WANDB_MODE or WANDB_API_KEY says otherwise), mlflow (MLFLOW_TRACKING_URI, "
+        "default a file store in the run dir's mlruns/). Needs the `trackers` extra.")
+    callbacks: list[str] = field(default_factory=list, description="Callback classes ('module:Class' or "
+                                 "'path/to/file.py:Class'), constructed without arguments, with "
+                                 "on_step_end(record) and on_checkpoint(step, path), called on the trainer leader.")
+
+    @field_validator("report_to")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("names a tracker twice")
+        return v
+
+    @field_validator("callbacks")
+    @classmethod
+    def _callbacks(cls, v: list[str]) -> list[str]:
+        for i, name in enumerate(v):
+            err = plugins.check_name("callback", name)
+            if err:
+                raise invalid(f"[{i}]", err)
+        return v
+
+
+class CodeSpec(Model):
+    """User code in every pod: modules on PYTHONPATH, pip requirements, and (per role) an image."""
+
+    config_map: Optional[str] = field(None, description="A ConfigMap whose keys are Python files (kubectl create "
+                                      f"configmap NAME --from-file=DIR), mounted at {CODE_DIR} and put on "
+                                      "PYTHONPATH in every pod.")
+    volume: Optional[Volume] = field(None, description=f"A Kubernetes volume of Python code (any source: a "
+                                     f"PersistentVolumeClaim, a ConfigMap with items...) mounted at {CODE_DIR} "
+                                     "and put on PYTHONPATH in every pod; instead of configMap.")
+    local_path: Optional[str] = field(None, description="`grpojob run`: the directory put on PYTHONPATH in place "
+                                      "of configMap or volume (relative to where it is started); pods ignore it.")
+    pip: list[str] = field(default_factory=list, description="pip requirements installed when a pod starts (an init "
+                           "container, into an emptyDir on PYTHONPATH) and by `grpojob run` (into the run dir).")
+    pip_args: list[str] = field(default_factory=list, description="Extra pip install arguments, e.g. "
+                                "[--index-url, URL] or [--no-index, --find-links, /opt/grpojob/code/wheels].")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "CodeSpec":
+        if self.config_map is not None and self.volume is not None:
+            raise invalid("volume", "set configMap or volume, not both")
+        name = (self.volume or {}).get("name", "")
+        if name.startswith(RESERVED_VOLUME_PREFIX):
+            raise invalid("volume.name", f"'{name}': names starting with {RESERVED_VOLUME_PREFIX} are reserved "
+                          "for the operator's volumes")
+        return self
+
+    @property
+    def has_modules(self) -> bool:
+        """Pods get a code directory (a local run: when localPath is set)."""
+        return self.config_map is not None or self.volume is not None
+
+
+# rollout.workflow none (environments only) is the one case without a dataset and rewards; the API
+# server refuses the rest at `kubectl apply`, as the model validator does (GRPOJobSpec._sources).
+_NO_WORKFLOW = f"has(self.rollout) && has(self.rollout.workflow) && self.rollout.workflow == '{plugins.NO_WORKFLOW}'"
+_SOURCES_CEL = [
+    {"rule": f"has(self.dataset) || ({_NO_WORKFLOW})",
+     "message": "dataset: required unless rollout.workflow is none (groups only from environments)"},
+    {"rule": f"(has(self.rewards) && size(self.rewards) > 0) || ({_NO_WORKFLOW})",
+     "message": "rewards: at least 1 reward is required unless rollout.workflow is none"},
+]
+
+
+Namespace = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
+
+
+class NetworkSpec(Model):
+    """Who may reach the job's pods (Kubernetes NetworkPolicies the operator creates)."""
+
+    policy: bool = field(True, description="Create the job's NetworkPolicies: trainer ports accept only "
+                         "the job's own pods and the operator's namespace; rollout ports only the job's "
+                         "trainer (and environment) pods and agentNamespaces; the metrics port also the "
+                         "monitoring namespaces. Every endpoint but the health probes also needs the job's "
+                         "token (the Secret <name>-token), whatever this says.")
+    agent_namespaces: list[Namespace] = field(default_factory=list, description="Namespaces whose pods may call "
+                                        "the rollout servers (OpenAI endpoints, /generate), e.g. where agents "
+                                        "run; they still need the job's token as their API key.")
+    monitoring_namespaces: Optional[list[Namespace]] = field(
+        None, description="Namespaces whose pods may scrape the metrics port (Prometheus); default: the "
+        "operator's setting (chart value networkPolicy.monitoringNamespaces).")
 
 
 class GRPOJobSpec(Model):
     """Desired state of a GRPOJob: the policy, its data and rewards, and how to train and serve it."""
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": _SOURCES_CEL}}
 
     model: ModelSpec = field(description="The policy model.")
-    dataset: DatasetSpec = field(description="Prompts (and reference answers).")
-    rewards: list[RewardSpec] = field(description="Reward functions, summed with their weights.", min_length=1)
+    dataset: Optional[DatasetSpec] = field(None, description="Prompts (and reference answers) of the trainer's "
+                                           "own workflow; required unless rollout.workflow is none.")
+    rewards: list[RewardSpec] = field(default_factory=list, description="Reward functions, summed with their "
+                                      "weights; at least one unless rollout.workflow is none (environments "
+                                      "score their own groups).")
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec, description="GRPO-family algorithm.")
     training: TrainingSpec = field(default_factory=TrainingSpec, description="Optimisation settings.")
     trainer: TrainerSpec = field(default_factory=TrainerSpec, description="Trainer pods (torchrun).")
@@ -261,23 +400,60 @@ class GRPOJobSpec(Model):
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec, description="Checkpoints and resume.")
     run_policy: RunPolicy = field(default_factory=RunPolicy, description="Lifecycle: suspend, failures, cleanup.")
     scheduling: SchedulingSpec = field(default_factory=SchedulingSpec, description="Gang scheduling hints.")
-    monitoring: MonitoringSpec = field(default_factory=MonitoringSpec, description="Metrics and logs.")
+    monitoring: MonitoringSpec = field(default_factory=MonitoringSpec, description="Metrics, logs, trackers "
+                                       "and callbacks.")
+    code: CodeSpec = field(default_factory=CodeSpec, description="User code (plug-ins) in the pods.")
+    network: NetworkSpec = field(default_factory=NetworkSpec, description="Who may reach the job's pods.")
+    environments: list[EnvironmentSpec] = field(
+        default_factory=list, description="Environments (Atropos style): processes that generate through the "
+        "rollout servers' OpenAI endpoint and submit scored groups to the trainer's trajectory API. Their "
+        "groups join the trainer's own under the same staleness bound (docs/environments.md).",
+        # The API server refuses two entries with one name (and server-side apply merges by name).
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
+
+    @property
+    def max_prompt_length(self) -> int:
+        """dataset.maxPromptLength, or its default when the trainer reads no dataset."""
+        if self.dataset is None:
+            return DatasetSpec.model_fields["max_prompt_length"].default
+        return self.dataset.max_prompt_length
 
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOJobSpec":
+        self._sources()
         t = self.training
-        longest = self.dataset.max_prompt_length + self.rollout.sampling.max_tokens
+        longest = self.max_prompt_length + self.rollout.sampling.max_tokens
         if t.micro_batch_tokens < longest:
             raise ValueError(
                 f"training.microBatchTokens ({t.micro_batch_tokens}) must hold one whole sequence: "
                 f"dataset.maxPromptLength + rollout.sampling.maxTokens = {longest}")
-        ranks = self.trainer.replicas * self.trainer.processes_per_replica
-        if t.prompts_per_step % ranks:
-            raise ValueError(f"training.promptsPerStep ({t.prompts_per_step}) must be a multiple of the "
-                             f"trainer ranks (replicas x processesPerReplica = {ranks})")
+        a = self.algorithm
+        if a.partial_rollouts and a.max_staleness == 0:
+            # The floor follows the published version, so at maxStaleness 0 no generation runs
+            # while weights are pushed, whatever weightSync.everySteps is: nothing to resume.
+            raise ValueError("algorithm.partialRollouts needs algorithm.maxStaleness >= 1: at 0 no generation "
+                             "is in flight when weights are pushed, so there is nothing to resume")
         if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
             raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
+        code_volume = (self.code.volume or {}).get("name")
+        for role in ("trainer", "rollout"):
+            if code_volume and code_volume in [v.get("name") for v in getattr(self, role).volumes]:
+                raise invalid("code.volume.name", f"'{code_volume}' is also a volume of spec.{role}.volumes")
         return self
+
+    def _sources(self) -> None:
+        """Where the groups come from: the trainer's own workflow needs a dataset and rewards;
+        with rollout.workflow none the environments bring both."""
+        if self.rollout.workflow != plugins.NO_WORKFLOW:
+            if self.dataset is None:
+                raise invalid("dataset", "required unless rollout.workflow is none (groups only from environments)")
+            if not self.rewards:
+                raise invalid("rewards", "at least 1 reward is required unless rollout.workflow is none "
+                              "(environments score their own groups)")
+        names = [e.name for e in self.environments]
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise invalid(f"environments[{i}].name", f"'{name}' is used twice")
 
 
 class ObjectMeta(Model):

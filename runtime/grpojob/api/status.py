@@ -8,7 +8,7 @@ from .base import Model, field
 Phase = Literal["Pending", "Initializing", "Running", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]
 
-CONDITION_TYPES = ("Created", "TrainerReady", "RolloutReady", "WeightsInSync", "Running",
+CONDITION_TYPES = ("Created", "TrainerReady", "RolloutReady", "TrainerReachable", "WeightsInSync", "Running",
                    "Suspended", "Succeeded", "Failed", "InvalidSpec")
 
 # What the trainer leader's /status reports (the contract between trainer and operator).
@@ -22,7 +22,8 @@ class Condition(Model):
     status: Literal["True", "False", "Unknown"] = field(description="True, False or Unknown.")
     reason: str = field("", description="CamelCase reason for the last transition.")
     message: str = field("", description="Human-readable detail.")
-    last_transition_time: Optional[str] = field(None, description="RFC 3339 time of the last status change.")
+    last_transition_time: Optional[str] = field(None, description="RFC 3339 time of the last status change "
+                                                "(the operator sets it on every condition).")
     observed_generation: Optional[int] = field(None, description="Spec generation this condition reflects.")
 
 

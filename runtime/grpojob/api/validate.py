@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
+from functools import lru_cache
 from typing import Any, Iterable, Optional
 
-import yaml
 from pydantic import ValidationError
 
-from . import plugins
+from . import k8s, plugins
+from .base import FIELD_ERROR
 from .spec import GRPOJob
 
 
@@ -27,16 +27,21 @@ class InvalidSpec(ValueError):
         super().__init__("\n".join(str(e) for e in errors))
 
 
+@lru_cache(maxsize=1)
+def _schema() -> dict[str, Any]:
+    from .crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
+
+    return openapi_schema()
+
+
 def _path(loc: Iterable[Any]) -> str:
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif str(part).startswith(("function-after", "function-before", "function-wrap")):
-            continue  # pydantic's validator wrappers are not part of the user's path
-        else:
-            out += ("." if out else "") + str(part)
-    return out
+    """`spec.trainer.tolerations[0].key`: fields with dots, list items and map keys in brackets."""
+    parts = [p for p in loc if not str(p).startswith(("function-after", "function-before", "function-wrap"))]
+    return k8s.subpath(_schema(), parts).lstrip(".")
+
+
+def _join(path: str, sub: str) -> str:
+    return path + sub if sub.startswith("[") or not path else f"{path}.{sub.lstrip('.')}"
 
 
 _OPS = {"greater_than_equal": ">=", "greater_than": ">", "less_than_equal": "<=", "less_than": "<"}
@@ -77,52 +82,78 @@ def _message(err: dict[str, Any]) -> str:
     return msg.removeprefix("Value error, ")
 
 
-_UNION_TAGS = {"int", "str", "float", "bool"}
-
-
 def errors_of(exc: ValidationError) -> list[FieldError]:
     out: list[FieldError] = []
     for err in exc.errors():
         loc = list(err["loc"])
-        if loc and loc[-1] in _UNION_TAGS:  # int|str quantities: one error per field, not per branch
-            loc.pop()
-            if out and out[-1].path == _path(loc):
-                continue
-            out.append(FieldError(_path(loc), "must be a number or a quantity string"))
+        if err["type"] == k8s.ERROR_TYPE:  # a Kubernetes sub-object: one error per problem inside it
+            out += [FieldError(_join(_path(loc), sub), msg) for sub, msg in err["ctx"]["errors"]]
+            continue
+        if err["type"] == FIELD_ERROR:
+            out.append(FieldError(_join(_path(loc), err["ctx"]["subpath"]), err["ctx"]["message"]))
             continue
         path, msg = _path(loc), _message(err)
         # Cross-field messages already name their fields relative to spec.
-        if msg.startswith(("training.", "weightSync.", "rollout.", "dataset.")) and path in ("spec", ""):
+        if msg.startswith(("training.", "weightSync.", "rollout.", "dataset.", "algorithm.")) and path in ("spec", ""):
             path, msg = "spec." + msg.split(" ", 1)[0], msg.split(" ", 1)[1]
         out.append(FieldError(path, msg))
     return out
 
 
-def _plugin_refs(job: GRPOJob) -> list[tuple[str, str]]:
+def plugin_refs(job: GRPOJob) -> list[tuple[str, str, str]]:
+    """(field path, kind, reference) of every plug-in the job names by reference."""
     spec = job.spec
-    refs = [("spec.algorithm.name", spec.algorithm.name), ("spec.rollout.workflow", spec.rollout.workflow)]
-    refs += [(f"spec.rewards[{i}].name", r.name) for i, r in enumerate(spec.rewards)]
-    if spec.dataset.factory:
-        refs.append(("spec.dataset.factory", spec.dataset.factory))
-    return [(p, n) for p, n in refs if plugins.is_reference(n)]
+    refs = [("spec.algorithm.name", "algorithm", spec.algorithm.name),
+            ("spec.rollout.workflow", "workflow", spec.rollout.workflow),
+            ("spec.rollout.backend", "engine", spec.rollout.backend)]
+    refs += [(f"spec.rewards[{i}].name", "reward", r.name) for i, r in enumerate(spec.rewards)]
+    if spec.dataset is not None and spec.dataset.factory:
+        refs.append(("spec.dataset.factory", "dataset", spec.dataset.factory))
+    if spec.dataset is not None and spec.dataset.class_:
+        refs.append(("spec.dataset.class", "dataset_class", spec.dataset.class_))
+    if spec.trainer.class_:
+        refs.append(("spec.trainer.class", "trainer", spec.trainer.class_))
+    refs += [(f"spec.monitoring.callbacks[{i}]", "callback", c) for i, c in enumerate(spec.monitoring.callbacks)]
+    return [(p, k, n) for p, k, n in refs if plugins.is_reference(n)]
+
+
+def check_plugins(job: GRPOJob) -> list[FieldError]:
+    """Import every plug-in the job names and check it is of its kind: errors with field paths.
+    (The runtime and the CLI do this; the operator cannot import users' code.)"""
+    errors = []
+    for path, kind, name in plugin_refs(job):
+        try:
+            obj = plugins.resolve(name)
+        except (ImportError, AttributeError) as e:
+            errors.append(FieldError(path, str(e)))
+            continue
+        why = plugins.check_object(kind, obj)
+        if why:
+            errors.append(FieldError(path, f"'{name}' {why}"))
+        elif kind == "engine":
+            errors += _engine_sync(job, obj)
+    return errors
+
+
+def _engine_sync(job: GRPOJob, engine: Any) -> list[FieldError]:
+    """An engine class says which weight-sync paths it can receive (Engine.weight_sync)."""
+    backend = job.spec.weight_sync.backend
+    accepted = tuple(getattr(engine, "weight_sync", ()))
+    if backend in accepted:
+        return []
+    return [FieldError("spec.weightSync.backend", f"{backend}: the engine {job.spec.rollout.backend} receives "
+                       f"{', '.join(accepted) or 'no weight sync'} (its weight_sync)")]
 
 
 def check(doc: Any, resolve_plugins: bool = False) -> tuple[Optional[GRPOJob], list[FieldError]]:
-    """Validate a manifest dict. With resolve_plugins, `module:attr` references are imported too
-    (the runtime and CLI do this; the operator cannot import users' code)."""
+    """Validate a manifest dict. With resolve_plugins, plug-in references are imported too."""
     if not isinstance(doc, dict):
         return None, [FieldError("", "a GRPOJob manifest must be a YAML mapping")]
     try:
         job = GRPOJob.model_validate(doc)
     except ValidationError as e:
         return None, errors_of(e)
-    errors = []
-    if resolve_plugins:
-        for path, name in _plugin_refs(job):
-            try:
-                plugins.resolve(name)
-            except (ImportError, AttributeError) as e:
-                errors.append(FieldError(path, str(e)))
+    errors = check_plugins(job) if resolve_plugins else []
     return (None if errors else job), errors
 
 
@@ -132,35 +163,3 @@ def parse(doc: Any, resolve_plugins: bool = False) -> GRPOJob:
         raise InvalidSpec(errors)
     assert job is not None
     return job
-
-
-def load_file(path: str | Path) -> Any:
-    """Read the GRPOJob document of a YAML file (the first document of kind GRPOJob)."""
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise InvalidSpec([FieldError("", f"cannot read {path}: {e.strerror}")]) from None
-    try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as e:
-        raise InvalidSpec([FieldError("", f"{path}: not valid YAML: {e}")]) from None
-    for d in docs:
-        if isinstance(d, dict) and d.get("kind") == "GRPOJob":
-            return d
-    if len(docs) == 1:
-        return docs[0]
-    raise InvalidSpec([FieldError("kind", f"{path}: no document of kind GRPOJob")])
-
-
-def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
-    """Apply a `--set a.b.c=value` override (the path is relative to spec unless it starts with a
-    top-level key); the value is parsed as YAML so numbers and booleans keep their types."""
-    keys = dotted.split(".")
-    if keys[0] not in ("spec", "metadata"):
-        keys = ["spec", *keys]
-    node = doc
-    for k in keys[:-1]:
-        node = node.setdefault(k, {})
-        if not isinstance(node, dict):
-            raise InvalidSpec([FieldError(dotted, "cannot set a field inside a non-object")])
-    node[keys[-1]] = yaml.safe_load(value) if isinstance(value, str) else value

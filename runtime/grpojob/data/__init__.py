@@ -1,13 +1,23 @@
-"""Datasets: local files (jsonl, parquet, a `datasets` save_to_disk dir), built-ins, or
-`module:factory`; prompts rendered (chat template when asked) and tokenized once; then a
-deterministic, resumable stream of prompt batches sharded by data-parallel rank."""
+"""Datasets: local files (jsonl, json, csv, parquet, globs of them, a `datasets` save_to_disk dir),
+built-ins, a factory (`module:function`) or a dataset class (`module:Class`); prompts rendered (chat
+template when asked) and tokenized once; then a deterministic, resumable stream of prompts.
+
+A factory is called with spec.dataset.args and returns an iterable of dict rows (a list, a
+generator, a `datasets.Dataset`). A dataset class is constructed with the args, then
+`setup(spec, tokenizer)`; `len(ds)` rows, `ds[i]` is the prompt text, a list of chat messages
+(rendered with the tokenizer's chat template) or a dict row, and `ds.reference_answer(i)` the answer
+the rewards get as `answer` (None: the row's own)."""
 from __future__ import annotations
 
+import dataclasses
+import glob
+import inspect
 import json
 import logging
 import random
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Optional
 
 from ..api import plugins
 from ..api.spec import DatasetSpec, GRPOJobSpec
@@ -21,60 +31,140 @@ class DatasetError(ValueError):
     pass
 
 
-def _format(spec: DatasetSpec, path: Path) -> str:
+_FACTORY_CONTRACT = ("a dataset factory must return an iterable of dict rows, e.g. [{'prompt': ..., "
+                     "'answer': ...}, ...] (a list, a generator or a datasets.Dataset); a factory that writes "
+                     "a file should return its rows, or write it once and set spec.dataset.path instead")
+_CLASS_METHODS = ("setup", "__len__", "__getitem__", "reference_answer")
+_LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # datasets builders
+
+
+def check_factory(fn) -> Optional[str]:
+    if inspect.isclass(fn):
+        return "is a class: name a dataset class in spec.dataset.class (spec.dataset.factory takes a function)"
+    return None if callable(fn) else "is not callable (a function returning an iterable of dict rows is expected)"
+
+
+def check_class(cls) -> Optional[str]:
+    if not inspect.isclass(cls):
+        return "is not a class (a dataset class with setup, __len__, __getitem__ and reference_answer is expected)"
+    missing = [m for m in _CLASS_METHODS if not callable(getattr(cls, m, None))]
+    return f"lacks {', '.join(missing)} (a dataset class needs {', '.join(_CLASS_METHODS)})" if missing else None
+
+
+def _format(spec: DatasetSpec, path: str) -> str:
     if spec.format != "auto":
         return spec.format
-    if path.is_dir():
+    if Path(path).is_dir():
         return "disk"
-    if path.suffix in (".jsonl", ".json"):
+    suffix = Path(path).suffix
+    if suffix == ".jsonl":
         return "jsonl"
-    if path.suffix == ".parquet":
-        return "parquet"
+    if suffix in _LOADERS:
+        return _LOADERS[suffix]
     raise DatasetError(f"spec.dataset.path: cannot tell the format of '{path}'; set spec.dataset.format")
 
 
-def load_rows(spec: DatasetSpec) -> list[dict[str, Any]]:
-    """The dataset's rows as dicts."""
-    if spec.factory:
-        factory = DATASETS.get(spec.factory) or plugins.resolve(spec.factory)
-        try:
-            rows: Iterable[Any] = factory(**spec.args)
-            rows = [dict(r) for r in rows]
-        except Exception as e:
-            raise DatasetError(f"spec.dataset.factory '{spec.factory}' failed: {type(e).__name__}: {e}") from e
-        return rows
-    assert spec.path is not None
-    path = Path(spec.path)
-    if not path.exists():
-        raise DatasetError(f"spec.dataset.path: '{path}' does not exist")
-    fmt = _format(spec, path)
-    if fmt == "jsonl":
+def _rows_of(source: Any, where: str) -> list[dict[str, Any]]:
+    """Dict rows from what a factory returned; DatasetError saying what it must return."""
+    if source is None or isinstance(source, (str, bytes, Mapping)) or not isinstance(source, Iterable):
+        raise DatasetError(f"{where} returned {type(source).__name__ if source is not None else 'None'}: "
+                           f"{_FACTORY_CONTRACT}")
+    rows = []
+    for i, r in enumerate(source):
+        if not isinstance(r, Mapping):
+            raise DatasetError(f"{where}: row {i} is a {type(r).__name__}, not a dict: {_FACTORY_CONTRACT}")
+        rows.append(dict(r))
+    return rows
+
+
+def _class_rows(spec: GRPOJobSpec, tokenizer: Any) -> list[dict[str, Any]]:
+    d = spec.dataset
+    where = f"spec.dataset.class '{d.class_}'"
+    cls = plugins.resolve(d.class_)
+    why = check_class(cls)
+    if why:
+        raise DatasetError(f"{where} {why}")
+    try:
+        ds = cls(**d.args)
+        ds.setup(spec, tokenizer)
         rows = []
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for i in range(len(ds)):
+            item = ds[i]
+            row = dict(item) if isinstance(item, Mapping) else \
+                {MESSAGES: list(item)} if isinstance(item, list) else {d.prompt_field: str(item)}
+            answer = ds.reference_answer(i)
+            if answer is not None:
+                row[d.answer_field] = answer
+            rows.append(row)
+    except DatasetError:
+        raise
+    except Exception as e:
+        raise DatasetError(f"{where} failed: {type(e).__name__}: {e}") from e
+    return rows
+
+
+MESSAGES = "messages"  # a dataset class's chat item becomes this row field
+
+
+def load_rows(spec: GRPOJobSpec, tokenizer: Any = None) -> list[dict[str, Any]]:
+    """The dataset's rows as dicts."""
+    d = spec.dataset
+    if d.class_:
+        return _class_rows(spec, tokenizer)
+    if d.factory:
+        factory = DATASETS.get(d.factory) or plugins.resolve(d.factory)
+        why = check_factory(factory)
+        if why:
+            raise DatasetError(f"spec.dataset.factory '{d.factory}' {why}")
+        where = f"spec.dataset.factory '{d.factory}'"
+        try:
+            return _rows_of(factory(**d.args), where)
+        except DatasetError:
+            raise
+        except Exception as e:
+            raise DatasetError(f"{where} failed: {type(e).__name__}: {e}") from e
+    assert d.path is not None
+    files = sorted(glob.glob(d.path)) if glob.has_magic(d.path) else [d.path]
+    if not files or not Path(files[0]).exists():
+        why = " (no file matches)" if files == [] else ""
+        raise DatasetError(f"spec.dataset.path: '{d.path}' does not exist{why}")
+    fmt = _format(d, files[0])
+    if fmt == "jsonl" and len(files) == 1:  # read here: errors name the line
+        rows = []
+        for n, line in enumerate(Path(files[0]).read_text().splitlines(), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise DatasetError(f"spec.dataset.path: {path}:{n}: not JSON: {e}") from None
+                    raise DatasetError(f"spec.dataset.path: {files[0]}:{n}: not JSON: {e}") from None
         return rows
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(path).to_pylist()
     import datasets
 
-    ds = datasets.load_from_disk(str(path))
-    if isinstance(ds, datasets.DatasetDict):
-        ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+    if fmt == "disk":
+        ds = datasets.load_from_disk(files[0])
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        return [dict(r) for r in ds]
+    try:  # a local file or files through datasets' own builders (nothing from a hub)
+        ds = datasets.load_dataset("json" if fmt == "jsonl" else fmt, data_files=files, split="train")
+    except Exception as e:
+        raise DatasetError(f"spec.dataset.path: cannot load {d.path} as {fmt}: {type(e).__name__}: {e}") from e
     return [dict(r) for r in ds]
+
+
+def _messages_field(spec: GRPOJobSpec, row: dict[str, Any]) -> Optional[str]:
+    """The row field holding chat messages: messagesField, or a dataset class's chat item."""
+    d = spec.dataset
+    return d.messages_field or (MESSAGES if d.class_ and d.prompt_field not in row else None)
 
 
 def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int) -> str:
     d = spec.dataset
-    if d.messages_field:
-        messages = row.get(d.messages_field)
+    field_name = _messages_field(spec, row)
+    if field_name:
+        messages = row.get(field_name)
         if not isinstance(messages, list):
-            raise DatasetError(f"dataset row {index} has no list field '{d.messages_field}' "
+            raise DatasetError(f"dataset row {index} has no list field '{field_name}' "
                                f"(spec.dataset.messagesField)")
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if d.prompt_field not in row:
@@ -89,11 +179,11 @@ def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index:
 
 def load_samples(spec: GRPOJobSpec, tokenizer: Any) -> list[Sample]:
     """Every usable row, rendered and tokenized; prompts over maxPromptLength are dropped."""
-    rows = load_rows(spec.dataset)
-    templated = bool(spec.dataset.messages_field or spec.model.use_chat_template)
+    rows = load_rows(spec, tokenizer)
     samples, dropped = [], 0
     for i, row in enumerate(rows):
         text = render_prompt(spec, tokenizer, row, i)
+        templated = bool(_messages_field(spec, row) or spec.model.use_chat_template)
         ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
         if len(ids) > spec.dataset.max_prompt_length:
             dropped += 1
@@ -110,46 +200,43 @@ def load_samples(spec: GRPOJobSpec, tokenizer: Any) -> list[Sample]:
 
 
 class PromptStream:
-    """Global batches of promptsPerStep samples in a seeded per-epoch order; rank r of `world`
-    gets every world-th sample of each global batch, so the global batch is the same for any
-    world size (the distributed-equivalence property)."""
+    """The job's prompts as one endless stream in a seeded per-epoch order (rank 0's rollout
+    manager owns it). Each sample carries `seq`, its position in the stream (epoch x rows +
+    position), which names it in checkpoints and seeds its sampling; `sample_at(seq)` rebuilds
+    any sample of the stream, so prompts issued but not trained when a checkpoint is taken are
+    generated again after a resume, neither skipped nor trained twice."""
 
-    def __init__(self, spec: GRPOJobSpec, tokenizer: Any, rank: int = 0, world: int = 1,
-                 samples: list[Sample] | None = None):
-        if spec.training.prompts_per_step % world:
-            raise DatasetError("training.promptsPerStep must be a multiple of the data-parallel world size")
+    def __init__(self, spec: GRPOJobSpec, tokenizer: Any, samples: list[Sample] | None = None):
         self.samples = samples if samples is not None else load_samples(spec, tokenizer)
-        self.batch = spec.training.prompts_per_step
         self.shuffle, self.seed = spec.dataset.shuffle, spec.training.seed
-        self.rank, self.world = rank, world
         self.epoch, self.position = 0, 0
-        self._order = self._make_order()
+        self._orders: dict[int, list[int]] = {}
 
-    def _make_order(self) -> list[int]:
-        order = list(range(len(self.samples)))
-        if self.shuffle:
-            random.Random(self.seed * 100003 + self.epoch).shuffle(order)
-        return order
+    def _order(self, epoch: int) -> list[int]:
+        if epoch not in self._orders:
+            order = list(range(len(self.samples)))
+            if self.shuffle:
+                random.Random(self.seed * 100003 + epoch).shuffle(order)
+            self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}  # keep two epochs
+            self._orders[epoch] = order
+        return self._orders[epoch]
 
-    def _next_global(self) -> list[Sample]:
-        out = []
-        while len(out) < self.batch:
-            if self.position >= len(self._order):
-                self.epoch, self.position = self.epoch + 1, 0
-                self._order = self._make_order()
-            out.append(self.samples[self._order[self.position]])
-            self.position += 1
-        return out
+    def sample_at(self, seq: int) -> Sample:
+        epoch, position = divmod(seq, len(self.samples))
+        return dataclasses.replace(self.samples[self._order(epoch)[position]], seq=seq)
 
-    def next_global_batch(self) -> list[Sample]:
-        return self._next_global()
+    def next(self) -> Sample:
+        if self.position >= len(self.samples):
+            self.epoch, self.position = self.epoch + 1, 0
+        sample = self.sample_at(self.epoch * len(self.samples) + self.position)
+        self.position += 1
+        return sample
 
-    def next_batch(self) -> list[Sample]:
-        return self._next_global()[self.rank::self.world]
+    def take(self, n: int) -> list[Sample]:
+        return [self.next() for _ in range(n)]
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
-        self._order = self._make_order()

@@ -33,9 +33,14 @@ def newest_checkpoint(directory: Path) -> Optional[Path]:
 def _fmt(record: dict[str, Any]) -> dict[str, str]:
     out = {}
     for key, label, fmt in (("reward_mean", "reward", "{:.3f}"), ("kl", "kl", "{:.4f}"),
-                            ("tokens_per_second", "tok/s", "{:.0f}")):
+                            ("tokens_per_second", "tok/s", "{:.0f}"),
+                            # the pipeline: versions behind, trainer wait, generation idle, groups ahead
+                            ("policy_staleness", "stale", "{:.2f}"), ("wait_seconds", "wait", "{:.2f}s"),
+                            ("rollout_idle_fraction", "idle", "{:.0%}"), ("groups_in_flight", "ahead", "{}")):
         if record.get(key) is not None:
             out[label] = fmt.format(record[key])
+    if record.get("groups_from_environments"):  # groups submitted by environments (trajectory API)
+        out["env"] = str(record["groups_from_environments"])
     stages = record.get("stage_seconds") or {}
     if stages:
         out["stages"] = " ".join(f"{k[:3]}={v:.2f}s" for k, v in stages.items())

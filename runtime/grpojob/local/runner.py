@@ -1,11 +1,13 @@
 """`grpojob run FILE`: the processes the operator puts in pods, started on this machine.
 
 Everything comes from `grpojob.plan.roles`, like on the cluster; the only local decisions are
-where files go (the run directory) and which ports are free.
+where files go (the run directory, which holds the job's token in `token`, mode 0600, made once
+and kept when the run resumes) and which ports are free.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import shutil
@@ -15,14 +17,20 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from ..api import GRPOJob, InvalidSpec, check
-from ..cli import load_manifest
-from ..plan import CONFIG_FILE, REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles
+from .. import auth
+from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
+from ..api.validate import check_plugins
+from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
+                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
 from .processes import Child, free_port, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
 
 log = logging.getLogger("grpojob.local")
 
+SITE_DIR = "site"  # spec.code.pip, installed in the run directory
+# {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ..., "trajectories": ...}: /metrics, and with the
+# run's token /status and the trajectory API (environments started by hand register there)
+ENDPOINTS_FILE = "endpoints.json"
 BUILD_TINY = "grpojob.io/build-tiny-model"  # annotation: build a tiny random model if model.path is missing
 EXIT_INTERRUPTED = 130
 
@@ -35,7 +43,7 @@ def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
     """Relative model/dataset paths are relative to where `grpojob run` is started; checkpoints
     always live in the run directory (the cluster's absolute mount path means nothing here)."""
     spec = doc["spec"]
-    for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path")):
+    for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path"), ("code", "localPath")):
         value = (spec.get(section) or {}).get(key)
         if value:
             spec[section][key] = str(Path(value).expanduser().resolve())
@@ -59,17 +67,27 @@ def _ensure_model(job: GRPOJob, out) -> None:
 
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
     host = "127.0.0.1"
+    rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]  # replicas share this host
     where = Placement(trainer_host=host, config_path=str(run_dir / CONFIG_FILE),
                       checkpoint_dir=job.spec.checkpoint.path, run_dir=str(run_dir),
-                      rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port())
+                      rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port(),
+                      rollout_urls=tuple(f"http://{host}:{p}" for p in rollout_ports),
+                      code_dir=job.spec.code.local_path, site_dir=str(run_dir / SITE_DIR),
+                      token_file=str(token_path(run_dir)))
     bin_dir = str(Path(sys.executable).parent)
     base_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     out: list[Child] = []
     for role in roles(job, where):
         for i in range(role.replicas):
             env = {**base_env, **role.env, **_per_replica(role, i, host)}
+            if role.environment is not None:
+                # As in the pods: the job's token is the OpenAI API key unless the user set one.
+                env[ENV_OPENAI_API_KEY] = auth.read_file(auth.ensure_file(token_path(run_dir)))
+                env.update(_user_env(job, role.environment))
+            if "PYTHONPATH" in role.env and os.environ.get("PYTHONPATH"):  # spec.code first, then the caller's
+                env["PYTHONPATH"] = role.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
             if role.name == "rollout":
-                env["GRPOJOB_ROLLOUT_PORT"] = str(free_port())  # replicas share this host
+                env[ENV_ROLLOUT_PORT] = str(rollout_ports[i])
                 if backend:
                     env["GRPOJOB_ROLLOUT_BACKEND"] = backend
             exe = shutil.which(role.command[0], path=env["PATH"])
@@ -77,6 +95,34 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
                 raise RunError(f"'{role.command[0]}' is not installed in this environment")
             out.append(Child(f"{role.name}-{i}", [exe, *role.command[1:]], env,
                              run_dir / "logs" / f"{role.name}-{i}.log"))
+    return out
+
+
+def token_path(run_dir: Path) -> Path:
+    """The job's token of a local run (grpojob.auth): what its processes and a client present."""
+    return run_dir / auth.TOKEN_KEY
+
+
+def _endpoints(children: list[Child]) -> dict[str, str]:
+    """Base URL of each process's HTTP endpoint: the trainer leader's and every rollout server's,
+    and the trajectory API's."""
+    port_env = {"trainer-0": ENV_TRAINER_PORT}
+    out = {c.name: f"http://127.0.0.1:{c.env[port_env.get(c.name, ENV_ROLLOUT_PORT)]}" for c in children
+           if c.name in port_env or c.name.startswith("rollout-")}
+    trainer = next(c for c in children if c.name == "trainer-0")
+    out["trajectories"] = trajectory_url("127.0.0.1", int(trainer.env[ENV_TRAINER_PORT]))
+    return out
+
+
+def _user_env(job: GRPOJob, environment: str) -> dict[str, str]:
+    """spec.environments[i].env as local values (a valueFrom names a cluster object: refused)."""
+    i, spec = next((i, e) for i, e in enumerate(job.spec.environments) if e.name == environment)
+    out = {}
+    for j, var in enumerate(spec.env):
+        if "valueFrom" in var:
+            raise RunError(f"spec.environments[{i}].env[{j}] ({var['name']}): valueFrom reads the cluster; "
+                           "`grpojob run` needs a value")
+        out[var["name"]] = str(var.get("value", ""))
     return out
 
 
@@ -90,6 +136,7 @@ class Run:
         self.job, self.run_dir, self.out = job, run_dir, out
         self.children = _children(job, run_dir, backend)
         self.trainers = [c for c in self.children if c.name.startswith("trainer")]
+        self.environments = {c.name for c in self.children if c.env.get(ENV_ROLE) == ENVIRONMENT_ROLE}
         self.progress = Progress(run_dir / "metrics.jsonl", job.spec.training.steps, enabled=progress, out=out)
         self.interrupted: Optional[int] = None
 
@@ -102,6 +149,7 @@ class Run:
     def run(self) -> int:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
+            (self.run_dir / ENDPOINTS_FILE).write_text(json.dumps(_endpoints(self.children), indent=1))
             for c in self.children:
                 c.start()
             return self._watch()
@@ -114,14 +162,19 @@ class Run:
             self._finish()
 
     def _watch(self) -> int:
+        watched = list(self.children)
         while True:
             self.progress.update()
             if self.interrupted is not None:
                 return self._interrupt()
-            dead = wait_any(self.children, timeout=0.5)
+            dead = wait_any(watched, timeout=0.5)
             if dead is None:
                 continue
             code = dead.poll()
+            if dead.name in self.environments and code == 0:  # an environment may finish its own work
+                print(f"{dead.name} exited (code 0); the trainer goes on with the other sources", file=self.out)
+                watched.remove(dead)
+                continue
             if dead in self.trainers and code == 0 and all(t.poll() == 0 for t in self.trainers):
                 self.progress.update()
                 return 0
@@ -150,32 +203,79 @@ class Run:
             plot(records, self.run_dir / "reward.png")
 
 
+def _check_weight_sync(job: GRPOJob) -> None:
+    """Refuse, before any process starts, a weightSync.backend that cannot work on this machine."""
+    backend = job.spec.weight_sync.backend
+    if backend not in ("nccl", "cuda-ipc"):
+        return
+    from ..sync import placement
+
+    reason = placement.check_local_run(backend, placement.visible_gpus())
+    if reason:
+        raise InvalidSpec([FieldError(placement.BACKEND_FIELD, reason)])
+
+
+def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
+    """spec.code here: pip requirements into the run directory (what the pods' init container
+    does), localPath and that directory on this process's path; then every plug-in must import."""
+    from ..code import InstallError, install, use_locally
+
+    c = job.spec.code
+    if c.has_modules and not c.local_path:
+        print("note: spec.code.configMap/volume are for pods; set spec.code.localPath to the directory "
+              "holding those modules for grpojob run", file=out)
+    if c.pip:
+        try:
+            install(job, run_dir / SITE_DIR, echo=lambda line: print(line, file=out))
+        except InstallError as e:
+            raise InvalidSpec([FieldError("spec.code.pip", str(e))]) from None
+    use_locally(job, run_dir / SITE_DIR if c.pip else None)
+    errors = check_plugins(job)
+    if errors:
+        raise InvalidSpec(errors)
+
+
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
+
+
+def prepare(file: str, sets: list[str], run_dir: Optional[str], backend: Optional[str], out) -> tuple[GRPOJob, Path]:
+    """Validate the manifest (InvalidSpec with field paths), settle local paths, build the tiny
+    model when asked, and write the runtime config into the run directory."""
+    doc = load_manifest(file, sets)
+    if backend:
+        doc.setdefault("spec", {}).setdefault("rollout", {})["backend"] = backend
+    name = (doc.get("metadata") or {}).get("name", "grpojob")
+    where = Path(run_dir or Path("runs") / str(name)).resolve()
+    if isinstance(doc.get("spec"), dict):
+        _resolve_paths(doc, where)
+    job, errors = check(doc)
+    if errors:
+        raise InvalidSpec(errors)
+    assert job is not None
+    _check_weight_sync(job)
+    where.mkdir(parents=True, exist_ok=True)
+    _use_code(job, where, out)
+    _ensure_model(job, out)
+    (where / CONFIG_FILE).write_text(render_config(job))
+    try:
+        auth.ensure_file(token_path(where))
+    except auth.TokenError as e:
+        raise RunError(f"{e}: delete it and a new token is made") from None
+    return job, where
 
 
 def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
     out = sys.stderr
     try:
-        doc = load_manifest(args.file, args.set)
-        if args.backend:
-            doc.setdefault("spec", {}).setdefault("rollout", {})["backend"] = args.backend
-        name = (doc.get("metadata") or {}).get("name", "grpojob")
-        run_dir = Path(args.run_dir or Path("runs") / str(name)).resolve()
-        if isinstance(doc.get("spec"), dict):
-            _resolve_paths(doc, run_dir)
-        job, errors = check(doc, resolve_plugins=True)
-        if errors:
-            raise InvalidSpec(errors)
-        assert job is not None
-        run_dir.mkdir(parents=True, exist_ok=True)
-        _ensure_model(job, out)
-        (run_dir / CONFIG_FILE).write_text(render_config(job))
+        job, run_dir = prepare(args.file, args.set, args.run_dir, args.backend, out)
         done = len(read_records(run_dir / "metrics.jsonl"))
         print(f"grpojob run: {job.metadata.name} in {run_dir} ({job.spec.rollout.replicas} x "
               f"{job.spec.rollout.backend} rollout, trainer {job.spec.trainer.replicas} x "
-              f"{job.spec.trainer.processes_per_replica})" + (f", resuming after step {done}" if done else ""),
+              f"{job.spec.trainer.processes_per_replica}"
+              + "".join(f", environment {e.name} x {e.replicas}" for e in job.spec.environments) + ")"
+              + (f", resuming after step {done}" if done else ""),
               file=out)
         code = Run(job, run_dir, args.backend, progress=not args.no_progress, out=out).run()
     except InvalidSpec as e:

@@ -10,7 +10,7 @@ import functools
 import inspect
 import logging
 import math
-from typing import Any, Awaitable, Callable, Union
+from typing import Any, Awaitable, Callable, Optional, Union
 
 from ..api import plugins
 from ..api.spec import GRPOJobSpec, RewardSpec
@@ -24,6 +24,10 @@ RewardFn = Callable[..., Union[float, Awaitable[float]]]
 
 class RewardError(RuntimeError):
     pass
+
+
+def check_function(fn) -> Optional[str]:
+    return None if callable(fn) else "is not callable (a function (prompt, completion, **row) -> float is expected)"
 
 
 def resolve(spec: RewardSpec) -> RewardFn:
@@ -40,7 +44,7 @@ class RewardScorer:
         self.tokenizer = tokenizer
         self.specs = list(spec.rewards)
         self.fns = [resolve(r) for r in self.specs]
-        self.names = _unique_names(self.specs)
+        self.names = reward_names(spec)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -77,16 +81,12 @@ class RewardScorer:
             values = [await self._call(i, fn, group.sample.prompt, text, row) for i, fn in enumerate(self.fns)]
             group.baseline_reward = sum(r.weight * v for r, v in zip(self.specs, values))
 
-    async def score_async(self, groups: list[Group]) -> None:
-        await asyncio.gather(*(self.score_group(g) for g in groups))
 
-    def score(self, groups: list[Group]) -> None:
-        asyncio.run(self.score_async(groups))
-
-
-def _unique_names(specs: list[RewardSpec]) -> list[str]:
+def reward_names(spec: GRPOJobSpec) -> list[str]:
+    """One metric name per reward function: its name (the attribute of a 'module:function'),
+    numbered when the same function appears twice."""
     names, seen = [], {}
-    for r in specs:
+    for r in spec.rewards:
         base = r.name.split(":")[-1]
         seen[base] = seen.get(base, 0) + 1
         names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")

@@ -1,6 +1,6 @@
 """RolloutClient: the trainer side of the rollout servers' HTTP API (a `Generator`).
 
-    client = RolloutClient(publisher.rollout_addresses)   # or a fixed list of base URLs
+    client = RolloutClient(publisher.rollout_addresses, token=auth.token)   # or a fixed list of base URLs
     completions = await client.generate(prompt_ids, n, sampling, min_version=v)
 
 - Least-loaded: each request goes to the server with the fewest completions this client has in
@@ -9,7 +9,8 @@
 - Retries: a connection error, a timeout or a 5xx puts the server on a short cool-down and the
   request goes to another server; a 409 (the server holds a policy older than `min_version`,
   e.g. it is still receiving the push) tries another server, then waits for one to catch up.
-  A 400 is the request's own fault and raises at once.
+  A 400 is the request's own fault and raises at once; so does a 401 (the server does not hold
+  this job's token: every request carries it as a bearer token, grpojob.auth).
 - Timeouts: `request_timeout` per HTTP request, `timeout` for the whole call (then RolloutError
   with the last error of every server tried); with no server registered it waits up to
   `timeout` for one.
@@ -33,7 +34,7 @@ class RolloutError(RuntimeError):
 
 
 class RolloutClient:
-    def __init__(self, addresses: Union[Callable[[], Sequence[str]], Sequence[str]], *,
+    def __init__(self, addresses: Union[Callable[[], Sequence[str]], Sequence[str]], *, token: str,
                  request_timeout: float = 600.0, timeout: float = 1800.0, cooldown: float = 5.0,
                  poll_seconds: float = 0.25):
         self._addresses = addresses if callable(addresses) else (lambda a=tuple(addresses): a)
@@ -41,6 +42,7 @@ class RolloutClient:
         self.timeout = timeout
         self.cooldown = cooldown
         self.poll_seconds = poll_seconds
+        self._headers = {"Authorization": f"Bearer {token}"}
         self._inflight: dict[str, int] = {}
         self._served: dict[str, int] = {}
         self._cool_until: dict[str, float] = {}
@@ -66,7 +68,7 @@ class RolloutClient:
     async def _client(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session_loop is not loop:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512))
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=512), headers=self._headers)
             self._session_loop = loop  # a session belongs to one event loop
         return self._session
 
@@ -96,8 +98,8 @@ class RolloutClient:
             try:
                 timeout = aiohttp.ClientTimeout(total=min(self.request_timeout, left))
                 async with session.post(url + "/generate", json=payload, timeout=timeout) as r:
-                    body = await r.json(content_type=None)
                     status = r.status
+                    body = await r.json(content_type=None) if status != 401 else None
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                 errors[url] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 self._cool_until[url] = time.monotonic() + self.cooldown
@@ -108,6 +110,9 @@ class RolloutClient:
             if status == 200:
                 self._served[url] = self._served.get(url, 0) + 1
                 return [Completion(prompt_ids=list(prompt_ids), **c) for c in body["completions"]]
+            if status == 401:
+                raise RolloutError(f"rollout server {url} refused this job's token (HTTP 401): it does not "
+                                   f"hold the token in GRPOJOB_TOKEN_FILE")
             message = body.get("error") if isinstance(body, dict) else str(body)
             if status == 400:
                 raise RolloutError(f"rollout server {url} rejected the request: {message}")

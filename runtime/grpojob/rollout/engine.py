@@ -1,51 +1,145 @@
-"""The rollout engine interface, and the factory the server uses.
+"""The rollout engine interface, the engine registry, and the factory the server uses.
+
+`spec.rollout.backend` names a built-in engine (hf, vllm: registered here by name) or an engine
+class by reference ('module:Class' or 'path/to/file.py:Class'), constructed as `Class(spec)` (it
+reads its own settings from spec.rollout.engineArgs). An engine class implements `Engine` below
+and declares, as class attributes, its `backend` name and the `weight_sync` paths it can receive
+(see grpojob.sync.placement), which `grpojob validate` checks against spec.weightSync.backend.
 
 An engine generates completions for token-id prompts (the `Generator` contract of `types.py`,
 plus bookkeeping) and is the `WeightSink` that weight sync loads into. Engines tag every
-completion with the policy version of the weights that produced it: `hf` swaps weights between
-decode steps, after the requests in flight finish (one version per completion) or, with
-algorithm.partialRollouts, at once with the requests in flight resumed on the new weights
-(`Completion.versions` per token); `vllm` swaps weights between engine steps (in flight). A
-completion that spans a swap is tagged with the version it started at (the older one: its
-staleness is never under-counted). The per-token log-probs are those of the weights that
-actually produced each token either way.
+completion with the policy version of the weights that produced its tokens. When weights arrive
+while requests are being generated (algorithm.partialRollouts): false — the requests in flight
+finish on the old weights and carry the old version, new ones wait for the load; true — the
+requests in flight are stopped and go on from their tokens so far on the new weights, each token
+keeping the version that produced it (`Completion.versions`). Either way `last_pause_seconds`
+tells how long the last load kept generation from running.
 """
 from __future__ import annotations
 
+import importlib
+import inspect
+from dataclasses import dataclass
 from typing import Optional, Protocol
 
+from ..api import plugins
 from ..api.spec import GRPOJobSpec
 from .types import Completion, SamplingParams
 
-BACKENDS = ("hf", "vllm")
+ALL_SYNC = ("auto", "nccl", "cuda-ipc", "shm", "gloo", "checkpoint")  # spec.weightSync.backend values
 
 
 class Engine(Protocol):
+    """What a rollout server drives. Class attributes an engine class declares:
+
+    backend: its name in logs and /info.
+    weight_sync: the spec.weightSync.backend values it can receive (a subset of ALL_SYNC; include
+        "auto"). `receive_push` gets every path but checkpoint, `load_dir` the checkpoint path.
+
+    Instance state: `version` (policy version of the weights loaded now; 0 = the model on disk),
+    `weights` (the weights id of grpojob.sync.protocol, DISK at start), `last_pause_seconds` (how long
+    the last weight load kept generation from running; None when not measured: the trainer's step
+    record shows it), and, once `start` returned, `tokenizer`, `vocab_size`, `context_len` (prompt +
+    completion tokens that fit)."""
     backend: str
-    workers: int
-    version: int  # policy version of the weights loaded now
-    weights: str  # weights id (see grpojob.sync.protocol)
+    weight_sync: tuple[str, ...]
+    version: int
+    weights: str
+    last_pause_seconds: Optional[float]
     tokenizer: object
     vocab_size: int
-    context_len: int  # prompt + completion tokens that fit
+    context_len: int
 
-    async def start(self) -> None: ...
+    async def start(self) -> None:
+        """Load the model (spec.model) and get ready to generate; may take minutes (the server
+        answers /healthz meanwhile)."""
+        ...
 
-    async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]: ...
+    async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        """n completions of one prompt, each with its per-token log-probs (the Completion contract of
+        rollout/types.py) and the policy version of the weights that produced it. Concurrent calls
+        are expected (batch them); ValueError for bad parameters."""
+        ...
 
     def load_info(self) -> tuple[int, int]:
         """(requests waiting for the engine, requests being generated)."""
         ...
 
-    def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None: ...
+    # The weight sink (grpojob.sync.agent.WeightSink), called from the sync agent's thread.
+    def endpoints(self) -> list:
+        """One grpojob.sync.placement.Endpoint per process that receives a share of a push
+        (placement.local(device) for an engine that holds its model in this process)."""
+        ...
 
-    def load_dir(self, path: str, version: int, weights: str) -> None: ...
+    def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
+        """Receive pushed weights: grpojob.sync.receiver.PushReceiver(store_addr, instance, device)
+        .receive(cmd) yields (name, tensor) in Hugging Face names; load them all, then switch
+        `version`/`weights` to cmd["version"]/cmd["weights"] atomically for generation."""
+        ...
+
+    def load_dir(self, path: str, version: int, weights: str) -> None:
+        """Load a Hugging Face model directory (grpojob.sync.files.iter_dir), then switch version."""
+        ...
 
     def errored(self) -> Optional[str]:
         """Why the engine is dead, or None."""
         ...
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Builtin:
+    cls: str  # module:Class, imported only when used (vLLM is heavy; the hf engine imports torch)
+    weight_sync: tuple[str, ...]
+
+
+# The built-in engines, registered by name (their classes stay free of this registry).
+BUILTINS = {
+    "vllm": Builtin("grpojob.rollout.vllm_engine:VLLMEngine", ALL_SYNC),
+    "hf": Builtin("grpojob.rollout.hf_engine:HFEngine", tuple(p for p in ALL_SYNC if p != "nccl")),
+}
+assert tuple(BUILTINS) == plugins.BUILTIN_ENGINES, "engine registry out of step with the API"
+_METHODS = ("start", "generate", "load_info", "endpoints", "receive_push", "load_dir", "errored", "close")
+_ASYNC = ("start", "generate", "close")
+
+
+def check_class(cls) -> Optional[str]:
+    """Why `cls` is not an engine class, or None."""
+    if not inspect.isclass(cls):
+        return "is not a class (an engine class implementing grpojob.rollout.engine.Engine is expected)"
+    missing = [m for m in _METHODS if not callable(getattr(cls, m, None))]
+    if missing:
+        return f"lacks the Engine methods {', '.join(missing)} (see grpojob.rollout.engine.Engine)"
+    not_async = [m for m in _ASYNC if not inspect.iscoroutinefunction(getattr(cls, m))]
+    if not_async:
+        return f"must define {', '.join(not_async)} with `async def`"
+    sync = getattr(cls, "weight_sync", None)
+    if not isinstance(sync, tuple) or not sync or set(sync) - set(ALL_SYNC):
+        return f"must declare weight_sync, a tuple of the weightSync.backend values it receives ({', '.join(ALL_SYNC)})"
+    if not isinstance(getattr(cls, "backend", None), str):
+        return "must declare backend, its name (a str class attribute)"
+    return None
+
+
+def engine_class(backend: str):
+    """The class `backend` names: a built-in, or a checked reference (ValueError naming the field)."""
+    if backend in BUILTINS:
+        module, _, name = BUILTINS[backend].cls.partition(":")
+        return getattr(importlib.import_module(module), name)
+    try:
+        cls = plugins.resolve(backend)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"spec.rollout.backend: {e}") from None
+    why = check_class(cls)
+    if why:
+        raise ValueError(f"spec.rollout.backend: '{backend}' {why}")
+    return cls
+
+
+def weight_sync(backend: str) -> tuple[str, ...]:
+    """The weightSync.backend values the engine `backend` receives."""
+    return BUILTINS[backend].weight_sync if backend in BUILTINS else engine_class(backend).weight_sync
 
 
 def torch_dtype_name(spec: GRPOJobSpec, on_gpu: bool) -> str:
@@ -56,17 +150,19 @@ def torch_dtype_name(spec: GRPOJobSpec, on_gpu: bool) -> str:
 
 
 def max_model_len(spec: GRPOJobSpec) -> int:
-    return spec.rollout.max_model_len or spec.dataset.max_prompt_length + spec.rollout.sampling.max_tokens
+    return spec.rollout.max_model_len or spec.max_prompt_length + spec.rollout.sampling.max_tokens
 
 
 def build(backend: str, spec: GRPOJobSpec) -> Engine:
-    if backend == "hf":
-        from .hf_engine import HFEngine
-        return HFEngine(spec)
-    if backend == "vllm":
-        from .vllm_engine import VLLMEngine
-        return VLLMEngine(spec)
-    raise ValueError(f"unknown rollout backend '{backend}': use one of {', '.join(BACKENDS)}")
+    """The engine `backend` names (a built-in or a reference), constructed from the spec."""
+    err = plugins.check_name("engine", backend)
+    if err:
+        raise ValueError(f"spec.rollout.backend: {err}")
+    cls = engine_class(backend)
+    if backend not in BUILTINS and spec.weight_sync.backend not in cls.weight_sync:
+        raise ValueError(f"spec.weightSync.backend: {spec.weight_sync.backend}: the engine {backend} receives "
+                         f"{', '.join(cls.weight_sync)} (its weight_sync)")
+    return cls(spec)
 
 
 def check_prompt(prompt_ids: list[int], vocab_size: int, limit: int) -> Optional[str]:

@@ -29,7 +29,8 @@ import torch
 from .. import devices
 from ..api.spec import GRPOJobSpec
 from ..sync import buckets as bk
-from ..sync import files
+from ..sync import files, placement
+from ..sync.placement import Endpoint
 from ..sync.protocol import DISK
 from .engine import max_model_len, torch_dtype_name
 from .hf_generate import Decoder, Row, noise_keys, request_rows
@@ -63,7 +64,7 @@ class _Swap:
 
 class HFEngine:
     backend = "hf"
-    workers = 1
+    last_pause_seconds: Optional[float] = None  # generation stopped by the last weight load
 
     def __init__(self, spec: GRPOJobSpec, *, device: Optional[str] = None, max_batch: int = 256):
         self.spec = spec
@@ -232,14 +233,16 @@ class HFEngine:
             self._resolve(req, error=RuntimeError(why))
 
     # ---- weight sink ----------------------------------------------------------------------------
+    def endpoints(self) -> list[Endpoint]:
+        return [placement.local(self.device)]
+
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
         from ..sync.receiver import PushReceiver
 
         rx = self._receiver
         if rx is None or rx.addr != store_addr or rx.instance != instance:
-            rx = self._receiver = PushReceiver(store_addr, instance)
-        named = rx.receive(cmd, device="cpu" if cmd["backend"] == "gloo" else self.device)
-        self.load(named, cmd["version"], cmd["weights"])
+            rx = self._receiver = PushReceiver(store_addr, instance, self.device)
+        self.load(rx.receive(cmd), cmd["version"], cmd["weights"])
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
         self.load(files.iter_dir(path), version, weights)

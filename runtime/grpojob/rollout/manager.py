@@ -1,109 +1,175 @@
-"""RolloutManager: keeps generation going for the trainer, within the staleness bound.
+"""RolloutManager: rank 0's pipeline from the prompt stream to scored groups, running ahead of
+training by up to `algorithm.maxStaleness` policy versions.
 
-    manager = RolloutManager(client, workflow, samples=stream, max_staleness=s)
-    groups = manager.next_groups(k)            # blocking; k groups from the sample stream
-    groups = manager.next_groups(samples, v)   # or: exactly these samples at policy version v
-    manager.set_policy_version(v)              # after each weight push
+    manager = RolloutManager(generator, workflow, scorer, prompts, Pipeline.from_spec(spec), published=v)
+    manager.load_state_dict(state)     # after a resume: prompts issued but not trained come first
+    manager.start()
+    step = manager.next_step()         # blocking: one step's groups, scored, oldest prompts first
+    manager.set_published(v)           # after each weight push: the version floor moves
     manager.close()
 
-The second form is the trainer loop's `GroupSource.next_groups(samples, policy_version)`.
+Versions. A group's version is the oldest policy version among its tokens. The trainer at step k
+may train on a group of version v when v >= published(k) - maxStaleness, where published(k) is the
+last version pushed to the rollouts before step k (every `weightSync.everySteps` steps). The floor
+is computed from the *published* version, so everySteps and maxStaleness combine freely: the lag
+behind the trainer's own version is at most maxStaleness + everySteps - 1 (reported per step).
+Every generate call asks the servers for at least the floor (`min_version`).
 
-The manager runs an asyncio loop in a background thread; workflows run there concurrently (up
-to `max_concurrency` groups). Each group's version is the oldest policy version among its
-completions. Rule: a group is returned only if current - version <= max_staleness, and every
-generate call asks the servers for at least version current - max_staleness (`min_version`), so
-a server that has not received the newest push yet does not answer with an older policy.
-- max_staleness 0: generation happens on demand (k groups per call) at the current version;
-  a group that comes back older (the version moved while it ran) is generated again.
-- max_staleness s > 0: generation runs ahead of the trainer by up to s steps' worth of groups
-  (s x the largest k asked for, or `groups_per_step`); groups that became too old while waiting
-  are dropped and their samples generated again.
-`samples` is an iterator/iterable of Sample or a callable returning a list of Samples (called
-again whenever the previous list is used up); it is only touched from the manager's thread.
+Run-ahead. The manager keeps generating groups for every future step that a group started now
+could still serve (so maxStaleness 0 with everySteps 1 generates nothing while the trainer trains:
+the synchronous baseline). Groups that become too old when a new version is published are dropped
+and their prompts generated again; nothing is skipped or used twice.
+
+Dynamic sampling (DAPO). A step considers groups in stream order; those whose (shaped) rewards are
+all equal are dropped and replaced by newly generated groups until promptsPerStep are kept or
+maxResampleFactor x promptsPerStep groups were considered; then the step trains on what it has.
+
+Environments (grpojob.trajectories). Groups that environments submit join the same steps under
+the same floor: a step takes first the groups of environments that committed to a number per
+step (waiting for them), then queued groups of the others, then the workflow's; the workflow
+generates only what commitments leave of promptsPerStep (with rollout.workflow none, nothing).
+Submitted groups are not from the prompt stream: the stream position and the pending prompts
+cover the workflow's groups, the queue's own state its registrations and queued groups.
+
+Seeds. Each sample's sampling seed is derived from training.seed, its stream position (step x
+promptsPerStep + prompt index) and the attempt, so a run with maxStaleness 0 is reproducible.
+
+The manager runs an asyncio loop in a background thread: workflows (up to `max_concurrency`)
+and reward scoring run there, concurrently with training.
 """
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
-import inspect
+import heapq
 import logging
 import threading
-from typing import Callable, Iterable, Iterator, Optional, Sequence, Union
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional, Protocol
 
+from ..rewards.shaping import shaped_rewards, zero_variance
+from ..trajectories.queue import EnvironmentQueue, Queued, Refused
 from .client import RolloutError
+from .pipeline import Pipeline, SampleClient, StepGroups, derive_seed, group_version
 from .types import Generator, Group, Sample, Workflow
+
+__all__ = ["Pipeline", "RolloutManager", "StepGroups", "derive_seed", "group_version"]
 
 log = logging.getLogger("grpojob.rollout.manager")
 
-SampleSource = Union[Callable[[], Sequence[Sample]], Iterable[Sample], None]
+WAIT_LOG_SECONDS = 30.0  # a step still waiting for groups says what for this often
 
 
-class _AtLeast:
-    """The client as a workflow sees it: every call asks for at least the staleness floor."""
+class Scorer(Protocol):
+    async def score_group(self, group: Group) -> None: ...
 
-    def __init__(self, client: Generator, floor: Callable[[], int]):
-        self.client = client
-        self.floor = floor
-        params = inspect.signature(client.generate).parameters
-        self._takes_floor = "min_version" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())
 
-    async def generate(self, prompt_ids, n, sampling):
-        if self._takes_floor:
-            return await self.client.generate(prompt_ids, n, sampling, min_version=self.floor())
-        return await self.client.generate(prompt_ids, n, sampling)
+class Prompts(Protocol):
+    def next(self) -> Sample: ...
+
+    def sample_at(self, seq: int) -> Sample: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass(order=True)
+class _Ready:
+    seq: int
+    version: int = field(compare=False)
+    group: Group = field(compare=False)
+    score_seconds: float = field(compare=False, default=0.0)
+    submitted: Optional[Queued] = field(compare=False, default=None)  # an environment's group
 
 
 class RolloutManager:
-    def __init__(self, client: Generator, workflow: Workflow, samples: SampleSource = None,
-                 max_staleness: int = 0, *, policy_version: int = 0, groups_per_step: Optional[int] = None,
-                 max_concurrency: int = 256, timeout: float = 3600.0):
-        if max_staleness < 0:
-            raise ValueError("max_staleness must be >= 0")
-        self.client = client
-        self.workflow = workflow
-        self.max_staleness = max_staleness
-        self.version = policy_version
-        self.groups_per_step = groups_per_step
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
-        self._factory = samples if callable(samples) and not hasattr(samples, "__next__") else None
-        self._iter: Optional[Iterator[Sample]] = None if self._factory or samples is None else iter(samples)
-        self._gen = _AtLeast(client, lambda: self.version - self.max_staleness)
-        self._ready: collections.deque[tuple[int, Group]] = collections.deque()
-        self._requeue: collections.deque[Sample] = collections.deque()
-        self._inflight: set[asyncio.Task] = set()
-        self._demand = 0
+    """workflow None (rollout.workflow none): no prompts, no scorer; every group comes from
+    `environments`."""
+
+    def __init__(self, generator: Optional[Generator], workflow: Optional[Workflow], scorer: Optional[Scorer],
+                 prompts: Optional[Prompts], pipeline: Pipeline, *, published: int = 0, taken: int = 0,
+                 environments: Optional[EnvironmentQueue] = None):
+        self.generator, self.workflow, self.scorer, self.prompts = generator, workflow, scorer, prompts
+        self.pipeline = pipeline
+        self.environments = environments or EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit)
+        # Groups per step the environments' commitments held when the step being taken began (None
+        # between steps: the commitments as they are). The workflow generates the rest.
+        self._step_reserved: Optional[int] = None
+        self._waiting = ""  # what the step being taken waits for (in words, for logs and timeouts)
+        self.published = published
+        self.taken = taken  # steps handed to the trainer
+        self._ready: list[_Ready] = []  # heap by stream position
+        self._inflight: dict[int, asyncio.Task] = {}
+        self._requeue: list[tuple[int, Sample]] = []  # heap: prompts to generate (again), oldest first
+        self._attempts: dict[int, int] = {}
+        self._considered = 0  # groups the step being taken has consumed so far
+        self._extra = 0  # dynamic-sampling refills that step asks for
+        self._stale = 0
         self._error: Optional[BaseException] = None
-        self._exhausted = False
-        self.stats = {"groups": 0, "stale_dropped": 0}
+        self._started = False
+        self._idle_since: Optional[float] = time.monotonic()
+        self._idle, self._window = 0.0, time.monotonic()
         self._loop = asyncio.new_event_loop()
         self._changed: Optional[asyncio.Condition] = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpojob-rollout-manager",
                                         daemon=True)
         self._thread.start()
-        self._call(self._init())
+        self.run(self._init())
 
     async def _init(self) -> None:
         self._changed = asyncio.Condition()
 
     # ---- public (any thread) ---------------------------------------------------------------------
-    def next_groups(self, k: Union[int, Sequence[Sample]], policy_version: Optional[int] = None) -> list[Group]:
-        """k groups from the sample stream, or one group per given sample (in order)."""
-        if policy_version is not None:
-            self.set_policy_version(policy_version)
-        if isinstance(k, int):
-            return self._call(self._take(k))
-        return self._call(self._for_samples(list(k)))
+    def start(self) -> None:
+        """Begin generating (after load_state_dict, when resuming)."""
+        self._loop.call_soon_threadsafe(self._begin)
 
-    def set_policy_version(self, version: int) -> None:
-        self._loop.call_soon_threadsafe(self._on_version, version)
+    def next_step(self) -> StepGroups:
+        return self.run(self._take(), timeout=self.pipeline.timeout)
+
+    def set_published(self, version: int) -> None:
+        self._loop.call_soon_threadsafe(self._on_published, version)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stream position and every prompt issued but not yet trained on (oldest first)."""
+        return self.run(self._state())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.run(self._load(state))
+
+    def run(self, coro, timeout: Optional[float] = 600.0):
+        """Run a coroutine on the manager's loop (also how an in-process engine is started there)."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.TimeoutError:
+            waiting = self._waiting  # before the cancelled step clears it
+            fut.cancel()
+            raise RolloutError(f"rollouts did not produce the step's groups within {timeout:.0f} s "
+                               f"({len(self._inflight)} generating, {len(self._ready)} ready"
+                               + (f"; waiting for {waiting}" if waiting else "") + ")") from None
+
+    # ---- environments (the trajectory API's handlers, any thread) -----------------------------------
+    def register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
+        return self.run(self._register(name, groups_per_step), timeout=30)
+
+    def submit(self, name: str, groups: list[Group]) -> int:
+        """Queue an environment's scored groups (all or none); raises trajectories.Refused."""
+        return self.run(self._submit(name, groups), timeout=30)
+
+    def count_refused(self, name: Optional[str], reason: str, n: int) -> None:
+        self._loop.call_soon_threadsafe(self.environments.count_refused, name, reason, n)
+
+    def environment_status(self) -> dict[str, Any]:
+        return self.run(self._environment_status(), timeout=30)
 
     def close(self) -> None:
         if self._loop.is_closed():
             return
         try:
-            self._call(self._shutdown(), timeout=30)
+            self.run(self._shutdown(), timeout=30)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
@@ -115,133 +181,221 @@ class RolloutManager:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _call(self, coro, timeout: Optional[float] = None):
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return fut.result(timeout if timeout is not None else self.timeout)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise RolloutError(f"rollouts did not produce the groups within {self.timeout:.0f} s "
-                               f"({len(self._inflight)} in flight, {len(self._ready)} ready)") from None
-
     # ---- loop side ----------------------------------------------------------------------------------
-    def _on_version(self, version: int) -> None:
-        self.version = version
-        keep = collections.deque()
-        for v, g in self._ready:
-            if self._fresh(v):
-                keep.append((v, g))
-            else:
-                self.stats["stale_dropped"] += 1
-                self._requeue.append(g.sample)
-        self._ready = keep
+    def _floor(self) -> int:
+        return self.published - self.pipeline.max_staleness
+
+    def _begin(self) -> None:
+        self._started = True
         self._fill()
 
-    def _fresh(self, version: int) -> bool:
-        return self.version - version <= self.max_staleness
+    def _on_published(self, version: int) -> None:
+        self.published = version
+        self.environments.drop_stale(self._floor())
+        keep = []
+        for r in self._ready:
+            if r.version >= self._floor():
+                keep.append(r)
+            else:
+                self._stale += 1
+                heapq.heappush(self._requeue, (r.seq, r.group.sample))
+        if len(keep) != len(self._ready):
+            heapq.heapify(keep)
+            self._ready = keep
+        self._fill()
 
-    def _next_sample(self) -> Optional[Sample]:
-        if self._requeue:
-            return self._requeue.popleft()
-        for _ in range(2):
-            if self._iter is not None:
-                try:
-                    return next(self._iter)
-                except StopIteration:
-                    self._iter = None
-            if self._factory is None:
-                break
-            self._iter = iter(self._factory())
-        self._exhausted = True
-        return None
+    def _wanted(self) -> int:
+        """Groups that should be ready or generating now."""
+        p = self.pipeline
+        reserved = self._step_reserved
+        if reserved is None:
+            reserved = sum(self.environments.quotas().values())
+        share = max(0, p.prompts_per_step - reserved)  # what environments' commitments leave
+        return p.steps_ahead(self.taken, self.published) * share - self._considered + self._extra
 
     def _fill(self) -> None:
-        """Start workflows until demand (plus the allowed look-ahead) is covered."""
-        ahead = (self.groups_per_step or 0) * self.max_staleness
-        while (len(self._inflight) + len(self._ready) < self._demand + ahead
-               and len(self._inflight) < self.max_concurrency):
-            sample = self._next_sample()
-            if sample is None:
-                break
-            self._start(sample, into_ready=True)
+        if not self._started or self._error is not None or self.workflow is None:
+            return
+        while (len(self._inflight) + len(self._ready) < self._wanted()
+               and len(self._inflight) < self.pipeline.max_concurrency):
+            sample = heapq.heappop(self._requeue)[1] if self._requeue else self.prompts.next()
+            if not self._inflight and self._idle_since is not None:
+                self._idle += time.monotonic() - self._idle_since
+                self._idle_since = None
+            task = asyncio.ensure_future(self._one(sample))
+            self._inflight[sample.seq] = task
+            task.add_done_callback(lambda _t, seq=sample.seq: self._release(seq))  # also when cancelled
 
-    def _start(self, sample: Sample, into_ready: bool) -> asyncio.Task:
-        task = asyncio.ensure_future(self._one(sample, into_ready))
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        return task
+    def _release(self, seq: int) -> None:
+        """A sample's generation ended: its slot is free (before its group is handed on, so the
+        next fill counts it as ready, not as in flight)."""
+        if self._inflight.pop(seq, None) is not None and not self._inflight:
+            self._idle_since = time.monotonic()
 
-    async def _one(self, sample: Sample, into_ready: bool) -> Optional[Group]:
-        """Run the workflow until its group is fresh enough; into_ready: hand it to the queue."""
+    async def _one(self, sample: Sample) -> None:
+        """Generate and score one sample's group until it is fresh enough, then make it ready."""
         try:
             while True:
-                group = await self.workflow.run(self._gen, sample)
+                attempt = self._attempts.get(sample.seq, 0)
+                self._attempts[sample.seq] = attempt + 1
+                client = SampleClient(self.generator, self._floor,
+                                      derive_seed(self.pipeline.seed, sample.seq, attempt))
+                group = await self.workflow.run(client, sample)
                 if not group.completions:
                     raise RolloutError(f"workflow returned no completions for sample {sample.index}")
-                version = min(c.policy_version for c in group.completions)
-                if self._fresh(version):
+                version = group_version(group)
+                if version >= self._floor():
                     break
-                self.stats["stale_dropped"] += 1
-                log.info("group of sample %d came back at version %d (current %d): generating it again",
-                         sample.index, version, self.version)
+                self._stale += 1
+                log.info("group of sample %d came back at version %d (floor %d): generating it again",
+                         sample.index, version, self._floor())
         except asyncio.CancelledError:
             raise
         except Exception as e:
             err = e if isinstance(e, RolloutError) else RolloutError(
                 f"workflow {type(self.workflow).__name__} failed on sample {sample.index}: "
                 f"{type(e).__name__}: {e}")
-            if not into_ready:
-                raise err from e
-            self._requeue.appendleft(sample)  # not lost: the next call tries it again
-            self._error = err
-            await self._notify()
-            return None
-        self.stats["groups"] += 1
-        if into_ready:
-            self._ready.append((version, group))
-            await self._notify()
-            self._fill()
-        return group
+            return await self._failed(sample, err)
+        t0 = time.perf_counter()
+        try:
+            await self.scorer.score_group(group)
+        except Exception as e:  # the reward's own error names it (spec.rewards[i])
+            return await self._failed(sample, e)
+        scored = time.perf_counter() - t0
+        self._attempts.pop(sample.seq, None)
+        self._release(sample.seq)
+        heapq.heappush(self._ready, _Ready(sample.seq, version, group, scored))
+        await self._notify()
+        self._fill()
+
+    async def _failed(self, sample: Sample, err: BaseException) -> None:
+        self._release(sample.seq)
+        heapq.heappush(self._requeue, (sample.seq, sample))  # not lost: a retry generates it again
+        self._error = err
+        await self._notify()
 
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
 
-    async def _take(self, k: int) -> list[Group]:
-        if k <= 0:
-            return []
-        self.groups_per_step = max(self.groups_per_step or 0, k)
-        self._demand += k
-        try:
-            self._fill()
-            async with self._changed:
-                while len(self._ready) < k:
-                    if self._error is not None:
-                        err, self._error = self._error, None
-                        raise err
-                    if self._exhausted and not self._inflight and not self._requeue:
-                        raise RolloutError(f"the sample source is exhausted ({len(self._ready)} of {k} "
-                                           f"groups ready)")
-                    await self._changed.wait()
-            taken = [self._ready.popleft()[1] for _ in range(k)]
-            return sorted(taken, key=lambda g: g.sample.index)  # completion order is not reproducible
-        finally:
-            self._demand -= k
-            self._fill()
+    def _zero_variance(self, group: Group) -> bool:
+        p = self.pipeline
+        return zero_variance(shaped_rewards(group, p.overlong, p.max_tokens))
 
-    async def _for_samples(self, samples: list[Sample]) -> list[Group]:
-        tasks = [self._start(s, into_ready=False) for s in samples]
+    async def _take(self) -> StepGroups:
+        p = self.pipeline
+        t0 = time.monotonic()
+        budget = max(p.prompts_per_step, int(p.prompts_per_step * p.max_resample_factor)) \
+            if p.dynamic_sampling else p.prompts_per_step
+        taken: list[_Ready] = []
+        kept = 0
+        owed = self.environments.quotas()  # this step waits for these environments' groups
+        self._step_reserved = sum(owed.values())
+        if not self._started:
+            self._begin()
         try:
-            return list(await asyncio.gather(*tasks))
+            while kept < p.prompts_per_step and len(taken) < budget:
+                want = min(p.prompts_per_step - kept, budget - len(taken))
+                self._extra = max(0, len(taken) + want - p.prompts_per_step)
+                self._fill()
+                before = len(taken)
+                await self._gather(taken, want, owed, t0)
+                kept += sum(not (p.dynamic_sampling and self._zero_variance(r.group)) for r in taken[before:])
         except BaseException:
-            for t in tasks:
-                t.cancel()
+            for r in taken:  # nothing is lost: a failed step's groups go back (stream order)
+                if r.submitted is None:
+                    heapq.heappush(self._ready, r)
+            self.environments.put_back([r.submitted for r in taken if r.submitted is not None])
             raise
+        finally:
+            self._considered = self._extra = 0
+            self._waiting, self._step_reserved = "", None
+        self.taken += 1
+        now = time.monotonic()
+        if self._idle_since is not None:
+            self._idle += now - self._idle_since
+            self._idle_since = now
+        idle = self._idle / max(now - self._window, 1e-9)
+        self._idle, self._window = 0.0, now
+        stale, self._stale = self._stale, 0
+        self._fill()
+        per_env, parts = self.environments.trained([r.submitted for r in taken if r.submitted is not None])
+        return StepGroups(groups=[r.group for r in taken], wait_seconds=now - t0,
+                          score_seconds=sum(r.score_seconds for r in taken),
+                          idle_fraction=min(1.0, idle) if self.workflow is not None else None,
+                          in_flight=len(self._inflight) + len(self._ready) + self.environments.queued(),
+                          resampled=max(0, len(taken) - p.prompts_per_step), stale=stale,
+                          sample_ids=[r.group.sample.index for r in taken if r.submitted is None],
+                          from_environments=sum(r.submitted is not None for r in taken), environments=per_env,
+                          environment_rewards=parts)
+
+    async def _gather(self, taken: list[_Ready], want: int, owed: dict[str, int], since: float) -> None:
+        """Append `want` groups to `taken`: environments' commitments first, then queued groups of
+        any environment, then the workflow's (stream order); wait for what is missing."""
+        need = len(taken) + want
+        async with self._changed:
+            while True:
+                n = need - len(taken)
+                picked = [_Ready(-1, q.version, q.group, submitted=q) for q in self.environments.take_owed(owed, n)]
+                room = n - len(picked) - sum(owed.values())
+                if room > 0:
+                    picked += [_Ready(-1, q.version, q.group, submitted=q) for q in self.environments.take_any(room)]
+                    room = n - len(picked) - sum(owed.values())
+                if 0 < room <= len(self._ready):  # all at once: the stream's oldest, whatever finished first
+                    picked += [heapq.heappop(self._ready) for _ in range(room)]
+                    self._considered += room
+                taken += picked
+                if len(taken) >= need:
+                    return
+                if self._error is not None:
+                    err, self._error = self._error, None
+                    raise err
+                self._waiting = self.environments.waiting_for(owed, need - len(taken), self.workflow is not None)
+                try:
+                    await asyncio.wait_for(self._changed.wait(), WAIT_LOG_SECONDS)
+                except asyncio.TimeoutError:
+                    log.warning("step %d has waited %.0f s for its groups: %s", self.taken + 1,
+                                time.monotonic() - since, self._waiting)
+
+    async def _register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
+        reg = self.environments.register(name, groups_per_step)
+        log.info("environment %s registered (%s groups per step)", name, groups_per_step or "no commitment")
+        await self._notify()
+        return {"name": reg.name, "groups_per_step": reg.groups_per_step, **self._versions()}
+
+    async def _submit(self, name: str, groups: list[Group]) -> int:
+        if not self._started:
+            raise Refused(503, "starting", "the trainer is not taking groups yet (loading, or resuming and "
+                          "publishing its weights): retry in a few seconds")
+        n = self.environments.submit(name, [(g, group_version(g)) for g in groups], floor=self._floor(),
+                                     newest=self.published + self.pipeline.every_steps)
+        await self._notify()
+        return n
+
+    async def _environment_status(self) -> dict[str, Any]:
+        return {**self._versions(), "steps_taken": self.taken, "started": self._started,
+                "workflow": self.workflow is not None, "waiting_for": self._waiting or None,
+                **self.environments.status()}
+
+    def _versions(self) -> dict[str, Any]:
+        return {"published_version": self.published, "version_floor": self._floor(),
+                "max_staleness": self.pipeline.max_staleness, "prompts_per_step": self.pipeline.prompts_per_step}
+
+    async def _state(self) -> dict[str, Any]:
+        pending = sorted({r.seq for r in self._ready} | set(self._inflight) | {s for s, _ in self._requeue})
+        return {"stream": self.prompts.state_dict() if self.prompts is not None else {}, "pending": pending,
+                "taken": self.taken, "environments": self.environments.state_dict()}
+
+    async def _load(self, state: dict[str, Any]) -> None:
+        assert not self._started, "load_state_dict must come before start()"
+        if self.prompts is not None:
+            self.prompts.load_state_dict(state["stream"])
+            self._requeue = [(seq, self.prompts.sample_at(seq)) for seq in state.get("pending", ())]
+            heapq.heapify(self._requeue)
+        self.environments.load_state_dict(state.get("environments", {}))
+        self.taken = int(state.get("taken", self.taken))
 
     async def _shutdown(self) -> None:
-        for t in list(self._inflight):
+        for t in list(self._inflight.values()):
             t.cancel()
-        await asyncio.gather(*self._inflight, return_exceptions=True)
-        close = getattr(self.client, "close", None)
-        if close is not None and inspect.iscoroutinefunction(close):
-            await close()
+        await asyncio.gather(*self._inflight.values(), return_exceptions=True)

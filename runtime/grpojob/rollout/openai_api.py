@@ -4,8 +4,14 @@ So a user's multi-turn or tool-using workflow can drive the policy with any Open
 `model` field of requests is not checked (one model is served; `/v1/models` names it).
 Supported: n, max_tokens (max_completion_tokens), temperature, top_p, top_k, seed, stop
 (applied to the finished text), logprobs (the sampled tokens' log-probs only). Extensions:
-`return_token_ids: true` adds `prompt_token_ids` and `token_ids` to each choice, and every
-response carries `policy_version`. Not supported (a 400 that says so): stream, echo, tools.
+- `return_token_ids: true` (as vLLM) adds `prompt_token_ids` and `token_ids` to each choice: the
+  exact tokens an environment submits to the trajectory API, with the choice's log-probs
+  (`logprobs.token_logprobs` of /v1/completions, `logprobs.content[].logprob` of chat), which are
+  log softmax(logits / temperature) of each sampled token, the quantity the trainer recomputes;
+- every choice carries `policy_version` (the oldest version among its tokens) and the response
+  the oldest of all; with return_token_ids, a choice whose tokens came from several versions (a
+  weight push landed mid-generation, algorithm.partialRollouts) adds `token_versions`, one per token.
+Not supported (a 400 that says so): stream, echo, tools.
 """
 from __future__ import annotations
 
@@ -104,6 +110,13 @@ def apply_stop(c: Completion, stops: list[str], tokenizer) -> tuple[str, list[in
     return text[:cut], c.completion_ids, c.logprobs, "stop"
 
 
+def _versions(choice: dict[str, Any], c: Completion, ids: list[int], token_ids: bool) -> None:
+    """The choice's policy version(s) (see the module docstring)."""
+    choice["policy_version"] = min(c.versions[:len(ids)]) if c.versions and ids else c.policy_version
+    if token_ids and c.versions is not None:
+        choice["token_versions"] = c.versions[:len(ids)]
+
+
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -127,6 +140,7 @@ def completion_response(req: CompletionRequest, prompts: list[list[int]],
                                       "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, lps)]}
             if req.return_token_ids:
                 choice["prompt_token_ids"], choice["token_ids"] = p, ids
+            _versions(choice, c, ids, req.return_token_ids)
             choices.append(choice)
             generated += len(ids)
             version = c.policy_version if version is None else min(version, c.policy_version)
@@ -147,6 +161,7 @@ def chat_response(req: ChatRequest, prompt: list[int], group: list[Completion], 
                  "bytes": list(tok.encode()), "top_logprobs": []} for t, lp in zip(ids, lps)]}
         if req.return_token_ids:
             choice["prompt_token_ids"], choice["token_ids"] = prompt, ids
+        _versions(choice, c, ids, req.return_token_ids)
         choices.append(choice)
         generated += len(ids)
     return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),

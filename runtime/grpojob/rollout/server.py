@@ -6,7 +6,9 @@ GRPOJOB_SYNC_ADDR (the trainer's weight-sync store), GRPOJOB_ADVERTISE_HOST (reg
 default 127.0.0.1; the server binds 127.0.0.1 for a loopback address, else 0.0.0.0),
 GRPOJOB_REPLICA_ID (name in logs and errors), GRPOJOB_CHECKPOINT_DIR (backend checkpoint).
 
-HTTP API (JSON):
+HTTP API (JSON). Every path but /healthz, /readyz (and /metrics, unless GRPOJOB_METRICS_AUTH) needs
+the job's token as `Authorization: Bearer <token>` (grpojob.auth; GRPOJOB_TOKEN_FILE names it): the
+OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
 - GET /healthz: 200 as soon as the process serves HTTP (500 once the engine died).
 - GET /readyz: 200 once the engine is up AND it holds the trainer's current weights; 503 with
   the reason otherwise. The engine starts from spec.model.path, which is version 0: a server
@@ -40,7 +42,9 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import config as job_config
-from .. import logs
+from .. import failures, logs
+from ..api import plugins
+from ..auth import Auth, TokenError, app_key, middleware
 from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
 from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
@@ -72,7 +76,7 @@ class GenerateIn(BaseModel):
 class Server:
     """HTTP front of one engine (and its sync agent)."""
 
-    def __init__(self, spec: GRPOJobSpec, engine, *, replica: str, agent=None):
+    def __init__(self, spec: GRPOJobSpec, engine, *, replica: str, auth: Auth, agent=None):
         from prometheus_client import CollectorRegistry
 
         from .. import prom
@@ -81,6 +85,7 @@ class Server:
         self.engine = engine
         self.agent = agent
         self.replica = replica
+        self.auth = auth
         self.model_name = os.path.basename(os.path.normpath(spec.model.path)) or spec.model.path
         self.started = False
         self.start_error: Optional[str] = None
@@ -88,7 +93,8 @@ class Server:
 
     # ---- app ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)
+        app = web.Application(client_max_size=64 * 2**20, middlewares=[middleware()])
+        app[app_key()] = self.auth
         app.add_routes([
             web.get("/healthz", self.healthz), web.get("/readyz", self.readyz),
             web.get("/metrics", self.prometheus), web.get("/info", self.info),
@@ -260,9 +266,9 @@ def setup_logging(fmt: str = "text") -> None:
 
 
 async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, replica: str,
-                sync_addr: Optional[str], checkpoint_dir: Optional[str]) -> int:
+                sync_addr: Optional[str], checkpoint_dir: Optional[str], auth: Auth) -> int:
     engine = engines.build(backend, spec)
-    server = Server(spec, engine, replica=replica)
+    server = Server(spec, engine, replica=replica, auth=auth)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, bind_host(advertise), port)
@@ -289,7 +295,7 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
             from ..sync.agent import SyncAgent
 
             server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=spec.model.path,
-                                     checkpoint_dir=checkpoint_dir).start()
+                                     checkpoint_dir=checkpoint_dir, token=auth.token).start()
         log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)
         while not stop.is_set():
             dead = engine.errored()
@@ -311,19 +317,28 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
     setup_logging(os.environ.get(ENV_LOG_FORMAT, "text"))
-    job = job_config.load()
+    try:
+        job = job_config.load()
+    except failures.PluginError as e:
+        failures.report(e.reason, e.errors)
+        return 1
     spec = job.spec
     backend = os.environ.get(ENV_BACKEND) or spec.rollout.backend
-    if backend not in engines.BACKENDS:
-        print(f"grpojob rollout: {ENV_BACKEND}={backend!r} is not one of {', '.join(engines.BACKENDS)}",
-              file=sys.stderr)
+    err = plugins.check_name("engine", backend)
+    if err:
+        print(f"grpojob rollout: {ENV_BACKEND}={backend!r}: {err}", file=sys.stderr)
         return 2
     port_text = os.environ.get(ENV_ROLLOUT_PORT) or str(spec.rollout.port)
     if not port_text.isdigit():
         print(f"grpojob rollout: {ENV_ROLLOUT_PORT}={port_text!r} is not a port number", file=sys.stderr)
         return 2
     replica = os.environ.get(ENV_REPLICA_ID) or f"rollout-{socket.gethostname()}-{os.getpid()}"
-    return asyncio.run(serve(spec, backend=backend, port=int(port_text),
+    try:
+        auth = Auth.from_env()
+    except TokenError as e:
+        print(f"grpojob rollout: {e}", file=sys.stderr)
+        return 2
+    return asyncio.run(serve(spec, backend=backend, port=int(port_text), auth=auth,
                              advertise=os.environ.get(ENV_ADVERTISE_HOST) or "127.0.0.1", replica=replica,
                              sync_addr=os.environ.get(ENV_SYNC_ADDR) or None,
                              checkpoint_dir=os.environ.get(ENV_CHECKPOINT_DIR) or None))

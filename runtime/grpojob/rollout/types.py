@@ -1,8 +1,15 @@
 """The contract between the trainer and the rollout side (no torch here)."""
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol
+
+
+def derive_seed(*parts: int) -> int:
+    """A 31-bit sampling seed from integers: stable across processes and Python versions."""
+    digest = hashlib.blake2b(":".join(str(p) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % (2 ** 31)
 
 
 @dataclass(frozen=True)
@@ -36,8 +43,8 @@ class Completion:
     loss_mask: Optional[list[int]] = None
     # Set by workflows that score their own trajectories; else the trainer's rewards score it.
     reward: Optional[float] = None
-    # The policy version of each token, set only when a weight swap landed mid-generation (partial
-    # rollouts); None: every token has `policy_version`, which is always the OLDEST version.
+    # The policy version of each token, when a weight push landed mid-generation (partial
+    # rollouts); None: every token has `policy_version`, which is always the OLDEST of them.
     versions: Optional[list[int]] = None
 
     @property
@@ -52,6 +59,7 @@ class Sample:
     prompt: str  # text as rendered for the model (chat template applied)
     prompt_ids: list[int]
     row: dict[str, Any] = field(default_factory=dict)  # every field of the row (answer, ...)
+    seq: int = -1  # position in the job's prompt stream (data.PromptStream); -1 outside it
 
 
 @dataclass

@@ -12,19 +12,22 @@ and a KV cache of `VLLM_CPU_KVCACHE_SPACE` GiB (default here 1) unless those are
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import time
 import uuid
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
 from ..api.spec import GRPOJobSpec
+from ..sync.placement import Endpoint
 from ..sync.protocol import DISK, WeightSyncError
 from .engine import max_model_len, torch_dtype_name
-from .types import Completion, SamplingParams
+from .types import Completion, SamplingParams, derive_seed
 
 log = logging.getLogger("grpojob.rollout")
 
@@ -36,6 +39,8 @@ class VLLMEngine:
 
     def __init__(self, spec: GRPOJobSpec):
         self.spec = spec
+        self.partial = spec.algorithm.partial_rollouts
+        self.last_pause_seconds: Optional[float] = None  # generation stopped by the last weight load
         self.workers = spec.rollout.tensor_parallel_size
         self.version, self.weights = 0, DISK
         self.llm = None
@@ -50,6 +55,8 @@ class VLLMEngine:
         # Imported and built in a thread: both take tens of seconds, and the server's event loop
         # must keep answering /healthz meanwhile (AsyncLLM starts its output handler on first use).
         self._loop = asyncio.get_running_loop()
+        self._serving = asyncio.Event()  # cleared while weights load
+        self._serving.set()
         self.llm = await asyncio.to_thread(self._build)
         self.tokenizer = self.llm.get_tokenizer()
         self.vocab_size = self.llm.model_config.get_vocab_size()
@@ -97,40 +104,64 @@ class VLLMEngine:
         return _SchedulerStats
 
     async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
+        greedy = sampling.temperature == 0
+        await self._serving.wait()  # not during a weight load: the version would not be the one that runs
+        version = self.version
+        self._inflight += 1
+        try:
+            outputs = await self._run(prompt_ids, sampling, 1 if greedy else n, sampling.max_tokens, sampling.seed)
+            completions = await asyncio.gather(*(self._finish(prompt_ids, sampling, o, version) for o in outputs))
+        finally:
+            self._inflight -= 1
+        if greedy and n > 1:  # vLLM refuses n > 1 when greedy; all n would be the same anyway
+            completions = [dataclasses.replace(completions[0], completion_ids=list(completions[0].completion_ids),
+                                               logprobs=list(completions[0].logprobs)) for _ in range(n)]
+        return list(completions)
+
+    async def _run(self, prompt_ids: list[int], sampling: SamplingParams, n: int, max_tokens: int,
+                   seed: Optional[int]) -> list:
         from vllm import SamplingParams as VSamplingParams
         from vllm.exceptions import VLLMValidationError
         from vllm.sampling_params import RequestOutputKind
 
-        greedy = sampling.temperature == 0
         try:
             # FINAL_ONLY: one output holding all n completions (streamed kinds return them piecemeal).
-            sp = VSamplingParams(n=1 if greedy else n, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 top_k=sampling.top_k if sampling.top_k > 0 else 0,
-                                 max_tokens=sampling.max_tokens, seed=sampling.seed, logprobs=0,
-                                 output_kind=RequestOutputKind.FINAL_ONLY)
+            sp = VSamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 top_k=sampling.top_k if sampling.top_k > 0 else 0, max_tokens=max_tokens,
+                                 seed=seed, logprobs=0, output_kind=RequestOutputKind.FINAL_ONLY)
         except VLLMValidationError as e:
             raise ValueError(str(e)) from None
-        version = self.version  # weights may change mid-request: tag with the older version
         final = None
-        self._inflight += 1
-        try:
-            async for out in self.llm.generate({"prompt_token_ids": list(prompt_ids)}, sp,
-                                               request_id=uuid.uuid4().hex):
-                final = out
-        finally:
-            self._inflight -= 1
-        completions = []
-        for o in sorted(final.outputs, key=lambda o: o.index):
-            ids = list(o.token_ids)
-            lps = [float(d[t].logprob) for d, t in zip(o.logprobs or [], ids)]
-            completions.append(Completion(prompt_ids=list(prompt_ids), completion_ids=ids, logprobs=lps,
-                                          policy_version=version,
-                                          finish_reason="length" if o.finish_reason == "length" else "stop",
-                                          text=o.text))
-        if greedy and n > 1:  # vLLM refuses n > 1 when greedy; all n would be the same anyway
-            completions = [dataclasses.replace(completions[0], completion_ids=list(completions[0].completion_ids),
-                                               logprobs=list(completions[0].logprobs)) for _ in range(n)]
-        return completions
+        async for out in self.llm.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id=uuid.uuid4().hex):
+            final = out
+        return sorted(final.outputs, key=lambda o: o.index)
+
+    async def _finish(self, prompt_ids: list[int], sampling: SamplingParams, out, version: int) -> Completion:
+        """One completion; with partial rollouts, one that a weight push aborted goes on from its
+        tokens so far on the new weights (a new request, prefilled with them), each token keeping
+        the version that produced it."""
+        ids = list(out.token_ids)
+        lps = [float(d[t].logprob) for d, t in zip(out.logprobs or [], ids)]
+        versions = [version] * len(ids)
+        while out.finish_reason == "abort":
+            if not self.partial:
+                raise RuntimeError("the request was aborted (engine shutting down)")
+            left = sampling.max_tokens - len(ids)
+            if left <= 0:
+                break
+            await self._serving.wait()
+            now = self.version
+            seed = None if sampling.seed is None else derive_seed(sampling.seed, out.index, len(ids))
+            (out,) = await self._run(list(prompt_ids) + ids, sampling, 1, left, seed)
+            more = list(out.token_ids)
+            ids += more
+            lps += [float(d[t].logprob) for d, t in zip(out.logprobs or [], more)]
+            versions += [now] * len(more)
+        mixed = len(set(versions)) > 1
+        return Completion(prompt_ids=list(prompt_ids), completion_ids=ids, logprobs=lps,
+                          policy_version=min(versions, default=version), versions=versions if mixed else None,
+                          finish_reason="length" if out.finish_reason == "length" or len(ids) >= sampling.max_tokens
+                          else "stop", text=self.tokenizer.decode(ids, skip_special_tokens=True) if mixed else out.text)
 
     def load_info(self) -> tuple[int, int]:
         if not self._inflight:
@@ -144,13 +175,36 @@ class VLLMEngine:
         return None
 
     # ---- weight sink (called from the sync agent's thread) ----------------------------------------
+    def endpoints(self) -> list[Endpoint]:
+        """Each worker receives its own share of a push: one endpoint per worker, in rank order."""
+        return [Endpoint.from_json(doc) for doc in self._rpc("grpojob_endpoint", (), 60.0)]
+
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
-        self._rpc("grpojob_receive_push", (json.dumps(cmd), store_addr, instance), float(cmd["timeout"]))
-        self.version, self.weights = cmd["version"], cmd["weights"]
+        with self._paused():
+            self._rpc("grpojob_receive_push", (json.dumps(cmd), store_addr, instance), float(cmd["timeout"]))
+            self.version, self.weights = cmd["version"], cmd["weights"]
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
-        self._rpc("grpojob_load_dir", (path,), 600.0)
-        self.version, self.weights = version, weights
+        with self._paused():
+            self._rpc("grpojob_load_dir", (path,), 600.0)
+            self.version, self.weights = version, weights
+
+    @contextlib.contextmanager
+    def _paused(self) -> Iterator[None]:
+        """Generation stops for a weight load: requests in flight finish on the old weights first
+        (or, with partial rollouts, are aborted and go on afterwards on the new ones), none starts
+        meanwhile, and the KV/prefix cache is dropped (it holds the old weights' activations)."""
+        t0 = time.perf_counter()
+        mode = "abort" if self.partial else "wait"
+        self._loop.call_soon_threadsafe(self._serving.clear)
+        asyncio.run_coroutine_threadsafe(self.llm.pause_generation(mode=mode, clear_cache=True),
+                                         self._loop).result(600)
+        try:
+            yield
+        finally:
+            asyncio.run_coroutine_threadsafe(self.llm.resume_generation(), self._loop).result(60)
+            self._loop.call_soon_threadsafe(self._serving.set)  # after the version switched
+            self.last_pause_seconds = time.perf_counter() - t0
 
     def _rpc(self, method: str, args: tuple, timeout: float) -> list:
         coro = self.llm.collective_rpc(method, timeout=timeout + 60, args=args)

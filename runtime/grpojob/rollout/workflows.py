@@ -8,6 +8,7 @@
 workflows that score their own trajectories set `Completion.reward`.
 
 Built-ins:
+- none: no workflow; the trainer's groups all come from environments (grpojob.trajectories).
 - single-turn: one call with n = groupSize.
 - greedy-baseline (ReMax): the same group, plus one greedy completion of the same prompt in
   `Group.baseline`; the trainer's reward scorer scores it and uses its reward as the baseline.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
+from typing import Optional
 
 from ..api import plugins
 from ..api.spec import GRPOJobSpec
@@ -53,9 +55,20 @@ WORKFLOWS = {"single-turn": SingleTurn, "greedy-baseline": GreedyBaseline}
 assert tuple(WORKFLOWS) == plugins.BUILTIN_WORKFLOWS, "workflow registry out of step with the API"
 
 
-def build(spec: GRPOJobSpec, tokenizer) -> Workflow:
-    """The workflow `spec.rollout.workflow` names, constructed; clear errors for bad plug-ins."""
+def check_class(cls) -> Optional[str]:
+    if not inspect.isclass(cls):
+        return "is not a class (a workflow class constructed as Class(spec, tokenizer) is expected)"
+    if not inspect.iscoroutinefunction(getattr(cls, "run", None)):
+        return "has no `async def run(self, client, sample)`"
+    return None
+
+
+def build(spec: GRPOJobSpec, tokenizer) -> Optional[Workflow]:
+    """The workflow `spec.rollout.workflow` names, constructed (None for `none`); clear errors for
+    bad plug-ins."""
     name = spec.rollout.workflow
+    if name == plugins.NO_WORKFLOW:
+        return None
     cls = WORKFLOWS.get(name)
     if cls is None:
         try:

@@ -1,11 +1,19 @@
 """Weight sync from trainer rank 0 to the rollout servers.
 
-- `WeightPublisher` (trainer rank 0, `publisher.py`): hosts the rendezvous TCPStore, pushes
-  versions in flat dtype-grouped buckets over a standalone gloo/NCCL group (or files, for
-  backend checkpoint), lists the rollout servers (`rollout_addresses()`).
-- `SyncAgent` (rollout server, `agent.py`): registers, heartbeats, applies pushes to its engine.
-- `vllm_worker.WeightSyncExtension`: the vLLM worker extension that receives into the workers.
-- `protocol.py` documents the store keys both sides use; `buckets.py` the bucket layout.
+Trainer side:
+- `WeightPublisher` (`publisher.py`): hosts the rendezvous TCPStore, pushes versions, lists the
+  rollout servers (`rollout_addresses()`);
+- `membership.py`: registrations (verified, routed), heartbeats, dropping servers;
+- `delivery.py`: planning a push by route, packing the buckets, sending, acknowledgements;
+- `placement.py`: which path a push takes to each endpoint (nccl, cuda-ipc, shm, gloo, checkpoint).
+
+Rollout side:
+- `SyncAgent` (`agent.py`): registers, heartbeats, applies pushes to its engine;
+- `receiver.py`: receives one endpoint's push over its route; `vllm_worker.py`: the vLLM worker
+  extension that does so inside every worker.
+
+Shared: `protocol.py` (the store keys), `buckets.py` (the bucket layout), `group.py` (collective
+transfers), `handoff.py` (same-host transfers: /dev/shm and CUDA IPC), `files.py` (safetensors).
 """
 from .protocol import WeightSyncError
 

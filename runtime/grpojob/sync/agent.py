@@ -1,10 +1,16 @@
 """SyncAgent: a rollout server's side of weight sync (a background thread).
 
 It connects to the trainer's store (retrying for as long as the server lives: the trainer may
-start later or restart), registers the server, heartbeats, and applies the commands that name it
-through a `WeightSink` (the engine). Readiness (`ready()`): the server holds the weights the
-publisher calls current. When the trainer restarts, the agent re-registers with the new store
-and is brought to the new trainer's current version before it reports ready again.
+start later or restart), registers the server with a proof of the job's token (`credentials`;
+the rest of the conversation lives in the key space the token derives, and it acts only on
+commands sealed with the token) and its endpoints (where each receiving process
+computes, and whether it shares memory with the trainer: the publisher routes each push by
+them), heartbeats, and applies the commands that name it through a `WeightSink` (the engine).
+Readiness (`ready()`): the server holds the weights the publisher calls current. When the trainer
+restarts, the agent re-registers with the new store and is brought to the new trainer's current
+version before it reports ready again. A registration the trainer refuses (an explicit backend
+that cannot reach this server) leaves the server not ready, with the reason, until the trainer
+restarts.
 """
 from __future__ import annotations
 
@@ -17,7 +23,10 @@ from typing import Optional, Protocol
 
 from torch.distributed import DistError
 
-from .protocol import DISK, WeightSyncError, connect, get_json, key, set_json, wait_key
+from . import placement
+from .credentials import Credentials, Forged
+from .placement import Endpoint
+from .protocol import DISK, WeightSyncError, connect, door, set_json, wait_key
 
 log = logging.getLogger("grpojob.sync")
 
@@ -26,8 +35,11 @@ HOT_SECONDS = 120.0  # after a command, poll for the next one every 5 ms for thi
 
 class WeightSink(Protocol):
     """What the agent loads weights into (the rollout engine). Both calls block until the new
-    weights serve requests, and switch the engine's policy version together with the weights."""
-    workers: int  # ranks the engine takes in a push group (vLLM: one per worker)
+    weights serve requests, and switch the engine's policy version together with the weights.
+    `last_pause_seconds`: how long the last load kept generation from running (None: unknown)."""
+    last_pause_seconds: Optional[float]
+
+    def endpoints(self) -> list[Endpoint]: ...  # one per receiving process (vLLM: one per worker)
 
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None: ...
 
@@ -35,10 +47,14 @@ class WeightSink(Protocol):
 
 
 class SyncAgent:
-    def __init__(self, sink: WeightSink, store_addr: str, *, replica: str, url: str, model_dir: str,
+    def __init__(self, sink: WeightSink, store_addr: str, *, token: str, replica: str, url: str, model_dir: str,
                  checkpoint_dir: Optional[str] = None, heartbeat_seconds: float = 1.0,
                  connect_timeout: float = 10.0):
+        """`token`: the job's token (grpojob.auth), proven to the publisher at registration."""
+        if not token:
+            raise ValueError("SyncAgent needs the job's token (grpojob.auth)")
         self.sink = sink
+        self._token = token
         self.addr = store_addr
         self.replica = replica
         self.url = url
@@ -54,6 +70,8 @@ class SyncAgent:
         self.instance: Optional[str] = None
         self.last_sync_seconds: Optional[float] = None
         self.last_error: Optional[str] = None  # the last failed command, for logs and tests
+        self.refused: Optional[str] = None  # why the trainer refused this registration
+        self._forged: set[str] = set()  # keys holding a value the token did not seal (logged once)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="grpojob-sync-agent", daemon=True)
 
@@ -73,6 +91,8 @@ class SyncAgent:
         if not self.connected:
             return f"waiting for the trainer's weight-sync store at {self.addr}"
         cur = self.current
+        if self.refused:
+            return f"the trainer refused this server: {self.refused}"
         if not self.accepted:
             return "registered; waiting for the trainer to accept the registration"
         if cur is None:
@@ -112,26 +132,37 @@ class SyncAgent:
 
     def _session(self, store) -> bool:
         """One registration with one store; returns True when the publisher dropped us."""
+        if not store.check([door("run")]):
+            raise WeightSyncError(f"the trainer's weight-sync store at {self.addr} is not set up yet")
+        creds = Credentials(self._token, store.get(door("run")).decode())
         self.instance = f"{self.replica}-{uuid.uuid4().hex[:6]}"
-        self.accepted, self.current, self._confirming = False, None, None
-        next_seq = store.add(key("cmd", "n"), 0) + 1  # commands before registering never name us
+        self.accepted, self.refused, self.current, self._confirming = False, None, None, None
+        next_seq = store.add(creds.key("cmd", "n"), 0) + 1  # commands before registering never name us
         version, weights = self.held
-        i = store.add(key("reg", "n"), 1)
-        set_json(store, key("reg", i), {"instance": self.instance, "replica": self.replica,
-                                         "url": self.url, "workers": self.sink.workers,
-                                         "version": version, "weights": weights})
-        self.current = get_json(store, key("current"))
+        endpoints = [e.to_json() for e in self.sink.endpoints()]
+        shared = placement.shares_memory(self._sealed(store, creds, creds.key("probe")))
+        doc = {"instance": self.instance, "replica": self.replica, "url": self.url, "endpoints": endpoints,
+               "shares_memory": shared, "version": version, "weights": weights}
+        doc["proof"] = creds.prove(doc)
+        i = store.add(door("reg", "n"), 1)
+        set_json(store, door("reg", i), doc)
+        self.current = self._sealed(store, creds, creds.key("current"))
         self.connected = True
         log.info("replica %s registered with the trainer at %s as %s (holds version %d)",
                  self.replica, self.addr, self.instance, version)
         beat_stop = threading.Event()
-        beat = threading.Thread(target=self._heartbeat, args=(self.instance, beat_stop), daemon=True)
+        beat = threading.Thread(target=self._heartbeat, args=(creds.key("hb", self.instance), beat_stop),
+                                daemon=True)
         beat.start()
         last_cmd = time.monotonic()
         try:
             while not self._stop.is_set():
-                reason = store.get(key("dropped", self.instance)).decode() \
-                    if store.check([key("dropped", self.instance)]) else None
+                # The door is open to anyone: once accepted, a refusal there is not the trainer's.
+                if self.refused or (not self.accepted and store.check([door("refused", self.instance)])):
+                    self._refused(store)
+                    continue
+                dropped = creds.key("dropped", self.instance)
+                reason = store.get(dropped).decode() if store.check([dropped]) else None
                 if reason:
                     log.warning("replica %s was removed from the weight-sync group (%s); "
                                 "registering again", self.replica, reason)
@@ -139,29 +170,50 @@ class SyncAgent:
                 # Poll for the next command: often while pushes are coming (each step), slowly when
                 # idle (the store's blocking wait logs a C++ warning on every timeout).
                 hot = time.monotonic() - last_cmd < HOT_SECONDS
-                if wait_key(store, key("cmd", next_seq), 0.5, interval=0.005 if hot else 0.05):
-                    cmd = get_json(store, key("cmd", next_seq))
-                    if self.instance in cmd.get("ranks", ()) or self.instance in cmd.get("targets", ()):
-                        self._apply(store, cmd)
+                if wait_key(store, creds.key("cmd", next_seq), 0.5, interval=0.005 if hot else 0.05):
+                    cmd = self._sealed(store, creds, creds.key("cmd", next_seq))
+                    if cmd is not None and self.instance in cmd["targets"]:
+                        self._apply(store, creds, cmd)
                     next_seq += 1
                     last_cmd = time.monotonic()
-                current = get_json(store, key("current"))
+                current = self._sealed(store, creds, creds.key("current"), self.current)
                 if self._confirming and (current or {}).get("weights") != self._confirming:
                     current = self.current  # the publisher sets it once every ack is in
                 else:
                     self._confirming = None
                 self.current = current
-                self.accepted = self.accepted or store.check([key("accepted", self.instance)])
+                self.accepted = self.accepted or store.check([creds.key("accepted", self.instance)])
             return False
         finally:
             beat_stop.set()
 
-    def _apply(self, store, cmd: dict) -> None:
+    def _sealed(self, store, creds: Credentials, k: str, otherwise=None):
+        """The sealed value under k (None when unset); a value the job's token did not seal is
+        logged (once per key) and ignored: nobody without the token can command this server."""
+        try:
+            value = creds.get_json(store, k)
+        except Forged as e:
+            if k not in self._forged:
+                self._forged.add(k)
+                log.error("replica %s: ignored %s", self.replica, e)
+            return otherwise
+        self._forged.discard(k)
+        return value
+
+    def _refused(self, store) -> None:
+        """Refused: say why once, then idle until the store goes (a new trainer may accept us)."""
+        if not self.refused:
+            self.refused = store.get(door("refused", self.instance)).decode()
+            log.error("replica %s: the trainer refused this server: %s", self.replica, self.refused)
+        self._stop.wait(1.0)
+        store.check([door("run")])  # raises once the trainer's store is gone
+
+    def _apply(self, store, creds: Credentials, cmd: dict) -> None:
         start = time.monotonic()
         ack: dict = {"version": cmd["version"]}
         try:
-            if cmd["kind"] == "push":
-                self.sink.receive_push(cmd, self.addr, self.instance)
+            if cmd["kind"] == "push":  # the receivers find the command's keys in our space
+                self.sink.receive_push({**cmd, "keyspace": creds.space}, self.addr, self.instance)
             else:
                 path = self.model_dir if cmd["path"] is None else self._checkpoint_path(cmd["path"])
                 self.sink.load_dir(path, cmd["version"], cmd["weights"])
@@ -171,7 +223,7 @@ class SyncAgent:
             self.current = {"version": cmd["version"], "weights": cmd["weights"]}
             self._confirming = cmd["weights"]
             self.last_sync_seconds = time.monotonic() - start
-            ack.update(ok=True, seconds=self.last_sync_seconds)
+            ack.update(ok=True, seconds=self.last_sync_seconds, paused_seconds=self.sink.last_pause_seconds)
         except WeightSyncError as e:
             log.error("replica %s: %s", self.replica, e)
             self.last_error = str(e)
@@ -181,7 +233,7 @@ class SyncAgent:
             self.last_error = f"loading weights version {cmd['version']} failed: {type(e).__name__}: {e}"
             ack.update(ok=False, error=f"{type(e).__name__}: {e}")
         try:
-            set_json(store, key("ack", cmd["seq"], self.instance), ack)
+            creds.set_json(store, creds.key("ack", cmd["seq"], self.instance), ack)
         except DistError:
             pass  # the store is gone: the session loop notices
         if ack["ok"]:  # logged after the ack: the trainer is waiting for it
@@ -194,11 +246,11 @@ class SyncAgent:
                                   "directory (GRPOJOB_CHECKPOINT_DIR) to read the weights from")
         return os.path.join(self.checkpoint_dir, rel)
 
-    def _heartbeat(self, instance: str, stop: threading.Event) -> None:
+    def _heartbeat(self, beat_key: str, stop: threading.Event) -> None:
         store = None
         while not stop.wait(self.heartbeat_seconds) and not self._stop.is_set():
             try:
                 store = store or connect(self.addr, self.connect_timeout)
-                store.add(key("hb", instance), 1)
+                store.add(beat_key, 1)
             except (WeightSyncError, DistError):
                 store = None

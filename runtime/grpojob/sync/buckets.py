@@ -20,6 +20,10 @@ _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int16, torch.int8, torch.uint8, torch.bool)}
 
 
+def torch_dtype(name: str) -> torch.dtype:
+    return _DTYPES[name]
+
+
 def dtype_name(dtype: torch.dtype) -> str:
     name = str(dtype).removeprefix("torch.")
     if name not in _DTYPES:
@@ -107,9 +111,9 @@ def plan(specs: Iterable[tuple[str, Sequence[int], torch.dtype]], bucket_bytes: 
     return Layout(tuple(buckets))
 
 
-def allocate(bucket: Bucket, device: torch.device | str = "cpu", pin: bool = False) -> torch.Tensor:
+def allocate(bucket: Bucket, device: torch.device | str = "cpu") -> torch.Tensor:
     """A flat typed buffer for one bucket."""
-    return torch.empty(bucket.numel, dtype=_DTYPES[bucket.dtype], device=device, pin_memory=pin)
+    return torch.empty(bucket.numel, dtype=torch_dtype(bucket.dtype), device=device)
 
 
 @contextlib.contextmanager

@@ -1,13 +1,17 @@
 """The standalone collective group of one weight push, and the bucket transfer over it.
 
 The group is a c10d ProcessGroup built directly on the publisher's TCPStore (under a prefix per
-group id), never torch.distributed's default group: the trainer's own ranks and vLLM's workers
-keep theirs untouched. Rank 0 is trainer rank 0; rollout workers take ranks 1..n.
+group id, in the incarnation's private key space: `credentials`), never torch.distributed's
+default group: the trainer's own ranks and vLLM's workers keep theirs untouched. Rank 0 is
+trainer rank 0; the receiving endpoints take ranks 1..n.
 
-Every wait polls: the sender checks that its peers are alive (heartbeats), the receiver checks
-that the push was not cancelled and the store is still there, and both give up at the deadline.
-c10d cannot abort a collective that is in flight (gloo's abort does not wake a blocked send), so
-giving up means abandoning the group: its buffers are freed when gloo's own timeout fires.
+Every wait is bounded. The broadcasts are queued on a thread of their own (`Transfer`): NCCL
+builds its communicator inside the first collective and waits there for every rank, which
+no caller could interrupt. The caller meanwhile polls: the sender checks that its peers are
+alive and none reported a failure, the receiver checks that the push was not cancelled and the
+store is still there, and both give up at the deadline. c10d cannot reliably abort a collective in
+flight (gloo's abort does not wake a blocked send), so giving up means abandoning the group: its
+buffers are freed when the collective's own timeout fires.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ import torch
 from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
 
 from . import buckets as bk
-from .protocol import Deadline, WeightSyncError, key
+from .protocol import Deadline, WeightSyncError, key, short_error
 
 log = logging.getLogger("grpojob.sync")
 
@@ -29,17 +33,11 @@ POLL_SECONDS = 0.01
 Poll = Callable[[], Optional[str]]  # returns a reason to give up, or None
 
 
-def resolve_backend(backend: str, device: torch.device | str) -> str:
-    """auto: NCCL when the weights live on a GPU, else gloo (checkpoint is not a collective)."""
-    if backend == "auto":
-        return "nccl" if torch.device(device).type == "cuda" else "gloo"
-    return backend
-
-
-def new_group(store: TCPStore, group_id: str, rank: int, world: int, backend: str, timeout: float):
-    """A ProcessGroup of `world` ranks rendezvousing under this group id (blocks until all join)."""
-    prefixed = PrefixStore(key("pg", group_id) + "/", store)
-    span = datetime.timedelta(seconds=timeout)
+def new_group(store: TCPStore, space: str, group_id: str, rank: int, world: int, backend: str, timeout: float):
+    """A ProcessGroup of `world` ranks rendezvousing under this group id in key space `space`
+    (gloo blocks until all join; NCCL connects in its first collective)."""
+    prefixed = PrefixStore(key(space, "pg", group_id) + "/", store)
+    span = datetime.timedelta(seconds=max(1.0, timeout))
     if backend == "gloo":
         from torch.distributed import ProcessGroupGloo
         return ProcessGroupGloo(prefixed, rank, world, span)
@@ -48,69 +46,82 @@ def new_group(store: TCPStore, group_id: str, rank: int, world: int, backend: st
         opts = ProcessGroupNCCL.Options()
         opts._timeout = span
         return ProcessGroupNCCL(prefixed, rank, world, opts)
-    raise ValueError(f"unknown weight-sync backend '{backend}'")
+    raise ValueError(f"'{backend}' is not a collective weight-sync path")
 
 
 def abandon(pg, seconds: float) -> None:
-    """Let go of a group whose collectives may still be blocked: its destructor waits for them
-    (up to their timeout), so a daemon thread holds the last reference until then."""
+    """Let go of a group whose collectives may still be blocked. NCCL's communicator is aborted
+    (that wakes its waiters); gloo's destructor waits for its collectives (up to their timeout),
+    so a daemon thread holds the last reference until then."""
     if pg is None:
         return
     holder = [pg]
-    threading.Thread(target=lambda: (time.sleep(seconds + 5), holder.clear()), daemon=True,
-                     name="grpojob-sync-abandoned-group").start()
+
+    def release():
+        if type(pg).__name__ == "ProcessGroupNCCL":
+            try:
+                pg.abort()
+            except Exception as e:  # already broken: nothing left to abort
+                log.debug("aborting an abandoned NCCL group: %s", short_error(e))
+        time.sleep(seconds + 5)
+        holder.clear()
+    threading.Thread(target=release, daemon=True, name="grpojob-sync-abandoned-group").start()
 
 
-def wait_all(works: Sequence, poll: Poll, deadline: Deadline, what: str) -> None:
-    """Wait for collective works in order, giving up when poll() names a reason or time runs out."""
-    for i, w in enumerate(works):
-        fut = w.get_future()
-        done = threading.Event()
-        fut.add_done_callback(lambda _f: done.set())
-        while not done.wait(POLL_SECONDS):
-            reason = poll()
-            if reason:
-                raise WeightSyncError(f"{what}: {reason} (bucket {i + 1} of {len(works)})")
-            if deadline.expired:
-                raise WeightSyncError(f"{what}: timed out after {deadline.seconds:.0f} s "
-                                      f"(bucket {i + 1} of {len(works)} not complete)")
+class Transfer:
+    """Broadcast every bucket from rank 0 (send) or into `buffers` (receive), queued on a thread.
+    Sending with `tensors` packs each bucket just before its broadcast is queued, so packing
+    bucket i+1 overlaps sending bucket i."""
+
+    def __init__(self, pg, layout: bk.Layout, buffers: Sequence[torch.Tensor], *,
+                 tensors: Optional[dict] = None):
+        self.pg, self.layout, self.buffers, self.tensors = pg, layout, list(buffers), tensors
+        self.works: list = []
+        self.error: Optional[BaseException] = None
+        self._queued = threading.Event()
+        threading.Thread(target=self._queue, daemon=True, name="grpojob-sync-transfer").start()
+
+    def _queue(self) -> None:
+        opts = BroadcastOptions()
+        opts.rootRank = 0
         try:
-            fut.wait()
-        except Exception as e:  # the collective's own error (peer closed the connection, ...)
-            raise WeightSyncError(f"{what}: {_short(e)} (bucket {i + 1} of {len(works)})") from e
+            with bk.host_copies(self.buffers if self.tensors is not None else []):
+                for b, buf in zip(self.layout.buckets, self.buffers):
+                    if self.tensors is not None:
+                        bk.pack(b, self.tensors, buf)
+                        if buf.is_cuda:
+                            torch.cuda.current_stream(buf.device).synchronize()
+                    self.works.append(self.pg.broadcast([bk.wire(buf)], opts))
+        except BaseException as e:  # noqa: BLE001 - reported by wait(), in the caller's thread
+            self.error = e
+        finally:
+            self._queued.set()
 
+    def wait(self, poll: Poll, deadline: Deadline, what: str) -> None:
+        """Until every bucket has arrived; WeightSyncError when poll() names a reason, the
+        deadline passes, or the collective fails."""
+        n = len(self.layout.buckets)
+        for i in range(n):
+            while len(self.works) <= i and not self._queued.wait(POLL_SECONDS):
+                self._check(poll, deadline, what, f"bucket {i + 1} of {n} not queued")
+            if len(self.works) <= i:
+                e = self.error
+                raise WeightSyncError(f"{what}: {short_error(e) if e else 'nothing was sent'} "
+                                      f"(bucket {i + 1} of {n})") from e
+            fut = self.works[i].get_future()
+            done = threading.Event()
+            fut.add_done_callback(lambda _f: done.set())
+            while not done.wait(POLL_SECONDS):
+                self._check(poll, deadline, what, f"bucket {i + 1} of {n} not complete")
+            try:
+                fut.wait()
+            except Exception as e:  # the collective's own error (peer closed the connection, ...)
+                raise WeightSyncError(f"{what}: {short_error(e)} (bucket {i + 1} of {n})") from e
 
-def send(pg, layout: bk.Layout, buffers: Sequence[torch.Tensor], tensors: Optional[dict], poll: Poll,
-         deadline: Deadline, what: str) -> None:
-    """Broadcast every bucket from rank 0. With `tensors`, pack each bucket just before its
-    broadcast is queued, so packing bucket i+1 overlaps sending bucket i."""
-    opts = BroadcastOptions()
-    opts.rootRank = 0
-    works = []
-    with bk.host_copies(buffers):
-        for b, buf in zip(layout.buckets, buffers):
-            if tensors is not None:
-                bk.pack(b, tensors, buf)
-                if buf.is_cuda:
-                    torch.cuda.current_stream(buf.device).synchronize()
-            works.append(pg.broadcast([bk.wire(buf)], opts))
-    wait_all(works, poll, deadline, what)
-
-
-def receive(pg, layout: bk.Layout, bufs: Sequence[torch.Tensor], poll: Poll, deadline: Deadline,
-            what: str) -> list[tuple[str, torch.Tensor]]:
-    """Receive every bucket into `bufs`; named views once all have arrived (so a failed push
-    never leaves a half-updated model behind)."""
-    opts = BroadcastOptions()
-    opts.rootRank = 0
-    works = [pg.broadcast([bk.wire(buf)], opts) for buf in bufs]
-    wait_all(works, poll, deadline, what)
-    return [nt for b, buf in zip(layout.buckets, bufs) for nt in bk.unpack(b, buf)]
-
-
-def _short(e: BaseException) -> str:
-    """gloo's messages start with a source path; keep what a reader needs."""
-    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if text.startswith("[") and "] " in text:
-        text = text.split("] ", 1)[1]
-    return text.replace(" GLHF!", "").replace(" 🏖️", "")
+    @staticmethod
+    def _check(poll: Poll, deadline: Deadline, what: str, where: str) -> None:
+        reason = poll()
+        if reason:
+            raise WeightSyncError(f"{what}: {reason} ({where})")
+        if deadline.expired:
+            raise WeightSyncError(f"{what}: timed out after {deadline.seconds:.0f} s ({where})")

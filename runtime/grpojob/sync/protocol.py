@@ -1,28 +1,43 @@
 """The weight-sync rendezvous: keys in the TCPStore that trainer rank 0 hosts.
 
 Everything the two sides tell each other goes through this store; only the weights themselves go
-through a collective group (or files, for backend checkpoint).
+another way: a collective group, a same-host handoff (`handoff`), or files (backend checkpoint).
 
-Keys (all under `grpojob/`):
-- `run`: id of the publisher's incarnation (a restarted trainer has a new one).
+Keys. The door, open to every client of the store (under `grpojob/`):
+- `run`: id of the publisher's incarnation (a restarted trainer has a new one); the nonce of the
+  registration proofs and of the private key space.
+- `reg/n` (counter) and `reg/<i>`: JSON registration of a rollout server: {"instance", "replica",
+  "url", "endpoints": [{"device", "gpu", "host"}] (one per process that receives: vLLM workers),
+  "shares_memory", "version", "weights", "proof"}. `instance` is unique per process start;
+  `proof` is the HMAC under the job's token of the rest (`credentials`).
+- `refused/<instance>`: why the publisher did not take the registration: "unauthorized" (no valid
+  proof; nothing more is said), or what an explicit backend cannot reach.
+Everything else lives in the incarnation's private space, `grpojob/<space>/` (`credentials`: the
+space is derived from the token and `run`; every JSON value there is sealed with the token):
+- `probe`: JSON {"path", "token"} of a file under /dev/shm: a server that can read it shares
+  memory with the trainer (see `placement`).
 - `current`: JSON {"version", "weights"} of the policy the rollout servers should hold. `weights`
   names the bytes: "disk" for the model directory of `spec.model.path` (version 0 before any
   push), "<run>:<version>" for a pushed version.
-- `reg/n` (counter) and `reg/<i>`: JSON registration of a rollout server: {"instance", "replica",
-  "url", "workers", "version", "weights"}. `instance` is unique per process start.
 - `accepted/<instance>`: the publisher took the registration (the server is in its table).
 - `hb/<instance>` (counter): heartbeat, bumped every second by each server.
 - `cmd/n` (counter) and `cmd/<k>`: the commands, in order. A server reads them from the count it
-  saw before registering; it acts on those that name it and skips the rest. Kinds:
-  * push: {"kind": "push", "version", "weights", "group", "backend", "world", "ranks":
-    {instance: first rank}, "layout", "timeout"}: join the collective group `group` (the
-    publisher is rank 0; a server with several workers takes consecutive ranks) and receive the
-    buckets of `layout`.
-  * load: {"kind": "load", "version", "weights", "path", "targets": [instance]}: load the
-    safetensors in `path` (relative to the checkpoint dir; null = the model directory).
-- `join/<group>/<instance>`: a server is about to build the group (so the publisher does not
-  wait a whole timeout on a server that died before joining).
+  saw before registering; it acts on those whose "targets" name it and skips the rest (and any
+  that is not sealed with the token). Kinds:
+  * push: {"kind": "push", "version", "weights", "layout", "timeout", "targets", "routes":
+    {instance: [path per endpoint]}, "groups": {path: {"id", "world", "ranks": {instance: [rank
+    or null per endpoint]}}} for the collective paths (nccl, gloo; the publisher is rank 0),
+    "handoff": {"shm": segment, "cuda-ipc": {instance: [[handle per bucket] or null per
+    endpoint]}}}: every endpoint receives the buckets of `layout` over its route. The agent
+    hands it to its receivers with "keyspace": the space, so they find the keys below.
+  * load: {"kind": "load", "version", "weights", "path", "targets"}: load the safetensors in
+    `path` (relative to the checkpoint dir; null = the model directory).
+- `join/<group>/<rank>`: a receiver is about to build the group (so the publisher does not
+  wait a whole timeout on a server that died before joining); rank 0's key: everyone joined.
+- `pg/<group>/`: the collective group's own rendezvous (c10d's keys).
 - `ack/<k>/<instance>`: JSON {"ok", "version", "seconds", "error"} once a command is applied.
+- `nack/<k>/<path>`: "<instance>\n<error>" of an endpoint whose collective transfer failed (the
+  publisher stops waiting for that group at once).
 - `cancel/<k>`: the publisher gave up on command k (a peer died): receivers stop waiting.
 - `dropped/<instance>`: the publisher removed this server from the group (reason); the server
   registers again under a new instance id.
@@ -45,8 +60,14 @@ class WeightSyncError(RuntimeError):
     """A weight push or load failed; the message names the peer and what it was doing."""
 
 
-def key(*parts: Any) -> str:
+def door(*parts: Any) -> str:
+    """A key every client of the store may read and write: the registration door."""
     return PREFIX + "/".join(str(p) for p in parts)
+
+
+def key(space: str, *parts: Any) -> str:
+    """A key in a publisher incarnation's private space (`credentials.Credentials.space`)."""
+    return f"{PREFIX}{space}/" + "/".join(str(p) for p in parts)
 
 
 def weights_id(run: str, version: int) -> str:
@@ -82,7 +103,8 @@ def connect(addr: str, timeout: float = 10.0) -> TCPStore:
 
 
 def get_json(store: TCPStore, k: str) -> Optional[dict]:
-    """The JSON under key k, or None when it is not set (never blocks)."""
+    """The JSON under door key k, or None when it is not set (never blocks). Private values go
+    through `credentials.Credentials` (sealed)."""
     if not store.check([k]):
         return None
     return json.loads(store.get(k))
@@ -101,6 +123,14 @@ def wait_key(store: TCPStore, k: str, seconds: float, interval: float = 0.01) ->
             return False
         time.sleep(interval)
     return True
+
+
+def short_error(e: BaseException) -> str:
+    """The first line of a c10d error, without gloo's source path prefix: what a reader needs."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if text.startswith("[") and "] " in text:
+        text = text.split("] ", 1)[1]
+    return text.replace(" GLHF!", "").replace(" 🏖️", "")
 
 
 class Deadline:

@@ -1,12 +1,16 @@
-"""Receiving a push: join the command's group and take the buckets (rollout side).
+"""Receiving a push on one endpoint: over its route, into buffers on the right device.
 
 Runs where the weights must land: in the rollout server process for the hf engine, inside each
-vLLM worker (through the worker extension) for the vllm engine. One instance per process; it
-keeps the latest group so consecutive pushes to the same membership reuse it.
+vLLM worker (through the worker extension) for the vllm engine. One instance per process and
+device; it keeps the latest group of each collective path, so consecutive pushes to the same
+membership reuse them.
+
+The buffers' device follows from the route, never from a guess: gloo and shm arrive in host
+memory (the sink copies them to its device), nccl and cuda-ipc on this endpoint's GPU, and the
+publisher routes those two only to endpoints that registered a GPU.
 """
 from __future__ import annotations
 
-import logging
 import time
 from typing import Optional
 
@@ -15,66 +19,105 @@ from torch.distributed import DistError
 
 from . import buckets as bk
 from . import group as grp
-from .protocol import Deadline, WeightSyncError, connect, key
-
-log = logging.getLogger("grpojob.sync")
+from . import handoff
+from .placement import COLLECTIVES
+from .protocol import Deadline, WeightSyncError, connect, key, short_error
 
 
 class PushReceiver:
-    def __init__(self, store_addr: str, instance: str, *, connect_timeout: float = 30.0):
+    def __init__(self, store_addr: str, instance: str, device: torch.device | str, *,
+                 connect_timeout: float = 30.0):
         self.addr = store_addr
         self.instance = instance
+        self.device = torch.device(device)
         self.store = connect(store_addr, connect_timeout)
-        self._group_id: Optional[str] = None
-        self._pg = None
+        self.space = ""  # the publisher incarnation's key space, from each command
+        self._groups: dict[str, tuple[str, object]] = {}  # path -> (group id, process group)
         self._kept: Optional[tuple[bk.Layout, list[torch.Tensor]]] = None  # host bucket buffers
+        self._shm = handoff.ShmReader()
 
-    def receive(self, cmd: dict, local_rank: int = 0,
-                device: torch.device | str = "cpu") -> list[tuple[str, torch.Tensor]]:
-        """The named tensors of push command `cmd`; raises WeightSyncError naming the trainer."""
-        rank = cmd["ranks"][self.instance] + local_rank
-        seq, gid, world = cmd["seq"], cmd["group"], cmd["world"]
+    def receive(self, cmd: dict, endpoint: int = 0) -> list[tuple[str, torch.Tensor]]:
+        """The named tensors of push command `cmd` for this server's `endpoint` (a vLLM worker's
+        rank); raises WeightSyncError naming the trainer and the path. `cmd["keyspace"]`: where
+        the command's keys are (the agent adds it; see protocol)."""
+        self.space = cmd["keyspace"]
+        path = cmd["routes"][self.instance][endpoint]
         deadline = Deadline(float(cmd["timeout"]))
         what = (f"receiving weights version {cmd['version']} from the trainer at {self.addr} "
-                f"(group {gid}, rank {rank} of {world}) failed")
-        poll = self._poll(seq)
-        if gid != self._group_id:
-            self._pg, self._group_id = None, None
-            self.store.set(key("join", gid, rank), "1")
+                f"over {path} failed")
+        poll = self._poll(cmd["seq"])
+        layout = bk.Layout.from_json(cmd["layout"])
+        try:
+            bufs = self._buffers(layout, path, what)
+            if path in COLLECTIVES:
+                self._collective(cmd, path, endpoint, layout, bufs, poll, deadline, what)
+            elif path == "shm":
+                self._shm.copy(cmd["handoff"]["shm"], layout, bufs)
+            elif path == "cuda-ipc":
+                handoff.copy_cuda(cmd["handoff"]["cuda-ipc"][self.instance][endpoint], self.device, bufs)
+            else:
+                raise WeightSyncError(f"{what}: unknown path '{path}'")
+            reason = poll()  # a handoff copy is whole only if the push still stands
+            if reason:
+                raise WeightSyncError(f"{what}: {reason}")
+        except WeightSyncError as e:
+            self._kept = None  # a failed transfer may still write into these until it times out
+            if path in COLLECTIVES:
+                self._nack(cmd["seq"], path, e)
+            raise
+        return [nt for b, buf in zip(layout.buckets, bufs) for nt in bk.unpack(b, buf)]
+
+    def _nack(self, seq: int, path: str, error: WeightSyncError) -> None:
+        """Tell the publisher this endpoint's transfer failed (unless it cancelled the push
+        itself), so it stops waiting on this group at once instead of at its deadline."""
+        try:
+            if not self.store.check([key(self.space, "cancel", seq)]):
+                self.store.set(key(self.space, "nack", seq, path), f"{self.instance}\n{error}")
+        except DistError:
+            pass
+
+    def _collective(self, cmd, path, endpoint, layout, bufs, poll, deadline, what) -> None:
+        g = cmd["groups"][path]
+        gid, world, rank = g["id"], g["world"], g["ranks"][self.instance][endpoint]
+        what = f"{what} (group {gid}, rank {rank} of {world})"
+        held = self._groups.get(path)
+        if held is None or held[0] != gid:
+            self._groups.pop(path, None)
+            self.store.set(key(self.space, "join", gid, rank), "1")
             # The publisher sets rank 0's key once every member announced itself: only then
             # build the group, so nobody blocks in the rendezvous for a peer that is gone.
-            while not self.store.check([key("join", gid, 0)]):
+            while not self.store.check([key(self.space, "join", gid, 0)]):
                 reason = poll()
                 if reason or deadline.expired:
                     raise WeightSyncError(f"{what}: {reason or 'the group did not form in time'}")
                 time.sleep(grp.POLL_SECONDS)
             try:
-                self._pg = grp.new_group(self.store, gid, rank, world, cmd["backend"], deadline.left)
+                pg = grp.new_group(self.store, self.space, gid, rank, world, path, deadline.left)
             except DistError as e:
-                raise WeightSyncError(f"{what}: forming the group: {grp._short(e)}") from e
-            self._group_id = gid
+                raise WeightSyncError(f"{what}: forming the group: {short_error(e)}") from e
+            held = self._groups[path] = (gid, pg)
         try:
-            layout = bk.Layout.from_json(cmd["layout"])
-            return grp.receive(self._pg, layout, self._buffers(layout, device), poll, deadline, what)
+            grp.Transfer(held[1], layout, bufs).wait(poll, deadline, what)
         except WeightSyncError:
-            grp.abandon(self._pg, float(cmd["timeout"]))  # a broken group is never reused
-            self._pg, self._group_id = None, None
-            self._kept = None  # its transfers may still write into these until they time out
+            grp.abandon(held[1], float(cmd["timeout"]))  # a broken group is never reused
+            self._groups.pop(path, None)
             raise
 
-    def _buffers(self, layout: bk.Layout, device) -> list[torch.Tensor]:
+    def _buffers(self, layout: bk.Layout, path: str, what: str) -> list[torch.Tensor]:
         """Host buffers are kept for the next push of the same layout: a fresh large allocation
         costs a page fault per 4 KiB on first touch (as much as the transfer itself on loopback).
         Sinks copy out of them before the next push starts. GPU buffers come from the caching
         allocator and are not kept (they would hold a model's worth of GPU memory)."""
-        if torch.device(device).type != "cpu":
-            return [bk.allocate(b, device) for b in layout.buckets]
+        if path in ("nccl", "cuda-ipc"):
+            if self.device.type != "cuda":
+                raise WeightSyncError(f"{what}: this endpoint computes on {self.device}, not a GPU")
+            return [bk.allocate(b, self.device) for b in layout.buckets]
         if self._kept is None or self._kept[0] != layout:
             self._kept = (layout, [bk.allocate(b, "cpu") for b in layout.buckets])
         return self._kept[1]
 
     def _poll(self, seq: int):
-        cancel = key("cancel", seq)
+        cancel = key(self.space, "cancel", seq)
 
         def poll() -> Optional[str]:
             try:

@@ -1,11 +1,13 @@
 """vLLM worker extension: weight pushes land directly in each vLLM worker.
 
 The vllm engine starts vLLM with `worker_extension_cls=` this class, so its methods run inside
-every worker through `collective_rpc`. A push is received into fresh buffers (the group and
-buckets of `receiver.PushReceiver`), then loaded with the worker's in-place reload path
-(`reload_weights(weights_iterator=..., is_checkpoint_format=True)`): `model.load_weights` is not
-usable on CPU, where vLLM repacks linear weights at load time. With tied embeddings vLLM's CPU
-path keeps a separately packed copy in lm_head, so it is re-processed after every reload.
+every worker through `collective_rpc`. Each worker is an endpoint of its own: it reports where
+it computes (`grpojob_endpoint`), and receives its share of a push over its route (a collective
+group, CUDA IPC from the trainer's GPU, or /dev/shm) with `receiver.PushReceiver`. The weights
+are then loaded with the worker's in-place reload path (`reload_weights(weights_iterator=...,
+is_checkpoint_format=True)`): `model.load_weights` is not usable on CPU, where vLLM repacks
+linear weights at load time. With tied embeddings vLLM's CPU path keeps a separately packed copy
+in lm_head, so it is re-processed after every reload.
 """
 from __future__ import annotations
 
@@ -17,16 +19,19 @@ import torch
 
 
 class WeightSyncExtension:
+    def grpojob_endpoint(self) -> dict:
+        from .placement import local
+
+        return local(self.device).to_json()
+
     def grpojob_receive_push(self, cmd_json: str, store_addr: str, instance: str) -> dict:
         from .receiver import PushReceiver
 
         cmd = json.loads(cmd_json)
         rx = getattr(self, "_grpojob_receiver", None)
         if rx is None or rx.addr != store_addr or rx.instance != instance:
-            rx = self._grpojob_receiver = PushReceiver(store_addr, instance)
-        device = getattr(self, "device", torch.device("cpu")) if cmd["backend"] == "nccl" else "cpu"
-        named = rx.receive(cmd, local_rank=int(getattr(self, "rank", 0)), device=device)
-        return self._grpojob_reload(named)
+            rx = self._grpojob_receiver = PushReceiver(store_addr, instance, self.device)
+        return self._grpojob_reload(rx.receive(cmd, endpoint=int(self.rank)))
 
     def grpojob_load_dir(self, path: str) -> dict:
         from .files import iter_dir

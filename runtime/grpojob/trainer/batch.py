@@ -4,29 +4,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from ..algorithms import Algorithm
 from ..algorithms.losses import token_coefficients
 from ..api.spec import OverlongSpec
+from ..rewards.shaping import shaped_rewards, zero_variance
 from ..rollout.types import Group
 from .dist import DistEnv, all_max, all_sum
 from .packing import TrainSeq
 
 log = logging.getLogger("grpojob.trainer")
-
-
-def overlong_penalty(length: int, truncated: bool, max_tokens: int, buffer_tokens: int, penalty: float) -> float:
-    """DAPO's soft overlong punishment (a non-positive reward term): 0 up to max_tokens - buffer,
-    then a linear ramp down to -penalty at max_tokens; a truncated completion gets -penalty."""
-    if truncated or length >= max_tokens:
-        return -penalty
-    start = max_tokens - buffer_tokens
-    if buffer_tokens <= 0 or length <= start:
-        return 0.0
-    return (start - length) / buffer_tokens * penalty
 
 
 @dataclass
@@ -37,6 +27,7 @@ class Prepared:
     n_tokens: int = 0  # global trained tokens
     n_seqs: int = 0  # global trained sequences
     total_tokens: int = 0  # global prompt+completion tokens of every sampled completion
+    extra: dict[str, float] = field(default_factory=dict)  # a trainer plug-in's own numbers (global)
 
 
 def _mean_std(s: float, ss: float, n: float) -> tuple[Optional[float], Optional[float]]:
@@ -53,13 +44,19 @@ def skips_zero_advantage(algorithm: Algorithm) -> bool:
     term: such sequences are left out of the forward/backward (they still count in the
     normalisers, so the gradient is identical). Saturated groups are common late in training.
     When nothing is left on any rank, the step makes no update (no learning signal). Entropy and
-    clip statistics then describe the trained tokens."""
+    clip statistics then describe the trained tokens. (GRPOTrainer.step_training leaves them out,
+    after prepare_batch, and only with its stock loss_fn.)"""
     return type(algorithm).policy_loss is Algorithm.policy_loss and algorithm.settings.kl_beta == 0
 
 
+Advantages = Callable[[Sequence[Sequence[float]], Optional[Sequence[Optional[float]]]], list[list[float]]]
+
+
 def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpec, max_tokens: int,
-            policy_version: int, env: DistEnv, reward_names: Sequence[str] = ()) -> Prepared:
-    """Collective: every rank calls it once per step, even with no groups."""
+            policy_version: int, env: DistEnv, reward_names: Sequence[str] = (),
+            advantage_fn: Optional[Advantages] = None) -> Prepared:
+    """Collective: every rank calls it once per step, even with no groups. `advantage_fn(rewards,
+    baselines)` (collective too) defaults to the algorithm's."""
     s = algorithm.settings
     for g in groups:
         if g.rewards is None or len(g.rewards) != len(g.completions):
@@ -68,23 +65,18 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
         if not g.sample.prompt_ids:
             raise ValueError(f"sample {g.sample.index}: empty prompt (no tokens)")
 
-    shaped = []
-    for g in groups:
-        rewards = list(g.rewards)
-        if overlong.mode == "penalty":
-            rewards = [r + overlong_penalty(len(c.completion_ids), c.truncated, max_tokens,
-                                            overlong.buffer_tokens, overlong.penalty)
-                       for r, c in zip(rewards, g.completions)]
-        shaped.append(rewards)
-    zero_std = [len(set(r)) <= 1 for r in shaped]
+    shaped = [shaped_rewards(g, overlong, max_tokens) for g in groups]
+    zero_std = [zero_variance(r) for r in shaped]
     keep = [i for i in range(len(groups)) if not (s.dynamic_sampling and zero_std[i])]
     baselines = [groups[i].baseline_reward for i in keep]  # greedy-baseline workflow (ReMax)
-    advantages = algorithm.advantages([shaped[i] for i in keep], allreduce=lambda t: all_sum(t, env),
-                                      baselines=baselines if any(b is not None for b in baselines) else None)
+    if advantage_fn is None:
+        def advantage_fn(rewards, base):
+            return algorithm.advantages(rewards, allreduce=lambda t: all_sum(t, env), baselines=base)
+    advantages = advantage_fn([shaped[i] for i in keep], baselines if any(b is not None for b in baselines) else None)
 
     seqs: list[TrainSeq] = []
     for gi, adv in zip(keep, advantages):
-        for c, a in zip(groups[gi].completions, adv):
+        for j, (c, a) in enumerate(zip(groups[gi].completions, adv)):
             mask = list(c.loss_mask) if c.loss_mask is not None else [1] * len(c.completion_ids)
             if overlong.mode == "filter" and c.truncated:
                 mask = [0] * len(mask)
@@ -92,7 +84,8 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
                 raise ValueError(f"sample {groups[gi].sample.index}: completion has {len(c.completion_ids)} "
                                  f"tokens, {len(c.logprobs)} log-probs, {len(mask)} loss-mask entries")
             seq = TrainSeq(list(c.prompt_ids) or list(groups[gi].sample.prompt_ids), list(c.completion_ids),
-                           mask, list(c.logprobs), float(a), c.policy_version)
+                           mask, list(c.logprobs), float(a), c.policy_version, reward=float(shaped[gi][j]),
+                           group=gi)
             if seq.n_trained > 0:
                 seqs.append(seq)
 
@@ -140,7 +133,5 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
             x.coef = c
     if nk < ng:
         log.info("dynamic sampling dropped %d of %d groups (all-equal rewards)", int(ng - nk), int(ng))
-    if skips_zero_advantage(algorithm):
-        seqs = [x for x in seqs if x.advantage != 0.0]
     return Prepared(seqs=seqs, stats=stats, reward_parts=parts, n_tokens=int(ntok), n_seqs=int(nseq),
                     total_tokens=int(ttok))

@@ -147,6 +147,16 @@ def broadcast_object(obj: Any, env: DistEnv) -> Any:
     return box[0]
 
 
+def scatter_objects(objs: Optional[list[Any]], env: DistEnv) -> Any:
+    """Rank 0's objs[r] on each rank r (objs is read on rank 0 only)."""
+    if not (env.initialized and env.world > 1):
+        assert objs is not None
+        return objs[0]
+    box: list[Any] = [None]
+    dist.scatter_object_list(box, objs if env.is_leader else None, src=0)
+    return box[0]
+
+
 def gather_objects(obj: Any, env: DistEnv) -> Optional[list[Any]]:
     """Every rank's object on rank 0 (None elsewhere)."""
     if not (env.initialized and env.world > 1):

@@ -8,10 +8,9 @@ import logging
 import os
 import signal
 import threading
-from typing import Any, Optional
+from typing import Optional
 
 from .. import logs
-from ..api import GRPOJob
 from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT, bind_host
 
 log = logging.getLogger("grpojob.trainer")
@@ -28,31 +27,19 @@ def _listen_host() -> str:
     return bind_host(os.environ.get(PET_MASTER_ADDR, "127.0.0.1"))
 
 
-# The plan always gives the trainer rollout servers; sampling inside the trainer process is for
+# The plan always gives the trainer rollout servers; generating inside the trainer process is for
 # running the trainer alone (its own tests, debugging).
 ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
 
 
-def make_source(job: GRPOJob, trainer) -> Any:
-    """The group source and weight publisher of this rank: the rollout servers registered with
-    the weight-sync store hosted here, or an in-process sampler."""
-    kind = os.environ.get(ENV_ROLLOUT_SOURCE, "remote")
-    if kind == "inprocess":
-        from .sources import InProcessSource
-
-        return InProcessSource.for_trainer(trainer)
-    if kind != "remote":
-        raise ValueError(f"{ENV_ROLLOUT_SOURCE}={kind}: use remote or inprocess")
-    from .remote import make_remote
-
-    return make_remote(job, trainer, _listen_host())
-
-
 def main(args: Optional[argparse.Namespace] = None) -> int:
-    from .. import config
+    from .. import config, failures
+    from ..auth import Auth
     from . import dist
-    from .loop import Trainer, TrainerError
+    from .build import build
     from .server import LeaderServer, StatusBoard
+    from .trainer import TrainerError
+    from ..auth import TokenError
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
@@ -71,21 +58,28 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
     env = None
     clean = False
     try:
-        job = config.load()
+        job = config.load(resolve_plugins=False)
+        auth = Auth.from_env()  # before anything starts: a missing token is a clear error
         env = dist.init(timeout_seconds=max(1800, job.spec.weight_sync.timeout_seconds))
         if env.is_leader:
             board = StatusBoard(job.spec.training.steps)
             board.suspend_requested = suspend
             port = int(os.environ.get(ENV_TRAINER_PORT) or job.spec.trainer.port)
-            server = LeaderServer(board, _listen_host(), port).start()
-        trainer = Trainer(job, env=env, source=lambda tr: make_source(job, tr), board=board, suspend_event=suspend)
-        try:
-            phase = trainer.run()
-        finally:
-            getattr(trainer.source, "close", lambda: None)()
-        log.info("trainer %s", phase, extra={"step": trainer.step_count})
+            server = LeaderServer(board, _listen_host(), port, auth).start()
+        config.load_plugins(job)  # after the leader endpoint is up: /status can tell what failed
+        run = build(job, env=env, rollouts=os.environ.get(ENV_ROLLOUT_SOURCE, "remote"),
+                    listen_host=_listen_host(), board=board, suspend=suspend, auth=auth)
+        if server is not None:
+            server.mount_trajectories(run.trajectory_api())
+        phase = run.run()
+        log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True
         return 0
+    except failures.PluginError as e:
+        msg = failures.report(e.reason, e.errors) if rank == 0 else str(e)
+        if board is not None:
+            board.update(phase="failed", message=msg)
+        return 1
     except BaseException as e:  # noqa: BLE001 - report every failure in /status and the exit code
         if isinstance(e, KeyboardInterrupt):
             msg = "interrupted"
@@ -93,7 +87,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             msg = str(e.code)
         else:
             msg = f"{type(e).__name__}: {e}"
-        expected = isinstance(e, (SystemExit, KeyboardInterrupt, TrainerError))  # already says what/where
+        expected = isinstance(e, (SystemExit, KeyboardInterrupt, TrainerError, TokenError))  # already says what/where
         log.error("trainer failed: %s", msg, exc_info=not expected)
         if board is not None:
             board.update(phase="failed", message=msg)

@@ -42,6 +42,22 @@ class TrainSeq:
     advantage: float
     policy_version: int = 0
     coef: float = 0.0  # aggregation weight of each of its tokens (set once global counts are known)
+    reward: float = 0.0  # the completion's shaped reward
+    group: int = -1  # index of its group in the step's groups on this rank
+    # Per completion token, set by a trainer's prepare_batch: advantages (instead of `advantage`)
+    # and named values its loss_fn reads (MicroBatch.token_field).
+    token_advantages: Optional[list[float]] = None
+    fields: dict[str, list[float]] = field(default_factory=dict)
+
+    def advantage_at(self, k: int) -> float:
+        return self.token_advantages[k] if self.token_advantages is not None else self.advantage
+
+    @property
+    def has_signal(self) -> bool:
+        """Some trained token has a non-zero advantage."""
+        if self.token_advantages is None:
+            return self.advantage != 0.0
+        return any(a != 0.0 for a, m in zip(self.token_advantages, self.loss_mask) if m)
 
     @property
     def n_inputs(self) -> int:  # alone: the last token is only ever a target
@@ -69,6 +85,18 @@ class MicroBatch:
     old_logp: Optional[Tensor] = None
     ref_logp: Optional[Tensor] = None
     extra: dict = field(default_factory=dict)
+    token_pos: Optional[Tensor] = None  # [N] position of each token in its completion
+    fields: dict[str, Tensor] = field(default_factory=dict)  # [N] each: TrainSeq.fields, packed
+
+    def token_field(self, name: str) -> Tensor:
+        """The per-token values [N] prepare_batch put in every sequence's `fields[name]` (zeros for
+        a dummy micro-batch)."""
+        if self.is_dummy:
+            return torch.zeros(1, dtype=torch.float32)
+        if name not in self.fields:
+            raise KeyError(f"no per-token field '{name}': prepare_batch must set TrainSeq.fields['{name}'] "
+                           f"on every sequence (it has {sorted(self.fields)})")
+        return self.fields[name]
 
     @property
     def n_seqs(self) -> int:
@@ -196,7 +224,9 @@ def build(seqs: Sequence[TrainSeq], layout: list[list[list[int]]], pad_id: int =
     ids = torch.full((n_rows, width), pad_id, dtype=torch.long)
     pos = torch.zeros((n_rows, width), dtype=torch.long)
     spans: list[tuple[int, int, int, int, int]] = []
-    token_index, targets, seq_index, adv, coef, rlp, order = [], [], [], [], [], [], []
+    token_index, targets, seq_index, adv, coef, rlp, order, tpos = [], [], [], [], [], [], [], []
+    names = sorted(set().union(*(seqs[i].fields for row in layout for u in row for i in u)))
+    values: dict[str, list[float]] = {k: [] for k in names}
     n_tokens = 0
     for r in range(n_rows):
         at = 0
@@ -223,9 +253,15 @@ def build(seqs: Sequence[TrainSeq], layout: list[list[list[int]]], pad_id: int =
                         token_index.append(last_prompt if k == 0 else r * width + at + k - 1)
                         targets.append(tok)
                         seq_index.append(local)
-                        adv.append(s.advantage)
+                        adv.append(s.advantage_at(k))
                         coef.append(s.coef)
                         rlp.append(s.rollout_logprobs[k])
+                        tpos.append(k)
+                        for name in names:
+                            if name not in s.fields:
+                                raise ValueError(f"TrainSeq.fields['{name}'] is set on some sequences, "
+                                                 f"not on all")
+                            values[name].append(float(s.fields[name][k]))
                 at += n
         n_tokens += at
         if at < width:  # tail padding: a span of its own, attending only to itself
@@ -236,7 +272,8 @@ def build(seqs: Sequence[TrainSeq], layout: list[list[list[int]]], pad_id: int =
         token_index=torch.tensor(token_index, dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
         seq_index=torch.tensor(seq_index, dtype=torch.long), advantages=torch.tensor(adv, dtype=torch.float32),
         coef=torch.tensor(coef, dtype=torch.float32), rollout_logp=torch.tensor(rlp, dtype=torch.float32),
-        seqs=order, n_tokens=n_tokens)
+        seqs=order, n_tokens=n_tokens, token_pos=torch.tensor(tpos, dtype=torch.long),
+        fields={k: torch.tensor(v, dtype=torch.float32) for k, v in values.items()})
 
 
 def pack(seqs: Sequence[TrainSeq], budget: int, row_tokens: int = ROW_TOKENS, pad_id: int = 0,
@@ -273,4 +310,5 @@ def dummy(pad_id: int = 0) -> MicroBatch:
                       spans=torch.tensor([[0, 0, 0, 0, 1]], dtype=torch.long),
                       token_index=torch.zeros(1, dtype=torch.long), targets=torch.full((1,), pad_id, dtype=torch.long),
                       seq_index=torch.zeros(1, dtype=torch.long), advantages=z, coef=z.clone(),
-                      rollout_logp=z.clone(), seqs=[], n_tokens=0, extra={"dummy": True})
+                      rollout_logp=z.clone(), seqs=[], n_tokens=0, extra={"dummy": True},
+                      token_pos=torch.zeros(1, dtype=torch.long))

@@ -1,6 +1,11 @@
 """The trainer leader's HTTP endpoint (rank 0, port GRPOJOB_TRAINER_PORT):
 GET /healthz, GET /status (TrainerStatus JSON), GET /metrics (Prometheus text of the TRAINER
-metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`)."""
+metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`), and the
+trajectory API under /trajectories (grpojob.trajectories.api, mounted once the rollout side is
+built; 503 before).
+
+Every path but /healthz (and /metrics, unless the job's Auth says otherwise) needs the job's
+bearer token (grpojob.auth); an unknown path is refused like a known one before it is looked up."""
 from __future__ import annotations
 
 import json
@@ -11,9 +16,11 @@ from typing import Any, Callable, Optional
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from .. import auth as authmod
 from .. import prom
 from ..api.status import TrainerStatus
 from ..metrics_names import TRAINER
+from ..plan import TRAJECTORY_PREFIX
 
 log = logging.getLogger("grpojob.trainer.server")
 
@@ -21,48 +28,54 @@ STAGES = ("generate", "score", "train", "sync", "checkpoint")
 
 
 class StatusBoard:
-    """Thread-safe trainer status and Prometheus metrics, shared by the loop and the server."""
+    """Thread-safe trainer status and Prometheus metrics, shared by the loop and the server.
+
+    Gauges follow grpojob.prom's rule: no sample until known. Step, version and total steps mirror
+    /status (`update`); the per-step numbers come from the step record (`observe`, each metric's
+    MetricDef.record); the rollout-server count and lag are read from the weight-sync membership
+    when /metrics is scraped (`watch_rollouts`), so they change when membership does."""
 
     def __init__(self, total_steps: int = 0):
         self._lock = threading.Lock()
+        self._scrape = threading.Lock()
         self.status = TrainerStatus(total_steps=total_steps)
         self.metrics = prom.build(TRAINER)
-        self.metrics["grpojob_trainer_total_steps"].set(total_steps)
+        self._mirror(self.status.model_dump())
+        self._servers: Optional[Callable[[], list[dict[str, Any]]]] = None
         self.suspend_requested = threading.Event()
 
     def update(self, **fields: Any) -> None:
         with self._lock:
             self.status = self.status.model_copy(update=fields)
+        self._mirror(fields)
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             return self.status.dump()
 
+    def _mirror(self, fields: dict[str, Any]) -> None:
+        for field, metric in _STATUS_GAUGES.items():
+            if field in fields:
+                self.metrics[metric].set(fields[field])
+
     def observe(self, record: dict[str, Any]) -> None:
-        """Set the gauges and histograms from one step record."""
+        """Set the metrics from one step record. A gauge whose field is missing or null has no
+        sample (e.g. grpojob_kl with klBeta 0), not the previous step's value."""
         m = self.metrics
-        gauges = {
-            "grpojob_trainer_step": "step", "grpojob_policy_version": "policy_version",
-            "grpojob_advantage_mean": "advantage_mean", "grpojob_advantage_std": "advantage_std",
-            "grpojob_loss": "loss", "grpojob_kl": "kl", "grpojob_entropy": "entropy",
-            "grpojob_clip_fraction": "clip_fraction", "grpojob_importance_weight_mean": "importance_weight_mean",
-            "grpojob_importance_weight_max": "importance_weight_max",
-            "grpojob_completion_length_mean": "completion_length_mean",
-            "grpojob_truncated_fraction": "truncated_fraction",
-            "grpojob_zero_std_group_fraction": "zero_std_group_fraction", "grpojob_grad_norm": "grad_norm",
-            "grpojob_learning_rate": "learning_rate", "grpojob_tokens_per_second": "tokens_per_second",
-            "grpojob_policy_staleness": "policy_staleness",
-        }
-        for metric, key in gauges.items():
-            if record.get(key) is not None:
-                m[metric].set(record[key])
-        if record.get("reward_mean") is not None:
-            m["grpojob_reward_mean"].labels(reward="total").set(record["reward_mean"])
-            m["grpojob_reward_std"].labels(reward="total").set(record["reward_std"])
-        for name, mean in (record.get("rewards") or {}).items():
-            m["grpojob_reward_mean"].labels(reward=name).set(mean)
-        for name, std in (record.get("rewards_std") or {}).items():
-            m["grpojob_reward_std"].labels(reward=name).set(std)
+        for d in _FROM_RECORD:
+            value = record.get(d.record)
+            if d.kind == "gauge":
+                m[d.name].set(value)
+            elif value:
+                m[d.name].inc(value)
+        for metric, key, parts in (("grpojob_reward_mean", "reward_mean", "rewards"),
+                                   ("grpojob_reward_std", "reward_std", "rewards_std")):
+            values = {**(record.get(parts) or {}), "total": record.get(key)}
+            for name, value in values.items():
+                if value is None:
+                    _remove(m[metric], name)
+                else:
+                    m[metric].labels(reward=name).set(value)
         for stage, seconds in (record.get("stage_seconds") or {}).items():
             m["grpojob_stage_seconds"].labels(stage=stage).observe(seconds)
         if record.get("step_seconds") is not None:
@@ -70,13 +83,55 @@ class StatusBoard:
         if record.get("published"):
             m["grpojob_weight_sync_seconds"].observe((record.get("stage_seconds") or {}).get("sync", 0.0))
 
+    def watch_rollouts(self, servers: Callable[[], list[dict[str, Any]]]) -> None:
+        """Report the weight-sync group: `servers()` lists its members as dicts with `replica` and
+        `version` (WeightPublisher.servers). Read at every scrape."""
+        self._servers = servers
+
+    def _refresh_rollouts(self) -> None:
+        if self._servers is None:
+            return
+        lag = self.metrics["grpojob_rollout_server_lag"]
+        lag.clear()
+        try:
+            members = self._servers()
+        except Exception as e:  # noqa: BLE001 - a failing read must not fail the scrape
+            log.warning("cannot read the rollout servers for /metrics: %s", e)
+            self.metrics["grpojob_rollout_servers"].clear()
+            return
+        self.metrics["grpojob_rollout_servers"].set(len(members))
+        current = self.status.policy_version
+        for s in members:
+            if s.get("version") is not None:
+                lag.labels(replica=s["replica"]).set(max(0, current - int(s["version"])))
+
     def prometheus_text(self) -> bytes:
-        return generate_latest(self.metrics["_registry"])
+        with self._scrape:
+            self._refresh_rollouts()
+            return generate_latest(self.metrics["_registry"])
+
+
+def _remove(metric: Any, *labels: str) -> None:
+    try:
+        metric.remove(*labels)
+    except KeyError:
+        pass
+
+
+# TrainerStatus field -> the gauge that mirrors it.
+_STATUS_GAUGES = {"step": "grpojob_trainer_step", "policy_version": "grpojob_policy_version",
+                  "total_steps": "grpojob_trainer_total_steps"}
+_FROM_RECORD = tuple(d for d in TRAINER if d.record)
 
 
 class _Handler(BaseHTTPRequestHandler):
     board: StatusBoard
+    auth: authmod.Auth
     on_suspend: Optional[Callable[[], None]] = None
+    trajectories: Optional[Any] = None  # grpojob.trajectories.api.TrajectoryAPI, once mounted
+
+    def _allowed(self, path: str) -> bool:
+        return not self.auth.protects(path) or authmod.authorize_handler(self)
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
         self.send_response(code)
@@ -85,9 +140,24 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _trajectories(self) -> None:
+        from ..trajectories.api import Request
+
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else b""
+        if self.trajectories is None:
+            code, doc = 503, {"error": "the trainer is still loading: the trajectory API opens once its rollout "
+                                       "side is built; retry", "reason": "starting"}
+        else:
+            code, doc = self.trajectories.handle(Request(self.command, self.path, dict(self.headers), body))
+        self._send(code, json.dumps(doc).encode())
+
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?")[0]
-        if path == "/healthz":
+        if not self._allowed(path):
+            return
+        if path.startswith(TRAJECTORY_PREFIX + "/"):
+            self._trajectories()
+        elif path == "/healthz":
             self._send(200, b'{"ok": true}')
         elif path == "/status":
             self._send(200, json.dumps(self.board.snapshot()).encode())
@@ -98,7 +168,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?")[0]
-        if path == "/suspend":
+        if not self._allowed(path):
+            return
+        if path.startswith(TRAJECTORY_PREFIX + "/"):
+            self._trajectories()
+        elif path == "/suspend":
             log.info("suspend requested over HTTP")
             self.board.suspend_requested.set()
             if self.on_suspend:
@@ -112,10 +186,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class LeaderServer:
-    """Serves a StatusBoard from a daemon thread."""
+    """Serves a StatusBoard from a daemon thread; `auth` is the job's token (grpojob.auth)."""
 
-    def __init__(self, board: StatusBoard, host: str, port: int):
-        handler = type("Handler", (_Handler,), {"board": board})
+    def __init__(self, board: StatusBoard, host: str, port: int, auth: authmod.Auth):
+        handler = self.handler = type("Handler", (_Handler,), {"board": board, "auth": auth})
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)
         except OSError as e:
@@ -124,6 +198,10 @@ class LeaderServer:
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, name="grpojob-leader-http", daemon=True)
+
+    def mount_trajectories(self, api: Any) -> None:
+        """Serve the trajectory API (grpojob.trajectories.api.TrajectoryAPI) from now on."""
+        self.handler.trajectories = api
 
     def start(self) -> "LeaderServer":
         self.thread.start()

@@ -1,0 +1,206 @@
+"""The phase of a job and what to do next: one pure function of (job, previous status, observation).
+
+The controller gathers the observation (pods from kopf's index, the trainer leader's /status),
+calls `decide`, does what the decision asks (children, /suspend, deletion), then records the
+outcome of its actions with `with_children` and `with_suspend_request`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Optional, Sequence
+
+from grpojob.api import FieldError, GRPOJob, GRPOJobStatus
+
+from ..children import Scale
+from . import suspend as suspension
+from .conditions import Conditions, iso, parse_time
+from .observe import Observation, count_restarts, last_failure, leader_exited_cleanly, plugin_failure, ready_count
+from .progress import progress, trainer_conditions
+from .readiness import readiness
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass
+class Decision:
+    status: GRPOJobStatus
+    scale: Scale
+    ensure_children: bool  # create or repair the children (not for an invalid spec)
+    ledger: dict[str, int]
+    request_suspend: bool = False  # POST /suspend to the trainer leader
+    delete_job: bool = False  # ttlSecondsAfterFinished has passed
+
+
+def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
+           generation: Optional[int] = None, errors: Sequence[FieldError] = (),
+           rejected: Sequence[str] = (), rejected_reason: str = "ImmutableFieldChanged",
+           suspend_timeout: float = 600.0) -> Decision:
+    """The next status and actions of one job.
+
+    errors: the spec is invalid (no children, phase Failed until fixed); rejected: why an edit of
+    a running job was refused (it keeps running on its applied spec), with rejected_reason."""
+    now = obs.now
+    st = prev.model_copy(deep=True)
+    st.observed_generation = generation
+    conds = Conditions(st, now, generation)
+    if errors or job is None:
+        return _invalid(conds, st, job, errors, obs)
+    _spec_conditions(conds, st, rejected, rejected_reason)
+    st.progress = progress(st.progress, obs.trainer, job)
+    trainer_conditions(conds, obs)
+    ledger_before = dict(obs.ledger)
+    delta, ledger = count_restarts(ledger_before, obs.trainer_pods)
+
+    def finish(scale: Scale, **kw) -> Decision:
+        readiness(conds, st, obs, scale)
+        conds.set("Running", st.phase == "Running", st.phase)
+        conds.write()
+        return Decision(st, scale, ensure_children=True, ledger=ledger, **kw)
+
+    # Finished jobs: keep the outcome, clean up, and go away after the TTL.
+    if st.phase in TERMINAL:
+        return finish(_cleanup_scale(job), delete_job=_ttl_passed(job, st, now))
+
+    spec = job.spec
+    suspending = spec.run_policy.suspend or conds.is_("Suspended") or \
+        conds.is_("Suspended", "Unknown", suspension.CHECKPOINTING)
+    completed = not suspending and _completed(job, st, obs, ledger_before)
+    # Trainer failures count against backoffLimit, except exits asked for by a suspend.
+    if not (suspending or completed):
+        st.restarts += delta
+
+    if spec.run_policy.suspend:
+        step = suspension.suspend(conds, st, obs, ledger_before, suspend_timeout)
+        if step.done:
+            st.phase, st.message = "Suspended", "suspended: resume with spec.runPolicy.suspend=false"
+            return finish(Scale(0, 0))
+        st.message = "checkpointing before suspend"
+        return finish(Scale(spec.trainer.replicas, spec.rollout.replicas), request_suspend=step.request)
+
+    if conds.is_("Suspended") or conds.is_("Suspended", "Unknown", suspension.CHECKPOINTING):
+        conds.set("Suspended", False, "Resumed", "resuming from the newest checkpoint")
+        st.start_time = None  # like a Kubernetes Job, the active deadline restarts on resume
+        st.phase = "Pending"
+    elif conds.get("Suspended").reason == "Pending":
+        conds.set("Suspended", False, "NotSuspended")
+
+    scale = Scale(spec.trainer.replicas, spec.rollout.replicas)
+    if st.start_time is None and any(p.phase == "Running" for p in obs.trainer_pods):
+        st.start_time = iso(now)
+    start = parse_time(st.start_time)
+    deadline = spec.run_policy.active_deadline_seconds
+    failed_plugin = plugin_failure(obs)
+    if failed_plugin:  # the same on every restart: fail now, with the runtime's own words
+        _fail(conds, st, now, *failed_plugin)
+        return finish(_cleanup_scale(job))
+    if st.restarts > spec.run_policy.backoff_limit:
+        why = last_failure(obs)
+        _fail(conds, st, now, "BackoffLimitExceeded", f"trainer failed {st.restarts} times "
+              f"(backoffLimit {spec.run_policy.backoff_limit})" + (f": {why}" if why else ""))
+        return finish(_cleanup_scale(job))
+    if deadline and start and (now - start).total_seconds() > deadline:
+        _fail(conds, st, now, "DeadlineExceeded", f"ran longer than activeDeadlineSeconds ({deadline}s)")
+        return finish(_cleanup_scale(job))
+    if completed:
+        st.phase, st.completion_time = "Succeeded", iso(now)
+        st.message = f"trained {st.progress.step}/{st.progress.total_steps} steps"
+        conds.set("Succeeded", True, "Completed", st.message)
+        return finish(_cleanup_scale(job))
+    _phase(conds, st, obs, scale)
+    return finish(scale)
+
+
+def _completed(job: GRPOJob, st: GRPOJobStatus, obs: Observation, ledger_before: dict[str, int]) -> bool:
+    """The trainer's own word that it reached training.steps: its /status says completed at the
+    last step, or pod 0 exited 0 after its last report said it was at the last step (a look
+    between polls may miss "completed": the StatefulSet restarts the container). A clean exit
+    short of the last step (a restart, a crash that exits 0) is not success."""
+    steps = job.spec.training.steps
+    t = obs.trainer
+    if t is not None and t.phase == "completed" and t.step >= steps:
+        return True
+    return leader_exited_cleanly(ledger_before, obs.trainer_pods) and st.progress.step >= steps
+
+
+def _phase(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Scale) -> None:
+    trainer, rollout = ready_count(obs.trainer_pods), ready_count(obs.rollout_pods)
+    if trainer >= scale.trainer and rollout >= 1:
+        st.phase = "Running"
+        st.message = f"step {st.progress.step}/{st.progress.total_steps}"
+        if conds.is_("TrainerReachable", "False"):
+            st.message += f" (trainer unreachable: {conds.get('TrainerReachable').message})"
+    elif conds.is_("Created"):
+        st.phase = "Initializing"
+        st.message = f"waiting for pods: trainer {trainer}/{scale.trainer}, rollout {rollout}/{scale.rollout} ready"
+    else:
+        st.phase, st.message = "Pending", "creating child objects"
+
+
+def _invalid(conds: Conditions, st: GRPOJobStatus, job: Optional[GRPOJob], errors: Sequence[FieldError],
+             obs: Observation) -> Decision:
+    msg = "; ".join(str(e) for e in errors) or "invalid spec"
+    conds.set("InvalidSpec", True, "InvalidSpec", msg)
+    conds.set("Failed", True, "InvalidSpec", msg)
+    conds.set("Running", False, "InvalidSpec")
+    st.phase, st.message = "Failed", f"invalid spec: {msg}"
+    st.completion_time = st.completion_time or iso(obs.now)
+    conds.write()
+    return Decision(st, Scale(0, 0), ensure_children=False, ledger=dict(obs.ledger),
+                    delete_job=_ttl_passed(job, st, obs.now))
+
+
+def _spec_conditions(conds: Conditions, st: GRPOJobStatus, rejected: Sequence[str], reason: str) -> None:
+    if conds.is_("InvalidSpec", reason="InvalidSpec"):  # the spec was fixed: start over
+        conds.set("Failed", False, "SpecFixed")
+        st.phase, st.completion_time = "Pending", None
+    if rejected:
+        conds.set("InvalidSpec", True, reason, "; ".join(rejected))
+    else:
+        conds.set("InvalidSpec", False, "Valid")
+
+
+def _fail(conds: Conditions, st: GRPOJobStatus, now: datetime, reason: str, message: str) -> None:
+    st.phase, st.message, st.completion_time = "Failed", message, iso(now)
+    conds.set("Failed", True, reason, message)
+
+
+def _cleanup_scale(job: GRPOJob) -> Scale:
+    if job.spec.run_policy.clean_pod_policy == "None":
+        return Scale(job.spec.trainer.replicas, job.spec.rollout.replicas)
+    # Running and All both scale to zero: a StatefulSet or Deployment restarts any container that
+    # exits, so no pod is left Completed to keep.
+    return Scale(0, 0)
+
+
+def _ttl_passed(job: Optional[GRPOJob], st: GRPOJobStatus, now: datetime) -> bool:
+    ttl = job.spec.run_policy.ttl_seconds_after_finished if job else None
+    done = parse_time(st.completion_time)
+    return ttl is not None and done is not None and (now - done).total_seconds() >= ttl
+
+
+def with_children(d: Decision, ok: bool, message: str, now: datetime, warnings: Sequence[str] = ()) -> Decision:
+    """Record whether every child object is in place (after the controller created or repaired them);
+    `warnings`: optional children left out (a monitoring CRD the cluster lacks)."""
+    conds = Conditions(d.status, now, d.status.observed_generation)
+    if not ok:
+        conds.set("Created", False, "ChildError", message)
+    elif warnings:
+        conds.set("Created", True, "OptionalChildSkipped", "; ".join(warnings))
+    else:
+        conds.set("Created", True, "ChildrenCreated", message)
+    if ok and d.status.phase == "Pending":
+        d.status.phase = "Initializing"
+        d.status.message = (f"waiting for pods: trainer {d.status.trainer.ready}/{d.status.trainer.desired}, "
+                            f"rollout {d.status.rollout.ready}/{d.status.rollout.desired} ready")
+    conds.write()
+    return d
+
+
+def with_suspend_request(d: Decision, error: str, now: datetime) -> Decision:
+    """Record a failed POST /suspend (the next look asks again)."""
+    if error:
+        conds = Conditions(d.status, now, d.status.observed_generation)
+        suspension.request_failed(conds, error)
+        conds.write()
+    return d

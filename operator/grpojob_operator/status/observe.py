@@ -1,0 +1,107 @@
+"""What the controller saw of a job: its pods (from kopf's index) and its trainer leader's report."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Iterable, Mapping, Optional, Sequence
+
+from grpojob.api import TrainerStatus, plugins
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The parts of a pod the operator reads (kept in kopf's in-memory index)."""
+    name: str
+    uid: str
+    role: str  # trainer | rollout
+    phase: str = "Pending"
+    ready: bool = False
+    restarts: int = 0  # container restarts
+    message: str = ""  # why the last container run ended
+    deleting: bool = False
+    clean_exit: bool = False  # the last container run ended with exit code 0
+    # A runtime process that could not load the job's user code: (reason, message) from its
+    # termination message (grpojob.api.plugins.parse_failure), e.g. PluginImportFailed.
+    failure: Optional[tuple[str, str]] = None
+
+    @property
+    def failures(self) -> int:
+        """Runs of this pod that ended in failure: container restarts, plus one for a Failed pod."""
+        return self.restarts + (1 if self.phase == "Failed" else 0)
+
+    @property
+    def leader(self) -> bool:
+        return self.role == "trainer" and self.name.endswith("-0")
+
+
+@dataclass(frozen=True)
+class Observation:
+    now: datetime
+    trainer_pods: Sequence[PodView] = ()
+    rollout_pods: Sequence[PodView] = ()
+    trainer: Optional[TrainerStatus] = None  # the leader's /status, None when not read
+    trainer_error: str = ""  # why /status could not be read ("" when it was not tried)
+    ledger: Mapping[str, int] = field(default_factory=dict)  # pod uid -> failures already counted
+
+    @property
+    def polled(self) -> bool:
+        """The controller asked the leader for /status this time (its pod was running)."""
+        return self.trainer is not None or bool(self.trainer_error)
+
+
+def count_restarts(ledger: Mapping[str, int], pods: Iterable[PodView]) -> tuple[int, dict[str, int]]:
+    """New trainer failures since the ledger, and the updated ledger.
+
+    One torchrun group failure restarts every trainer pod, so the new failures of a look are the
+    largest per-pod increase, not the sum. A restart after exit code 0 (the trainer finished or
+    was suspended) is not a failure."""
+    new_ledger: dict[str, int] = {}
+    delta = 0
+    for p in pods:
+        before = ledger.get(p.uid, 0)
+        new = p.failures - before
+        if new > 0 and p.clean_exit:
+            new -= 1
+        delta = max(delta, new)
+        new_ledger[p.uid] = max(p.failures, before)
+    return delta, new_ledger
+
+
+def leader_exited_cleanly(ledger: Mapping[str, int], pods: Iterable[PodView]) -> bool:
+    """Trainer pod 0 ran to its end with exit code 0 since the last look (its StatefulSet restarts it)."""
+    return any(p.leader and p.clean_exit and p.failures > ledger.get(p.uid, 0) for p in pods)
+
+
+def ready_count(pods: Sequence[PodView]) -> int:
+    return sum(1 for p in pods if p.ready and p.phase == "Running" and not p.deleting)
+
+
+def leader_up(pods: Sequence[PodView]) -> bool:
+    return any(p.leader and p.phase == "Running" and not p.deleting for p in pods)
+
+
+def leader_ready(pods: Sequence[PodView]) -> bool:
+    """Pod 0 passes its readiness probe: the trainer's HTTP endpoint answers the kubelet."""
+    return any(p.leader and p.phase == "Running" and p.ready and not p.deleting for p in pods)
+
+
+def plugin_failure(obs: Observation) -> Optional[tuple[str, str]]:
+    """(reason, message) when a trainer or rollout process said it cannot load the job's user
+    code (it fails the same way on every restart), from the leader's /status or a pod's
+    termination message; None otherwise."""
+    t = obs.trainer
+    if t is not None and t.phase == "failed":
+        found = plugins.parse_failure(t.message)
+        if found:
+            return found
+    for p in (*obs.trainer_pods, *obs.rollout_pods):
+        if p.failure and not p.deleting:
+            reason, message = p.failure
+            return reason, f"{p.name}: {message}"
+    return None
+
+
+def last_failure(obs: Observation) -> str:
+    if obs.trainer and obs.trainer.message:
+        return obs.trainer.message
+    return "; ".join(f"{p.name}: {p.message}" for p in obs.trainer_pods if p.message)

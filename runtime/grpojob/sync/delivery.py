@@ -1,0 +1,366 @@
+"""Delivery: bringing rollout servers to the retained version (trainer rank 0).
+
+plan -> pack -> send -> acknowledge:
+- plan: the targets' endpoints grouped by their route (chosen at registration, `membership`). A
+  collective path (nccl, gloo) gets a process group: the publisher is rank 0, that path's
+  endpoints follow, and the group is kept for the next push to the same endpoints. A handoff
+  path (cuda-ipc, shm) gets the handles of the publisher's buffers.
+- pack: the state dict goes into flat dtype-grouped buckets (`buckets`) in the media the paths
+  read: GPU buffers on the trainer's device (nccl, cuda-ipc), host buffers (gloo), one /dev/shm
+  segment (shm). Only media in use are allocated. A medium that a handoff reads is filled before
+  the command is published; one only a collective reads is filled bucket by bucket while the
+  earlier buckets are on the wire.
+- send: one command names every target with the route of each endpoint; the collectives run
+  while the handoff receivers copy.
+- acknowledge: every server acknowledges once it loaded the version. A server that dies, hangs
+  or fails to receive is named, the command is cancelled, and the survivors are retried.
+
+The buckets stay after the push: a server that registers later is brought to the same version
+from them (filling another medium from a filled one when its path needs it). Cost: one copy of the
+weights per medium in use (GPU memory for nccl/cuda-ipc, host memory for gloo, /dev/shm for shm).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+from torch.distributed import DistError, TCPStore
+
+from ..api.spec import WeightSyncSpec
+from . import buckets as bk
+from . import files
+from . import group as grp
+from . import handoff
+from .membership import Member, Membership
+from .placement import COLLECTIVES, SHM_DIR
+from .credentials import Credentials, Forged
+from .protocol import Deadline, WeightSyncError, short_error
+
+log = logging.getLogger("grpojob.sync")
+
+MAX_ATTEMPTS = 3
+ACK_POLL_SECONDS = 0.002  # only while a command waits for its acknowledgements
+NACK_POLL_SECONDS = 0.05  # a store round trip: not on every 10 ms poll of a transfer
+MEDIUM = {"nccl": "device", "cuda-ipc": "device", "gloo": "host", "shm": "shm"}
+HANDOFF = ("cuda-ipc", "shm")
+
+
+@dataclass
+class Retained:
+    """The last pushed version: its layout and the media holding its buckets."""
+    layout: bk.Layout
+    version: int = -1
+    weights: str = ""
+    path: Optional[str] = None  # backend checkpoint: the saved version, relative to the checkpoint dir
+    media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    filled: set[str] = field(default_factory=set)  # media holding this version
+    shm: Optional[handoff.ShmSegment] = None
+
+    def close(self) -> None:
+        if self.shm:
+            self.shm.close()
+        self.media.clear()
+        self.filled.clear()
+
+
+@dataclass
+class Outcome:
+    ok: list[Member]
+    dropped: list[Member]
+    paused_seconds: Optional[float] = None  # the longest a server's generation stopped for it
+
+    @property
+    def paths(self) -> dict[str, list[str]]:
+        """path -> replicas that took it (a server with endpoints on two paths counts on both)."""
+        out: dict[str, list[str]] = {}
+        for m in self.ok:
+            for p in dict.fromkeys(m.routes):
+                out.setdefault(p, []).append(m.replica)
+        return out
+
+
+class Delivery:
+    def __init__(self, store: TCPStore, creds: Credentials, device: torch.device, sync: WeightSyncSpec,
+                 members: Membership, checkpoint_dir: Optional[str]):
+        self.store, self.creds, self.device, self.members = store, creds, device, members
+        self.run = creds.run
+        self.timeout = float(sync.timeout_seconds)
+        self.bucket_bytes = int(sync.bucket_size_mb * 2**20)
+        self.checkpoint_dir = checkpoint_dir if sync.backend == "checkpoint" else None
+        self.retained: Optional[Retained] = None
+        self._groups: dict[str, tuple[str, tuple, object]] = {}  # path -> (id, endpoints, group)
+        self._ids = itertools.count(1)
+
+    # ---- the retained version -------------------------------------------------------------------
+    def retain(self, named: list[tuple[str, torch.Tensor]], version: int, wid: str) -> Retained:
+        """Make `version` the retained one (its buffers are filled on delivery or by `keep`)."""
+        layout = bk.plan([(n, tuple(t.shape), t.dtype) for n, t in named], self.bucket_bytes)
+        r = self.retained
+        if r is None or r.layout != layout:
+            if r is not None:
+                r.close()
+            r = self.retained = Retained(layout)
+        r.version, r.weights, r.filled = version, wid, set()
+        # GPU buffers are fresh for every version (the caching allocator hands the same memory
+        # back): each CUDA IPC share wraps its storage in one more reference-counting layer,
+        # which only goes when the storage does.
+        r.media.pop("device", None)
+        if self.checkpoint_dir:
+            r.path = files.save(self.checkpoint_dir, version, named)
+        return r
+
+    def keep(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Pack the retained version for servers that come later (the trainer's device keeps it)."""
+        if not self.checkpoint_dir:
+            self._fill("device" if self.device.type == "cuda" else "host", tensors)
+
+    def close(self) -> None:
+        self._groups.clear()
+        if self.retained:
+            self.retained.close()
+        self.store = None  # the publisher's store shuts down with its last reference
+
+    # ---- commands ---------------------------------------------------------------------------------
+    def push(self, targets: list[Member], tensors: Optional[dict], *, main: bool) -> Outcome:
+        """Bring `targets` to the retained version. `tensors`: the state dict being pushed (None
+        for a catch-up from the retained buffers); `main`: keep its groups for the next push."""
+        r = self.retained
+        assert r is not None
+        if self.checkpoint_dir:
+            return self._attempts(targets, r, lambda seq, ts: self._load_cmd(seq, ts, r.version, r.weights, r.path))
+        out = self._attempts(targets, r, lambda seq, ts: self._push_cmd(seq, ts, tensors, main))
+        if tensors is not None and not r.filled:  # nobody took it: still keep it for later servers
+            self.keep(tensors)
+        return out
+
+    def load(self, targets: list[Member], version: int, wid: str, path: Optional[str]) -> Outcome:
+        """Have `targets` load `path` (relative to the checkpoint dir; None: the model directory)."""
+        r = Retained(bk.Layout(()), version, wid, path)
+        return self._attempts(targets, r, lambda seq, ts: self._load_cmd(seq, ts, version, wid, path))
+
+    def _attempts(self, targets: list[Member], r: Retained, send: Callable) -> Outcome:
+        """Run a command on `targets`, retrying on the survivors when one dies or fails to receive."""
+        dropped: list[Member] = []
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            seq = self.store.add(self.creds.key("cmd", "n"), 1)
+            try:
+                acks = send(seq, targets)
+            except WeightSyncError as e:
+                self.store.set(self.creds.key("cancel", seq), str(e))
+                alive, lost = self._triage(seq, targets, e)
+                for m, why in lost:
+                    log.error("weights version %d: %s %s; removing it from the group", r.version, m, why)
+                    self.members.drop(m, why)
+                    dropped.append(m)
+                targets = alive
+                if not targets:
+                    return Outcome([], dropped)
+                if attempt < MAX_ATTEMPTS:
+                    log.warning("retrying version %d on %d server(s)", r.version, len(targets))
+                continue
+            except BaseException as e:  # a setup error or an interrupt: the servers must not wait for it
+                k = self.creds.key("cmd", seq)
+                if self.store.check([k]):
+                    self.store.set(self.creds.key("cancel", seq), f"the trainer stopped the push: {type(e).__name__}")
+                else:  # a no-op keeps the servers' command sequence going
+                    self.creds.set_json(self.store, k, {"seq": seq, "kind": "noop", "targets": []})
+                raise
+            ok, paused = [], []
+            for m in targets:
+                a = acks[m.instance]
+                if a.get("ok"):
+                    m.weights, m.version = r.weights, r.version
+                    ok.append(m)
+                    if a.get("paused_seconds") is not None:
+                        paused.append(float(a["paused_seconds"]))
+                else:
+                    log.error("%s failed to load version %d: %s", m, r.version, a.get("error"))
+                    self.members.drop(m, f"failed to load version {r.version}: {a.get('error')}")
+                    dropped.append(m)
+            return Outcome(ok, dropped, max(paused) if paused else None)
+        for m in targets:
+            self.members.drop(m, f"could not be brought to version {r.version} in {MAX_ATTEMPTS} attempts")
+            dropped.append(m)
+        return Outcome([], dropped)
+
+    def _push_cmd(self, seq: int, targets: list[Member], tensors: Optional[dict], main: bool) -> dict:
+        r = self.retained
+        by_path: dict[str, list[tuple[Member, int]]] = {}
+        for m in targets:
+            for i, p in enumerate(m.routes):
+                by_path.setdefault(p, []).append((m, i))
+        for p in by_path:  # handoffs read whole buffers: fill them before anyone is told to read
+            if p in HANDOFF or (tensors is None and MEDIUM[p] not in r.filled):
+                self._fill(MEDIUM[p], tensors)
+        cmd = {"seq": seq, "kind": "push", "version": r.version, "weights": r.weights,
+               "layout": r.layout.to_json(), "timeout": self.timeout,
+               "targets": [m.instance for m in targets], "routes": {m.instance: list(m.routes) for m in targets},
+               "groups": {}, "handoff": {}}
+        if "shm" in by_path:
+            cmd["handoff"]["shm"] = r.shm.doc()
+        if "cuda-ipc" in by_path:  # one share per receiver: each releases its own reference
+            ipc: dict[str, list] = {m.instance: [None] * len(m.routes) for m, _ in by_path["cuda-ipc"]}
+            for m, i in by_path["cuda-ipc"]:
+                ipc[m.instance][i] = handoff.share_cuda(r.media["device"])
+            cmd["handoff"]["cuda-ipc"] = ipc
+        plans = {}
+        for p in COLLECTIVES:
+            if p not in by_path:
+                continue
+            eps = tuple((m.instance, i) for m, i in by_path[p])
+            kept = self._groups.get(p) if main else None
+            reuse = kept is not None and kept[1] == eps
+            gid = kept[0] if reuse else f"{self.run}-{next(self._ids)}"
+            ranks: dict[str, list] = {m.instance: [None] * len(m.routes) for m, _ in by_path[p]}
+            for rank, (m, i) in enumerate(by_path[p], start=1):
+                ranks[m.instance][i] = rank
+            cmd["groups"][p] = {"id": gid, "world": len(eps) + 1, "ranks": ranks}
+            plans[p] = (gid, eps, kept[2] if reuse else None)
+        self.creds.set_json(self.store, self.creds.key("cmd", seq), cmd)
+
+        deadline = Deadline(self.timeout)
+        what = f"weight push of version {r.version} to {len(targets)} server(s)"
+        used = []
+        try:
+            transfers = []
+            for p, (gid, eps, pg) in plans.items():
+                poll = self._liveness(targets, nack=self.creds.key("nack", seq, p))
+                if pg is None:
+                    pg = self._form(p, cmd["groups"][p], targets, poll, deadline, what)
+                used.append((p, pg))
+                if main:
+                    self._groups[p] = (gid, eps, pg)
+                medium = MEDIUM[p]
+                lazy = tensors if medium not in r.filled else None
+                transfers.append((p, poll, grp.Transfer(pg, r.layout, self._buffers(medium), tensors=lazy)))
+            for p, poll, t in transfers:
+                t.wait(poll, deadline, f"{what} over {p}")
+                r.filled.add(MEDIUM[p])
+            return self._acks(seq, targets, self._liveness(targets), deadline, what)
+        except WeightSyncError:
+            for p, pg in used:
+                grp.abandon(pg, self.timeout)
+                self._groups.pop(p, None)
+            raise
+
+    def _form(self, path: str, g: dict, targets: list[Member], poll, deadline: Deadline, what: str):
+        """Wait until every rank announced itself, then build the group (rank 0)."""
+        by_instance = {m.instance: m for m in targets}
+        owner = {self.creds.key("join", g["id"], rank): by_instance[inst]
+                 for inst, ranks in g["ranks"].items() for rank in ranks if rank is not None}
+        what = f"{what}: forming the {path} group {g['id']}"
+        self._wait_keys(list(owner), poll, deadline, what, lambda k: owner[k])
+        self.store.set(self.creds.key("join", g["id"], 0), "1")
+        try:
+            return grp.new_group(self.store, self.creds.space, g["id"], 0, g["world"], path, deadline.left)
+        except DistError as e:
+            raise WeightSyncError(f"{what}: {short_error(e)}") from e
+
+    def _load_cmd(self, seq: int, targets: list[Member], version: int, wid: str, path: Optional[str]) -> dict:
+        self.creds.set_json(self.store, self.creds.key("cmd", seq), {
+            "seq": seq, "kind": "load", "version": version, "weights": wid, "path": path,
+            "targets": [m.instance for m in targets]})
+        what = f"loading weights version {version} ({path or 'the model directory'})"
+        return self._acks(seq, targets, self._liveness(targets), Deadline(self.timeout), what)
+
+    # ---- media ------------------------------------------------------------------------------------
+    def _buffers(self, medium: str) -> list[torch.Tensor]:
+        r = self.retained
+        if medium not in r.media:
+            if medium == "shm":
+                r.shm = handoff.ShmSegment(SHM_DIR / f"grpojob-{self.run}-{next(self._ids)}.weights", r.layout)
+                r.media["shm"] = r.shm.buffers
+            else:
+                device = self.device if medium == "device" else torch.device("cpu")
+                r.media[medium] = [bk.allocate(b, device) for b in r.layout.buckets]
+        return r.media[medium]
+
+    def _fill(self, medium: str, tensors: Optional[dict]) -> None:
+        """Put the retained version into `medium`: from the tensors, or from a filled medium."""
+        r = self.retained
+        if medium in r.filled:
+            return
+        bufs = self._buffers(medium)
+        if tensors is not None:
+            with bk.host_copies(bufs):
+                for b, buf in zip(r.layout.buckets, bufs):
+                    bk.pack(b, tensors, buf)
+        else:
+            if not r.filled:
+                raise WeightSyncError(f"weights version {r.version} are not retained anywhere")
+            src = r.media[next(iter(r.filled))]
+            for s, d in zip(src, bufs):
+                d.copy_(s)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        r.filled.add(medium)
+
+    # ---- waiting ----------------------------------------------------------------------------------
+    def _acks(self, seq, targets, poll, deadline, what) -> dict[str, dict]:
+        keys = {self.creds.key("ack", seq, m.instance): m for m in targets}
+        self._wait_keys(list(keys), poll, deadline, f"{what}: waiting for acknowledgements", lambda k: keys[k])
+        return {m.instance: self._ack(k) for k, m in keys.items()}
+
+    def _ack(self, k: str) -> dict:
+        """An acknowledgement; one the job's token did not seal counts as a failure to load."""
+        try:
+            return self.creds.get_json(self.store, k)
+        except Forged as e:
+            log.error("weight sync: %s (ignored)", e)
+            return {"ok": False, "error": "its acknowledgement was not sealed with the job's token"}
+
+    def _wait_keys(self, keys, poll, deadline, what, owner) -> None:
+        """Wait until every key is set. Polls often (the push's own latency), checking all keys
+        in one round trip; liveness and the deadline are checked every 50 ms."""
+        pending = list(keys)
+        checked = time.monotonic()
+        while pending and not self.store.check(pending):
+            time.sleep(ACK_POLL_SECONDS)
+            if time.monotonic() - checked < 0.05:
+                continue
+            checked = time.monotonic()
+            pending = [k for k in pending if not self.store.check([k])]
+            reason = poll()
+            if reason:
+                raise WeightSyncError(f"{what}: {reason}")
+            if deadline.expired and pending:
+                late = ", ".join(sorted({str(owner(k)) for k in pending}))
+                raise WeightSyncError(f"{what}: no answer within {deadline.seconds:.0f} s from {late}")
+
+    def _liveness(self, targets: list[Member], nack: Optional[str] = None):
+        """A poll: the first target that died, or (for one path's transfer) one that failed to receive."""
+        by_instance = {m.instance: m for m in targets}
+        checked = [0.0]
+
+        def poll() -> Optional[str]:
+            for m in targets:
+                if m.dead:
+                    return f"{m} {m.dead}"
+            if not nack or time.monotonic() - checked[0] < NACK_POLL_SECONDS:
+                return None
+            checked[0] = time.monotonic()
+            if self.store.check([nack]):
+                instance, _, error = self.store.get(nack).decode().partition("\n")
+                return f"{by_instance.get(instance, instance)} failed to receive: {error}"
+            return None
+        return poll
+
+    def _triage(self, seq: int, targets: list[Member], error: WeightSyncError):
+        """After a failed command: who is alive (answers the cancelled command) and who is lost."""
+        deadline = Deadline(self.members.heartbeat_timeout + 2)
+        pending = {m.instance: m for m in targets}
+        alive = []
+        while pending and not deadline.expired:
+            for inst, m in list(pending.items()):
+                if m.dead:
+                    pending.pop(inst)
+                elif self.store.check([self.creds.key("ack", seq, inst)]):
+                    alive.append(pending.pop(inst))
+            time.sleep(grp.POLL_SECONDS)
+        lost = [(m, m.dead or f"did not answer after the failure ({error})")
+                for m in targets if m not in alive]
+        return alive, lost

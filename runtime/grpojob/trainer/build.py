@@ -1,0 +1,88 @@
+"""One trainer rank, assembled: learner, rollout side, checkpoints and loop, in the order their
+dependencies need (a resume restores the learner and the rollout side's data position before the
+first step). `grpojob trainer` and the trainer's tests use the same assembly."""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from .. import checkpoint
+from ..api import GRPOJob
+from ..auth import Auth
+from ..plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
+from . import dist
+from .callbacks import Callbacks
+from .loop import Loop
+from .plugin import trainer_class
+from .record import StepRecord
+from .rollouts import Rollouts, connect
+from .server import StatusBoard
+from .trainer import GRPOTrainer
+
+
+@dataclass
+class TrainerRun:
+    trainer: GRPOTrainer
+    rollouts: Rollouts
+    checkpoints: checkpoint.CheckpointManager
+    loop: Loop
+    resumed_from: Optional[Path] = None
+
+    def run(self) -> str:
+        """The loop to its end (completed or suspended); the rollout side and the trackers are
+        closed either way."""
+        try:
+            return self.loop.run()
+        finally:
+            self.rollouts.close()
+            self.loop.callbacks.close()
+
+    def request_suspend(self) -> None:
+        self.loop.request_suspend()
+
+    def trajectory_api(self):
+        """Rank 0: the trajectory API over this run's RolloutManager (None on other ranks)."""
+        manager = self.rollouts.source.manager
+        if manager is None:
+            return None
+        from ..trajectories.api import TrajectoryAPI
+        from ..trajectories.wire import Limits
+
+        spec, model = self.trainer.spec, self.trainer.model
+        limits = Limits(group_size=spec.algorithm.group_size, vocab_size=model.get_input_embeddings().num_embeddings,
+                        max_sequence_tokens=spec.training.micro_batch_tokens)
+        return TrajectoryAPI(manager, limits, spec.rollout.sampling.model_dump(),
+                             policy_version=lambda: self.trainer.version)
+
+
+def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "inprocess",
+          listen_host: str = "127.0.0.1", checkpoint_dir: Optional[str] = None, run_dir: Optional[str] = None,
+          board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
+          suspend: Optional[threading.Event] = None, auth: Optional[Auth] = None) -> TrainerRun:
+    """`auth`: the job's token, which rollouts "remote" need (weight-sync membership, /generate)."""
+    env = env or dist.DistEnv()
+    spec = job.spec
+    trainer = trainer_class(spec)(job, env)  # spec.trainer.class, default GRPOTrainer
+    root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
+    found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
+    side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
+                   dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root),
+                   auth=auth)
+    if board is not None and side.publisher is not None:  # rollout server count and lag, read at each scrape
+        board.watch_rollouts(side.publisher.servers)
+    try:
+        checkpoints = checkpoint.CheckpointManager(root, trainer, side.source, spec.checkpoint.keep_last)
+        if found is not None:
+            checkpoints.load(found)
+        run_dir = run_dir or os.environ.get(ENV_RUN_DIR)
+        run_path = Path(run_dir) if run_dir else None
+        callbacks = Callbacks.build(job, run_path) if env.is_leader else None
+        loop = Loop(trainer, side.source, side.publisher, checkpoints, run_dir=run_path,
+                    board=board, on_step=on_step, suspend=suspend, callbacks=callbacks)
+    except BaseException:
+        side.close()
+        raise
+    return TrainerRun(trainer, side, checkpoints, loop, found)

@@ -1,0 +1,187 @@
+"""The trainer's rollout side: where each step's groups come from and where new weights go.
+
+    rollouts = connect(job, tokenizer, env, kind="remote", listen_host=..., resumed=False)
+    step = rollouts.source.next_step()              # every rank: its share of the step's groups
+    report = rollouts.publisher.publish(named, v)    # rank 0 (None elsewhere)
+    rollouts.source.set_published(v)
+    rollouts.close()
+
+Rank 0 runs the RolloutManager (it owns the prompt stream, generates ahead within maxStaleness,
+scores, refills dynamic sampling) and hands every rank its share of each step's groups.
+kind "remote": the rollout servers registered with the weight-sync store hosted on rank 0 (the
+plan's pods and `grpojob run`); kind "inprocess": a transformers engine inside rank 0 (the
+trainer alone: its own tests, debugging). Both go through the same manager and the same loop.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Protocol
+
+import torch
+
+from ..api import GRPOJob
+from ..auth import Auth
+from ..rollout.manager import Pipeline, RolloutManager, StepGroups
+from ..rollout.types import Completion, SamplingParams
+from . import dist
+
+log = logging.getLogger("grpojob.trainer.rollouts")
+
+KINDS = ("remote", "inprocess")
+
+
+@dataclass
+class PushReport:
+    """What one weight push did."""
+    version: int
+    seconds: float
+    backend: Optional[str]  # the path(s) it took (nccl, cuda-ipc, shm, gloo, checkpoint, inprocess)
+    servers: int = 0
+    paused_seconds: Optional[float] = None  # generation stopped for it (longest over servers)
+    dropped: tuple[str, ...] = ()
+
+
+class WeightPublisher(Protocol):
+    """Rank 0's way to the rollout engines: a full Hugging Face-named state dict as `version`."""
+    def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport: ...
+
+    def servers(self) -> list[dict[str, Any]]:
+        """Every rollout server: {replica, version}."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class GroupSource:
+    """Every rank's view of rank 0's RolloutManager. Collective calls: next_step."""
+
+    def __init__(self, env: dist.DistEnv, manager: Optional[RolloutManager]):
+        assert (manager is not None) == env.is_leader, "the manager lives on rank 0, only there"
+        self.env, self.manager = env, manager
+
+    def start(self) -> None:
+        if self.manager is not None:
+            self.manager.start()
+
+    def next_step(self) -> StepGroups:
+        """This rank's share of the step's groups (round-robin in stream order), with the step's
+        pipeline figures (the same on every rank)."""
+        step = self.manager.next_step() if self.manager is not None else None
+        if self.env.world == 1:
+            return step
+        shares = None
+        if step is not None:
+            shares = [dataclasses.replace(step, groups=step.groups[r::self.env.world]) for r in range(self.env.world)]
+        return dist.scatter_objects(shares, self.env)
+
+    def set_published(self, version: int) -> None:
+        if self.manager is not None:
+            self.manager.set_published(version)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Rank 0: the data position and the prompts issued but not trained ({} elsewhere)."""
+        return self.manager.state_dict() if self.manager is not None else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.manager is not None and state:
+            self.manager.load_state_dict(state)
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+
+
+@dataclass
+class Rollouts:
+    source: GroupSource
+    publisher: Optional[WeightPublisher]  # rank 0
+    engine_close: Optional[Any] = None  # a coroutine function closing the generator, run on the manager's loop
+
+    def close(self) -> None:
+        if self.engine_close is not None and self.source.manager is not None:
+            self.source.manager.run(self.engine_close())
+        self.source.close()
+        if self.publisher is not None:
+            self.publisher.close()
+
+
+# ---- in-process: a transformers engine inside rank 0 -------------------------------------------------
+class EngineGenerator:
+    """An engine as the manager's generator. The engine always holds the newest pushed version
+    (pushes load synchronously), so the version floor is always met."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams, *,
+                       min_version: Optional[int] = None) -> list[Completion]:
+        return await self.engine.generate(prompt_ids, n, sampling)
+
+
+class EnginePublisher:
+    """Loads pushed weights straight into the in-process engine."""
+    backend = "inprocess"
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def publish(self, named_tensors, version: int) -> PushReport:
+        t0 = time.perf_counter()
+        self.engine.load(((n, t.detach()) for n, t in named_tensors), version, f"inprocess-{version}")
+        return PushReport(version=version, seconds=time.perf_counter() - t0, backend=self.backend, servers=1,
+                          paused_seconds=self.engine.last_pause_seconds)
+
+    def servers(self) -> list[dict[str, Any]]:
+        return [{"replica": "in-process", "version": self.engine.version}]
+
+    def close(self) -> None:
+        pass
+
+
+def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote", listen_host: str = "127.0.0.1",
+            resumed: bool = False, dynamic_sampling: bool = False, checkpoint_dir: str = "",
+            auth: Optional[Auth] = None) -> Rollouts:
+    """The rollout side of this rank. Rank 0 builds the manager (and hosts the weight-sync store for
+    kind remote); other ranks only take their shares. dynamic_sampling: as the algorithm resolved
+    it (DAPO turns it on whatever the spec says). auth: the job's token (kind remote: the rollout
+    servers register and generate with it)."""
+    if kind not in KINDS:
+        raise ValueError(f"rollout source '{kind}': use one of {', '.join(KINDS)}")
+    if not env.is_leader:
+        return Rollouts(GroupSource(env, None), None)
+    from ..data import PromptStream
+    from ..rewards import RewardScorer
+    from ..rollout import workflows
+    from ..trajectories.queue import EnvironmentQueue
+
+    spec = job.spec
+    pipeline = Pipeline.from_spec(spec, dynamic_sampling=dynamic_sampling)
+    workflow = workflows.build(spec, tokenizer)  # None: rollout.workflow none, environments only
+    pieces = dict(workflow=workflow, pipeline=pipeline,
+                  scorer=RewardScorer(spec, tokenizer) if workflow is not None else None,
+                  prompts=PromptStream(spec, tokenizer) if workflow is not None else None,
+                  environments=EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit,
+                                                [e.name for e in spec.environments]))
+    if kind == "inprocess":
+        from ..rollout.hf_engine import HFEngine
+
+        engine = HFEngine(spec, device=str(env.device))
+        manager = RolloutManager(EngineGenerator(engine), **pieces)
+        manager.run(engine.start())
+        return Rollouts(GroupSource(env, manager), EnginePublisher(engine), engine_close=engine.close)
+    from ..rollout.client import RolloutClient
+    from .remote import RemotePublisher, sync_address
+
+    if auth is None:
+        raise ValueError("rollouts 'remote' need the job's token (grpojob.auth.Auth)")
+    # A resumed policy differs from the weights on disk: no version is current until the
+    # loop's first push (it pushes once after a resume, before its first step).
+    publisher = RemotePublisher(spec, listen_host, sync_address()[1], resumed=resumed, device=env.device,
+                                checkpoint_dir=checkpoint_dir, token=auth.token)
+    client = RolloutClient(publisher.rollout_addresses, token=auth.token,
+                           timeout=float(spec.weight_sync.timeout_seconds) * 3)
+    manager = RolloutManager(client, **pieces)
+    return Rollouts(GroupSource(env, manager), publisher, engine_close=client.close)

@@ -1,0 +1,153 @@
+"""A rendered pod's container run on this machine the way a kubelet and runc would run it, acted
+out with Linux mount namespaces (no container runtime or cluster is available here):
+
+- the image's root filesystem is this machine's root seen through an overlay (so nothing written
+  to it reaches the host), remounted read-only when the container says readOnlyRootFilesystem;
+- each volume mount of the container is the pod's volume: an emptyDir is a fresh directory, a
+  configMap the ConfigMap's files (read-only), a secret the Secret's files given by the test
+  (read-only, owned by root and the pod's fsGroup, with the volume's defaultMode, as the kubelet
+  makes them), a persistentVolumeClaim a directory given by the test;
+- the process runs as the securityContext's uid/gid, with every capability dropped when it drops
+  ALL, and no_new_privs when allowPrivilegeEscalation is false;
+- its environment is the container's env, the downward API resolved, the addresses of other pods
+  given by the test (they share this machine's network), and the image's PATH.
+
+It needs root (mount namespaces, overlayfs); `available()` says whether this machine allows it.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+# The image's PATH: this interpreter's environment stands for the runtime image's Python.
+IMAGE_PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+
+
+def available() -> tuple[bool, str]:
+    if os.geteuid() != 0:
+        return False, "needs root for mount namespaces"
+    for tool in ("unshare", "setpriv", "chroot", "mount"):
+        if not shutil.which(tool):
+            return False, f"no {tool}"
+    with tempfile.TemporaryDirectory() as d:  # the mounts script() needs, in a throwaway namespace
+        probe = subprocess.run(
+            ["unshare", "-m", "--propagation", "private", "sh", "-euc",
+             f"mount -t tmpfs tmpfs {d} && mkdir {d}/u {d}/w {d}/r && "
+             f"mount -t overlay overlay -o lowerdir=/,upperdir={d}/u,workdir={d}/w {d}/r && "
+             f"mount -o remount,ro,bind {d}/r"], capture_output=True)
+    if probe.returncode:
+        return False, f"mount namespaces or overlayfs refused: {probe.stderr.decode().strip()}"
+    return True, ""
+
+
+def _fields(pod_name: str, index: int) -> dict[str, str]:
+    return {"metadata.name": pod_name, "status.podIP": "127.0.0.1",
+            "metadata.labels['apps.kubernetes.io/pod-index']": str(index)}
+
+
+def env_of(container: dict[str, Any], pod_name: str, index: int, overrides: Mapping[str, str],
+           secrets: Optional[Mapping[str, Mapping[str, str]]] = None) -> dict[str, str]:
+    """The container's environment, as the kubelet resolves it (fieldRef, secretKeyRef);
+    `overrides` stand for the cluster network (a Service's DNS name is 127.0.0.1 here, and pods
+    share this machine's ports)."""
+    out = {"PATH": IMAGE_PATH}
+    fields = _fields(pod_name, index)
+    for e in container.get("env", []):
+        secret = e.get("valueFrom", {}).get("secretKeyRef")
+        if secret:
+            out[e["name"]] = (secrets or {})[secret["name"]][secret["key"]]
+            continue
+        if "valueFrom" in e:
+            ref = e["valueFrom"].get("fieldRef", {}).get("fieldPath")
+            if ref not in fields:
+                raise ValueError(f"the sandbox cannot resolve {e['name']}: {e['valueFrom']}")
+            value = fields[ref]
+        else:
+            value = e.get("value", "")
+        out[e["name"]] = value
+    return {**out, **overrides}
+
+
+def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, config: Mapping[str, str],
+           claims: Mapping[str, Path], env: Mapping[str, str],
+           secrets: Optional[Mapping[str, Mapping[str, str]]] = None) -> str:
+    """The shell script that builds the container's filesystem in a fresh mount namespace and
+    execs its command inside it."""
+    root, layers = workdir / "root", workdir / "layers"
+    lines = ["set -eu", f"mkdir -p {root} {layers}", f"mount -t tmpfs tmpfs {layers}",
+             f"mkdir {layers}/upper {layers}/work",
+             f"mount -t overlay overlay -o lowerdir=/,upperdir={layers}/upper,workdir={layers}/work {root}",
+             # The image's interpreter must be readable by its user: here it lives under /root.
+             f"chmod 755 {root}/root",
+             f"mount --rbind /dev {root}/dev", f"mount -t proc proc {root}/proc", f"mount --rbind /sys {root}/sys"]
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    for m in container.get("volumeMounts", []):
+        v = volumes[m["name"]]
+        src = workdir / "volumes" / m["name"]
+        read_only = bool(m.get("readOnly"))
+        if "emptyDir" in v:
+            src.mkdir(parents=True, exist_ok=True)
+            src.chmod(0o1777)
+        elif "configMap" in v:
+            src.mkdir(parents=True, exist_ok=True)
+            for key, text in config.items():
+                (src / key).write_text(text)
+            src.chmod(0o755)
+            read_only = True
+        elif "secret" in v:
+            src.mkdir(parents=True, exist_ok=True)
+            group = (pod.get("securityContext") or {}).get("fsGroup", 0)
+            for key, text in (secrets or {})[v["secret"]["secretName"]].items():
+                (src / key).write_text(text)
+                os.chown(src / key, 0, group)
+                (src / key).chmod(v["secret"].get("defaultMode", 0o644))
+            os.chown(src, 0, group)
+            src.chmod(0o755)
+            read_only = True
+        elif "persistentVolumeClaim" in v:
+            src = claims[v["persistentVolumeClaim"]["claimName"]]
+            read_only = read_only or bool(v["persistentVolumeClaim"].get("readOnly"))
+        else:
+            raise ValueError(f"the sandbox has no {sorted(set(v) - {'name'})} volumes")
+        # Inside the image, as runc resolves it (/var/run is a link to /run): the overlay mirrors
+        # this machine's root, so resolving here gives the same path without leaving the root.
+        target = f"{root}{os.path.realpath(m['mountPath'])}"
+        lines += [f"mkdir -p {target}", f"mount --bind {src} {target}"]
+        if read_only:
+            lines.append(f"mount -o remount,ro,bind {target}")
+    psc, sc = pod.get("securityContext") or {}, container.get("securityContext") or {}
+    if sc.get("readOnlyRootFilesystem"):
+        lines.append(f"mount -o remount,ro,bind {root}")
+    uid = sc.get("runAsUser", psc.get("runAsUser", 0))
+    gid = sc.get("runAsGroup", psc.get("runAsGroup", 0))
+    priv = ["setpriv", f"--reuid={uid}", f"--regid={gid}"]
+    priv += [f"--groups={psc['fsGroup']}"] if "fsGroup" in psc else ["--clear-groups"]
+    if sc.get("allowPrivilegeEscalation") is False:
+        priv.append("--no-new-privs")
+    if "ALL" in (sc.get("capabilities") or {}).get("drop", []):
+        priv += ["--inh-caps=-all", "--bounding-set=-all"]
+    home = env.get("HOME", "/")
+    command = ["env", "-i", *(f"{k}={v}" for k, v in env.items()), *container["command"], *container.get("args", [])]
+    lines.append(f"exec chroot {root} " + shlex.join(priv) + " sh -c " +
+                 shlex.quote(f"cd {shlex.quote(home)} && exec " + shlex.join(command)))
+    return "\n".join(lines)
+
+
+def start(pod: dict[str, Any], workdir: Path, *, pod_name: str, index: int = 0, config: Mapping[str, str],
+          claims: Optional[Mapping[str, Path]] = None, overrides: Optional[Mapping[str, str]] = None,
+          secrets: Optional[Mapping[str, Mapping[str, str]]] = None, log: Path) -> subprocess.Popen:
+    """Start the pod's (only) container; its stdout and stderr go to `log`. `secrets`: Secret name
+    -> its data (key -> text)."""
+    (container,) = pod["containers"]
+    env = env_of(container, pod_name, index, overrides or {}, secrets)
+    text = script(pod, container, workdir, config=config, claims=claims or {}, env=env, secrets=secrets)
+    (workdir / "run.sh").write_text(text)
+    with open(log, "wb") as out:
+        return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", str(workdir / "run.sh")],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,0 +1,80 @@
+"""What the live scene (tests/monitoring/scene.py) must show: every metric and every dashboard panel,
+each either measured (with the values it may take) or named here as not measured, and why.
+
+A metric that nothing sets has no sample, so its panel has no data: unless it is listed below, the
+tests fail on it. An entry below that starts getting samples fails too, so the lists stay true.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+# Not measured in the scene's job (examples/tiny-local.yaml), by design: no sample, no data.
+NOT_MEASURED = {
+    "grpojob_kl": "algorithm.klBeta is 0: no reference model is loaded and KL is not computed",
+}
+
+# Named in metrics_names but not set on this path yet. When the trainer starts setting one, the
+# tests fail until it leaves this list.
+PENDING: dict[str, str] = {}
+
+ABSENT = {**NOT_MEASURED, **PENDING}
+
+
+@dataclass(frozen=True)
+class Range:
+    """Every value of the panel lies in [lo, hi]; `positive` also needs the largest one > lo."""
+    lo: float = -math.inf
+    hi: float = math.inf
+    positive: bool = False
+
+    def problems(self, values: list[float]) -> list[str]:
+        out = [f"{v} outside [{self.lo}, {self.hi}]" for v in values if not self.lo <= v <= self.hi]
+        if self.positive and values and max(values) <= self.lo:
+            out.append(f"no value above {self.lo}: {values}")
+        return out
+
+
+ANY = Range()
+FRACTION = Range(0, 1)
+COUNT = Range(0)
+POSITIVE = Range(0, positive=True)
+
+# Every panel of the dashboard, by title: the values its measured queries may return in the scene
+# (one trainer leader, one rollout server, the operator, a job with a toy reward in [0, 1]).
+PANELS = {
+    "Jobs by phase": COUNT,
+    "Progress": Range(0, 1, positive=True),
+    "Trainer pods ready": Range(1, 1),
+    "Rollout pods ready": Range(1, 1),
+    "Trainer restarts": Range(0, 0),
+    "Reward mean by reward function": FRACTION,  # the toy reward is a share of words
+    "Reward std by reward function": FRACTION,
+    "Advantages": ANY,
+    "Wasted samples": FRACTION,
+    "KL to reference": COUNT,
+    "Entropy": POSITIVE,
+    "Loss": ANY,
+    "Clip fraction": FRACTION,
+    "Gradient norm and learning rate": POSITIVE,
+    "Completion length": Range(0, 4, positive=True),  # rollout.sampling.maxTokens is 4
+    "Tokens per second": COUNT,
+    "Step time by stage": COUNT,
+    "Step time": POSITIVE,
+    "Sample staleness": COUNT,
+    "Trainer wait and generation pauses": COUNT,
+    "Rollout idle fraction": FRACTION,
+    "Groups in flight": COUNT,
+    "Resampled and stale groups": COUNT,
+    "Rollout server lag": COUNT,
+    "Weight sync duration": POSITIVE,
+    "Policy version": Range(1, positive=True),
+    "Rollout servers in the sync group": Range(1, 1),  # the issue: at least one server, here exactly one
+    "Importance weights": POSITIVE,
+    "Queue depth": COUNT,
+    "Generation throughput per server": COUNT,
+    "Requests by result": COUNT,
+    "Reconciles by result": COUNT,
+    "Reconcile duration": POSITIVE,
+    "Child-object errors": Range(0, 0),
+}

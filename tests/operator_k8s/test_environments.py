@@ -1,0 +1,231 @@
+"""spec.environments on a cluster: a Deployment per environment rendered from the same plan as
+`grpojob run` (the rollout Service's OpenAI URL and the trajectory API's URL in its environment),
+with the pod security of the other roles; the real operator creates them, PodSecurity (acted out)
+admits their pods, suspend stops them; and their pods, run as rendered (tests/helpers/pod_sandbox),
+train a job from the example environment."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from grpojob import auth, plan
+from grpojob.api import parse
+from grpojob.local.processes import free_port
+from grpojob.local.runner import _children
+from grpojob_operator import children
+from grpojob_operator import names as n
+from grpojob_operator.pods import CACHE_ENV
+from grpojob_operator.rbac import allows
+from tests.helpers import pod_sandbox
+from tests.helpers.k8s_schema import validate_all
+from tests.helpers.pod_security import restricted
+
+from .cluster import eventually
+from .conftest import NS, job_manifest, job_path
+from .kmock_shim import DEPLOYMENTS, GRPOJOBS, PODS
+from .test_children import OWNER, build, container, env_of
+from .test_operator import cond, kids, status, without_server_fields
+
+ROOT = Path(__file__).resolve().parents[2]
+ENVS = [
+    {"name": "arith", "command": ["python", "-m", "arith_env"], "replicas": 2,
+     "image": "me/envs:1", "imagePullPolicy": "Always",
+     "resources": {"requests": {"cpu": "500m", "memory": 1}, "limits": {"memory": "1Gi"}},
+     "env": [{"name": "LEVEL", "value": "3"},
+             {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "env", "key": "token"}}},
+             {"name": plan.ENV_OPENAI_API_KEY, "value": "mine"}],
+     "nodeSelector": {"pool": "cpu"}, "tolerations": [{"key": "spot", "operator": "Exists"}],
+     "serviceAccountName": "envs", "labels": {"team": "rl", n.LABEL_ROLE: "hijack"}, "annotations": {"a": "b"}},
+    {"name": "code", "command": ["code-env", "--fast"]},
+]
+
+
+def env_job(name="j", **over):
+    return job_manifest(name, model={"path": "/models/m", "volumeClaim": "models"}, environments=copy.deepcopy(ENVS),
+                        **over)
+
+
+def test_each_environment_gets_a_deployment_from_the_plan():
+    kids_ = build(env_job())
+    assert list(kids_)[-2:] == [("Deployment", "j-env-arith"), ("Deployment", "j-env-code")]
+    assert validate_all(kids_.values()) == 9  # kubernetes-validate --strict, every child (2 NetworkPolicies)
+    arith, code = kids_[("Deployment", "j-env-arith")], kids_[("Deployment", "j-env-code")]
+    for dep, env in ((arith, "arith"), (code, "code")):
+        assert dep["metadata"]["ownerReferences"] == [OWNER]
+        assert dep["metadata"]["labels"][n.LABEL_ENVIRONMENT] == env
+        assert dep["metadata"]["labels"][n.LABEL_COMPONENT] == "environment"
+        sel = dep["spec"]["selector"]["matchLabels"]
+        assert sel == {n.LABEL_JOB: "j", n.LABEL_ROLE: "environment", n.LABEL_ENVIRONMENT: env}
+        assert sel.items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+        pod = dep["spec"]["template"]["spec"]
+        assert restricted(pod) == []  # PodSecurity restricted, as the trainer's and rollouts' pods
+        c = container(dep)
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True and "readinessProbe" not in c
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        assert mounts == {"/etc/grpojob": "grpojob-config", "/var/run/grpojob": "grpojob-run",
+                          "/dev/shm": "grpojob-shm", "/home/grpojob": "grpojob-home", "/tmp": "grpojob-tmp",
+                          "/var/run/secrets/grpojob": "grpojob-token"}  # the job's token, read-only
+        e = env_of(c)  # the plan's environment: where the rollout servers and the trajectory API are
+        assert e[plan.ENV_OPENAI_BASE_URL] == e[plan.ENV_OPENAI_BASE_URLS] == "http://j-rollout.ml.svc:8000/v1"
+        assert e[plan.ENV_TRAJECTORY_URL] == "http://j-trainer-0.j-trainer.ml.svc:9400/trajectories"
+        assert e[plan.ENV_ENVIRONMENT] == env and e[plan.ENV_ROLE] == "environment"
+        assert e[plan.ENV_REPLICA_ID] == {"fieldRef": {"fieldPath": "metadata.name"}}
+        assert e[plan.ENV_CONFIG] == "/etc/grpojob/grpojob.json" and plan.ENV_SYNC_ADDR not in e
+    # The trajectory URL names the trainer's http port, which its headless Service serves.
+    assert {p["name"]: p["port"] for p in kids_[("Service", "j-trainer")]["spec"]["ports"]}["http"] == 9400
+
+    c, pod = container(arith), arith["spec"]["template"]
+    assert arith["spec"]["replicas"] == 2 and code["spec"]["replicas"] == 1
+    assert c["command"] == ["python", "-m", "arith_env"] and container(code)["command"] == ["code-env", "--fast"]
+    assert c["image"] == "me/envs:1" and c["imagePullPolicy"] == "Always"
+    assert container(code)["image"] == n.runtime_image()
+    assert c["resources"] == {"requests": {"cpu": "500m", "memory": "1"}, "limits": {"memory": "1Gi"}}
+    e = env_of(c)
+    assert e["LEVEL"] == "3" and e["TOKEN"] == {"secretKeyRef": {"name": "env", "key": "token"}}
+    assert e[plan.ENV_OPENAI_API_KEY] == "mine"  # the user's variable replaces the plan's
+    # Without one, the OpenAI key is the job's token, from its Secret (never a literal value).
+    assert env_of(container(code))[plan.ENV_OPENAI_API_KEY] == {"secretKeyRef": {"name": "j-token", "key": "token"}}
+    assert pod["spec"]["nodeSelector"] == {"pool": "cpu"} and pod["spec"]["serviceAccountName"] == "envs"
+    assert pod["spec"]["tolerations"] == [{"key": "spot", "operator": "Exists"}]
+    assert pod["metadata"]["labels"]["team"] == "rl" and pod["metadata"]["labels"][n.LABEL_ROLE] == "environment"
+    assert pod["metadata"]["annotations"] == {"a": "b"}
+
+
+def test_environments_run_while_the_trainer_does():
+    down = build(env_job(), scale=children.Scale(0, 0))
+    assert down[("Deployment", "j-env-arith")]["spec"]["replicas"] == 0
+    # Rollouts scaled to zero alone (not a state the operator makes, but the rule is the trainer's).
+    assert build(env_job(), scale=children.Scale(2, 0))[("Deployment", "j-env-arith")]["spec"]["replicas"] == 2
+    assert not any(k[1].startswith("j-env-") for k in build(job_manifest("j")))
+
+
+def test_grpojob_run_starts_the_same_environment_processes(tmp_path):
+    """The operator's container and the local child come from one plan: same command, same
+    variables (values differ only where the placement does: addresses and paths)."""
+    m = job_manifest("j", environments=[{"name": "arith", "command": ["python", "-c", "pass"],
+                                         "env": [{"name": "LEVEL", "value": "3"}]}])
+    job = parse(m)
+    local = {c.name: c for c in _children(job, tmp_path, None)}
+    child = local["env-arith-0"]
+    c = container(build(m)[("Deployment", "j-env-arith")])
+    assert child.argv[1:] == c["command"][1:] and Path(child.argv[0]).name.startswith("python")
+    assert {e["name"] for e in c["env"]} - set(CACHE_ENV) <= set(child.env)
+    rollout = local["rollout-0"].env[plan.ENV_ROLLOUT_PORT]
+    assert child.env[plan.ENV_OPENAI_BASE_URL] == f"http://127.0.0.1:{rollout}/v1"
+    assert child.env[plan.ENV_TRAJECTORY_URL] == \
+        f"http://127.0.0.1:{local['trainer-0'].env[plan.ENV_TRAINER_PORT]}/trajectories"
+    assert child.env["LEVEL"] == "3" and child.env[plan.ENV_REPLICA_ID] == "env-arith-0"
+
+
+async def test_the_operator_creates_environment_deployments_and_suspend_stops_them(emulator, cluster, operator,
+                                                                                   trainer):
+    await cluster.create(job_path(), env_job("envs"))
+    await eventually(lambda: cond(emulator, "envs", "Created").get("status") == "True", what="Created")
+    uid = emulator.get_obj(GRPOJOBS, NS, "envs")["metadata"]["uid"]
+    expected = children.build(parse(env_job("envs")), namespace=NS, image=operator.cfg.image,
+                              owner=children.owner_reference("envs", uid))
+    have = kids(emulator, "envs")
+    assert sorted(have) == sorted(children.key(o) for o in expected)
+    for obj in expected:
+        assert without_server_fields(have[children.key(obj)]) == obj, children.key(obj)
+
+    # The acted-out Deployment controller makes their pods; acted-out PodSecurity admits them.
+    envs = lambda: [p for p in cluster.pods(NS, "envs", "environment")]  # noqa: E731
+    await eventually(lambda: len(envs()) == 3, what="environment pods admitted")
+    trainer.set(NS, "envs", phase="running", totalSteps=20)
+    await cluster.run_pods(NS, "envs")
+    await eventually(lambda: status(emulator, "envs").get("phase") == "Running", what="Running")
+    assert status(emulator, "envs")["rollout"] == {"desired": 2, "ready": 2}  # environments are not rollouts
+
+    await cluster.patch(job_path(NS, "envs"), {"spec": {"runPolicy": {"suspend": True}}})
+    await eventually(lambda: ("ml", "envs") in trainer.suspends, what="POST /suspend")
+    trainer.set(NS, "envs", phase="suspended", lastCheckpointStep=3)
+    await eventually(lambda: emulator.get_obj(DEPLOYMENTS, NS, "envs-env-arith")["spec"]["replicas"] == 0,
+                     what="environments scaled to zero")
+    await eventually(lambda: not envs(), what="environment pods gone")
+
+    used = set()  # every request the operator made is covered by the chart's RBAC rules
+    verbs = {"list": "list", "watch": "watch", "fetch": "get", "create": "create", "update": "patch",
+             "delete": "delete"}
+    for r in list(emulator._requests):
+        if r.resource is None or r.resource.plural is None or r.action is None \
+                or r.headers.get("User-Agent", "").startswith("kmock/"):
+            continue
+        used.add((r.resource.group, r.resource.plural + (f"/{r.subresource}" if r.subresource else ""),
+                  verbs[r.action.value.lower()]))
+    assert ("apps", "deployments", "create") in used and ("apps", "deployments", "patch") in used
+    assert [u for u in used if not allows(*u)] == []
+    assert not [p for p in emulator.live(PODS, NS) if p["metadata"]["labels"].get(n.LABEL_ROLE) == "environment"]
+
+
+ok, why = pod_sandbox.available()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")
+def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir, tmp_path):
+    """Trainer, rollout and environment pods as rendered (read-only root, uid 10001, no
+    capabilities): the example environment reaches the rollout server and the trajectory API
+    through the addresses the plan gave it, and the trainer trains on its groups alone."""
+    models = tmp_path / "models"
+    shutil.copytree(tiny_dir, models / "tiny")
+    script = models / "arithmetic.py"  # the environment's code, on a read-only claim like the model
+    shutil.copy(ROOT / "examples" / "environments" / "arithmetic.py", script)
+    for p in [models, *models.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    trainer_port, rollout_port = free_port(), free_port()
+    m = job_manifest("t", model={"path": "/models/tiny", "volumeClaim": "models"},
+                     training={"steps": 3, "promptsPerStep": 4, "microBatchTokens": 1024},
+                     algorithm={"maxStaleness": 1},
+                     trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port},
+                     rollout={"replicas": 1, "backend": "hf", "port": rollout_port, "workflow": "none",
+                              "sampling": {"maxTokens": 4}},
+                     checkpoint={"everySteps": 100},
+                     environments=[{"name": "arith", "command": ["python", "/models/arithmetic.py"]}])
+    del m["spec"]["dataset"], m["spec"]["rewards"]  # environments bring both
+    kids_ = {children.key(o): o for o in children.build(parse(m), namespace="ml")}
+    config = kids_[("ConfigMap", "t-config")]["data"]
+    # The cluster network, acted out: every Service name is this machine.
+    network = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()),
+               plan.ENV_SYNC_ADDR: f"127.0.0.1:{free_port()}",
+               plan.ENV_OPENAI_BASE_URL: f"http://127.0.0.1:{rollout_port}/v1",
+               plan.ENV_OPENAI_BASE_URLS: f"http://127.0.0.1:{rollout_port}/v1",
+               plan.ENV_TRAJECTORY_URL: f"http://127.0.0.1:{trainer_port}/trajectories"}
+    secrets = {n.token_name("t"): {auth.TOKEN_KEY: auth.generate()}}  # what the operator puts in the Secret
+    procs = {}
+    for role, key in (("rollout", ("Deployment", "t-rollout")), ("trainer", ("StatefulSet", "t-trainer")),
+                      ("env", ("Deployment", "t-env-arith"))):
+        pod = copy.deepcopy(kids_[key]["spec"]["template"]["spec"])
+        if role == "env":  # the example's code on the claim (the runtime image does not ship examples)
+            pod["volumes"].append({"name": "code", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}})
+            pod["containers"][0]["volumeMounts"].append({"name": "code", "mountPath": "/models", "readOnly": True})
+        work = tmp_path / role
+        work.mkdir()
+        procs[role] = (pod_sandbox.start(pod, work, pod_name=f"t-{role}-0", config=config, claims={"models": models},
+                                         overrides=network, secrets=secrets, log=work / "log"), work)
+    try:
+        trainer, twork = procs["trainer"]
+        deadline = time.monotonic() + 420
+        while trainer.poll() is None and time.monotonic() < deadline:
+            assert all(p.poll() is None for r, (p, _) in procs.items() if r != "trainer"), \
+                {r: (w / "log").read_text()[-2000:] for r, (_, w) in procs.items()}
+            time.sleep(1)
+        logs = {r: (w / "log").read_text() for r, (_, w) in procs.items()}
+        assert trainer.poll() == 0, logs["trainer"][-3000:]
+    finally:
+        for p, _ in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 15)
+                p.wait(30)
+    for text in logs.values():
+        assert "Read-only file system" not in text and "Permission denied" not in text
+    assert '"event": "registered"' in logs["env"] and '"event": "submitted"' in logs["env"]
+    records = [json.loads(x) for x in (twork / "volumes" / "grpojob-run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["groups_from_environments"] for r in records] == [4, 4, 4]
+    assert set(records[-1]["rewards"]) == {"number", "correct"}

@@ -1,0 +1,136 @@
+"""What the trainer's report (or its absence) does to a job, as pure functions: reachability,
+progress, suspending a trainer that does not answer, completion, condition times."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from grpojob.api import TrainerStatus
+from grpojob.api.status import CONDITION_TYPES, RolloutLag
+from grpojob_operator.children import Scale
+from grpojob_operator.status import Event, initial_status, transitions, with_suspend_request
+
+from .test_status import T0, cond, job, pods, running_status, step
+
+UNREACHABLE = "GET http://t-trainer-0.t-trainer.ml.svc:9400/status: ClientConnectorError: connection refused"
+
+
+def test_a_ready_trainer_that_does_not_answer_is_unreachable_with_the_error():
+    j = job()
+    d = running_status(j)
+    assert cond(d.status, "TrainerReachable").status == "True"
+    lost = step(j, d.status, now=T0 + timedelta(seconds=10), tp=pods("trainer", 2), rp=pods("rollout", 2),
+                error=UNREACHABLE, ledger=d.ledger)
+    c = cond(lost.status, "TrainerReachable")
+    assert (c.status, c.reason, c.message) == ("False", "Unreachable", UNREACHABLE)
+    assert c.last_transition_time == "2026-01-01T00:00:10Z"
+    assert lost.status.phase == "Running" and f"(trainer unreachable: {UNREACHABLE})" in lost.status.message
+    assert Event("Warning", "Unreachable", f"TrainerReachable=False: {UNREACHABLE}") in transitions(d.status, lost.status)
+    assert cond(lost.status, "WeightsInSync").status == "Unknown"
+    # Still failing a look later: no new Event; a different error is news.
+    again = step(j, lost.status, now=T0 + timedelta(seconds=20), tp=pods("trainer", 2), rp=pods("rollout", 2),
+                 error=UNREACHABLE, ledger=lost.ledger)
+    assert transitions(lost.status, again.status) == []
+    assert cond(again.status, "TrainerReachable").last_transition_time == "2026-01-01T00:00:10Z"
+    other = step(j, again.status, tp=pods("trainer", 2), rp=pods("rollout", 2), error="GET /status: HTTP 500",
+                 ledger=again.ledger)
+    assert [e.reason for e in transitions(again.status, other.status)] == ["Unreachable"]
+    back = step(j, other.status, tp=pods("trainer", 2), rp=pods("rollout", 2), ledger=other.ledger,
+                trainer=TrainerStatus(phase="running", step=4, total_steps=20))
+    assert cond(back.status, "TrainerReachable").reason == "Reachable"
+
+
+def test_a_trainer_still_starting_is_not_called_unreachable():
+    j = job()
+    d = step(j, initial_status(T0), tp=pods("trainer", 2, ready=False), rp=pods("rollout", 2), error=UNREACHABLE)
+    c = cond(d.status, "TrainerReachable")
+    assert (c.status, c.reason) == ("Unknown", "Starting")
+    assert not [e for e in transitions(initial_status(T0), d.status) if e.type == "Warning" and "Trainer" in e.message]
+
+
+def test_total_steps_come_from_the_spec_before_the_trainer_reports():
+    d = step(job(), initial_status(T0))
+    assert d.status.progress.total_steps == 20 and d.status.progress.step == 0
+    d = step(job(), d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), error=UNREACHABLE)
+    assert d.status.message == f"step 0/20 (trainer unreachable: {UNREACHABLE})"
+
+
+def test_every_condition_carries_a_transition_time_from_the_first_status():
+    d = step(job(), initial_status(T0))
+    assert [c.type for c in d.status.conditions] == list(CONDITION_TYPES)
+    assert all(c.last_transition_time for c in d.status.conditions)
+    assert cond(d.status, "WeightsInSync").status == "Unknown"
+    # A status written before this rule (no times) gets them on the next look.
+    bare = d.status.model_copy(deep=True)
+    for c in bare.conditions:
+        c.last_transition_time = None
+    assert all(c.last_transition_time == "2026-01-01T01:00:00Z"
+               for c in step(job(), bare, now=T0 + timedelta(hours=1)).status.conditions)
+
+
+def test_rollout_lag_and_sync_backend_reach_the_status():
+    t = TrainerStatus(phase="running", step=9, total_steps=20, policy_version=9, weights_in_sync=False,
+                      rollouts=[RolloutLag(replica="j-rollout-a", version=9, lag=0),
+                                RolloutLag(replica="j-rollout-b", version=8, lag=1)],
+                      weight_sync_backend="nccl")
+    d = step(job(), running_status(job()).status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=t)
+    p = d.status.dump()["progress"]
+    assert p["rollouts"] == [{"replica": "j-rollout-a", "version": 9, "lag": 0},
+                             {"replica": "j-rollout-b", "version": 8, "lag": 1}]
+    assert p["weightSyncBackend"] == "nccl"
+    assert cond(d.status, "WeightsInSync").message == "policy version 9 (nccl)"
+
+
+def test_suspend_asks_a_running_trainer_even_when_its_status_does_not_answer():
+    """Both trainer pods Running and Ready, /status unreachable: ask, retry, never scale down
+    without asking; after the timeout, scale down and say why."""
+    j = job(runPolicy={"suspend": True})
+    d = running_status(job())
+    ask = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), error=UNREACHABLE, ledger=d.ledger)
+    assert ask.request_suspend and ask.scale == Scale(2, 2) and ask.status.phase != "Suspended"
+    failed = with_suspend_request(ask, "POST .../suspend: ClientConnectorError: connection refused", T0)
+    c = cond(failed.status, "Suspended")
+    assert (c.status, c.reason) == ("Unknown", "Checkpointing") and "connection refused" in c.message
+    again = step(j, failed.status, now=T0 + timedelta(seconds=60), tp=pods("trainer", 2), rp=pods("rollout", 2),
+                 error=UNREACHABLE, ledger=ask.ledger, suspend_timeout=600)
+    assert again.request_suspend and again.scale == Scale(2, 2)
+    late = step(j, again.status, now=T0 + timedelta(seconds=601), tp=pods("trainer", 2), rp=pods("rollout", 2),
+                error=UNREACHABLE, ledger=again.ledger, suspend_timeout=600)
+    c = cond(late.status, "Suspended")
+    assert late.scale == Scale(0, 0) and late.status.phase == "Suspended"
+    assert (c.status, c.reason) == ("True", "CheckpointTimeout")
+    assert c.message.startswith("no checkpoint confirmed within 600s (the trainer's /status does not answer")
+    assert any(e.type == "Warning" and e.reason == "CheckpointTimeout" for e in transitions(again.status, late.status))
+
+
+def test_suspend_completes_on_the_trainers_clean_exit_even_unseen_in_status():
+    j = job(runPolicy={"suspend": True})
+    d = running_status(job())
+    ask = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=TrainerStatus(phase="running"),
+               ledger=d.ledger)
+    exited = pods("trainer", 2)
+    exited[0] = exited[0].__class__(**{**exited[0].__dict__, "restarts": 1, "clean_exit": True})
+    done = step(j, ask.status, tp=exited, rp=pods("rollout", 2), error=UNREACHABLE, ledger=ask.ledger)
+    assert done.scale == Scale(0, 0) and cond(done.status, "Suspended").reason == "Checkpointed"
+    assert done.status.restarts == 0
+
+
+def test_suspend_of_a_job_whose_trainer_pods_are_gone_says_so():
+    j = job(runPolicy={"suspend": True})
+    d = running_status(job())
+    ask = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+               trainer=TrainerStatus(phase="running", step=5, last_checkpoint_step=4))
+    gone = step(j, ask.status, tp=[], rp=pods("rollout", 2))
+    c = cond(gone.status, "Suspended")
+    assert gone.scale == Scale(0, 0) and (c.reason, c.message) == (
+        "TrainerStopped", "the trainer stopped before confirming a checkpoint (newest checkpoint: step 4)")
+
+
+def test_completion_needs_the_trainer_at_its_last_step():
+    j = job()
+    d = running_status(j)
+    early = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+                 trainer=TrainerStatus(phase="completed", step=0, total_steps=20), ledger=d.ledger)
+    assert early.status.phase == "Running"
+    done = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+                trainer=TrainerStatus(phase="completed", step=20, total_steps=20), ledger=d.ledger)
+    assert done.status.phase == "Succeeded"

@@ -1,0 +1,156 @@
+"""Vendor the Kubernetes schemas a GRPOJob embeds (tolerations, resources, affinity, env, volumes,
+security contexts) from the official OpenAPI definitions that `kubernetes-validate` ships offline,
+as structural schemas a CRD accepts, into runtime/grpojob/api/k8s_schemas.json.
+
+    python -m tools.vendor_k8s_schemas          # or: make k8s-schemas
+
+The runtime never imports kubernetes-validate: it reads the JSON file this writes, and a test
+regenerates it from kubernetes-validate so the two never drift.
+
+Conversion (what a CRD's structural schema needs, the same choices controller-gen makes):
+- every $ref inlined; `type: [T, "null"]` becomes `type: T` (the API server prunes nulls);
+- Quantity and IntOrString become `x-kubernetes-int-or-string`, quantities with the Kubernetes
+  quantity grammar as `pattern`;
+- `additionalProperties: false` dropped (a structural schema prunes, strict field validation
+  refuses unknown fields); free-form objects (FieldsV1) keep `x-kubernetes-preserve-unknown-fields`;
+- merge/list-type hints for strategic merge patch dropped (lists in a CR are atomic).
+- descriptions kept two levels below each embedded object (`kubectl explain` shows those; the
+  whole CRD must stay under the 256 KiB last-applied-configuration annotation of a client-side
+  `kubectl apply`, and every description would double its size).
+grpojob's additions, on top of the official schema: resource maps (`requests`, `limits`) accept
+only valid resource names (a CEL rule the API server evaluates, acted out in Python by
+grpojob.api.k8s) and at most 32 entries (which bounds the rule's cost).
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "runtime" / "grpojob" / "api" / "k8s_schemas.json"
+
+# The Kubernetes release whose definitions are embedded: the one the tests validate rendered
+# children against. A field newer than this is refused by the CRD; an older server prunes one
+# it does not know.
+K8S_VERSION = "1.34.0"
+ROOTS = ("Toleration", "ResourceRequirements", "Affinity", "EnvVar", "EnvVarSource", "Volume", "VolumeMount",
+         "PodSecurityContext", "SecurityContext")
+PREFIX = "io.k8s.api.core.v1."
+QUANTITY = "io.k8s.apimachinery.pkg.api.resource.Quantity"
+INT_OR_STRING = "io.k8s.apimachinery.pkg.util.intstr.IntOrString"
+# k8s.io/apimachinery/pkg/api/resource: the serialised quantity grammar (as controller-gen emits it).
+QUANTITY_PATTERN = (r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|"
+                    r"([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$")
+RESOURCE_MAP_MAX = 32
+DESCRIPTION_DEPTH = 2
+# Resource names a container may request (k8s.io/kubernetes/pkg/apis/core/validation
+# validateContainerResourceName): the standard ones, hugepages-<size>, or a domain-prefixed
+# extended resource outside kubernetes.io.
+RESOURCE_NAME_RULE = ("self.all(k, k in ['cpu', 'memory', 'ephemeral-storage'] || k.startsWith('hugepages-') || "
+                      "(k.contains('/') && !k.startsWith('kubernetes.io/') && !k.startsWith('requests.') && "
+                      "k.matches('^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/"
+                      "([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$')))")
+RESOURCE_NAME_MESSAGE = ("resource names are cpu, memory, ephemeral-storage, hugepages-<size>, or a "
+                         "domain-prefixed extended resource such as nvidia.com/gpu")
+_DROP = {"x-kubernetes-list-map-keys", "x-kubernetes-list-type", "x-kubernetes-map-type",
+         "x-kubernetes-patch-merge-key", "x-kubernetes-patch-strategy", "x-kubernetes-unions",
+         "additionalProperties", "$schema", "$id"}
+
+
+def definitions(version: str = K8S_VERSION) -> dict[str, Any]:
+    import kubernetes_validate  # dev-only: the runtime reads the vendored file instead
+
+    path = (Path(kubernetes_validate.__file__).parent / "kubernetes-json-schema" / f"v{version}-local-strict"
+            / "_definitions.json")
+    return json.loads(path.read_text())["$defs"]
+
+
+def _type(t: Any) -> Any:
+    if isinstance(t, list):
+        rest = [x for x in t if x != "null"]
+        return rest[0] if len(rest) == 1 else rest
+    return t
+
+
+def structural(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One official JSON schema node as a structural CRD schema node."""
+    if "$ref" in node:
+        name = node["$ref"].split("/")[-1]
+        if name in seen:
+            raise ValueError(f"recursive definition {' -> '.join(seen + (name,))} cannot be inlined")
+        local = {k: v for k, v in node.items() if k != "$ref"}
+        if name == QUANTITY:
+            return {**local, "x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}
+        if name == INT_OR_STRING:
+            return {**local, "x-kubernetes-int-or-string": True}
+        target = structural(defs[name], defs, seen + (name,))
+        return {**target, **{k: v for k, v in local.items() if k == "description"}}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "type":
+            out[key] = _type(value)
+        elif key == "properties":
+            out[key] = {k: structural(v, defs, seen) for k, v in value.items()}
+        elif key == "items":
+            out[key] = structural(value, defs, seen)
+        else:
+            out[key] = value
+    extra = node.get("additionalProperties")
+    if isinstance(extra, dict):  # a map: its values' schema
+        out["additionalProperties"] = structural(extra, defs, seen)
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True  # free-form in Kubernetes too (FieldsV1)
+    if set(out) - {"description"} == set() or "oneOf" in out or "anyOf" in out:
+        raise ValueError(f"no structural form for {node}")
+    return out
+
+
+def trim_descriptions(node: dict[str, Any], depth: int = 0) -> dict[str, Any]:
+    out = {}
+    for key, value in node.items():
+        if key == "description" and depth > DESCRIPTION_DEPTH:
+            continue
+        if key == "properties":
+            out[key] = {k: trim_descriptions(v, depth + 1) for k, v in value.items()}
+        elif key in ("items", "additionalProperties"):
+            out[key] = trim_descriptions(value, depth)
+        else:
+            out[key] = value
+    return out
+
+
+def _resource_maps(schema: dict[str, Any]) -> None:
+    for key in ("requests", "limits"):
+        m = schema["properties"][key]
+        m["maxProperties"] = RESOURCE_MAP_MAX
+        m["x-kubernetes-validations"] = [{"rule": RESOURCE_NAME_RULE, "message": RESOURCE_NAME_MESSAGE}]
+
+
+def build(version: str = K8S_VERSION) -> dict[str, Any]:
+    import kubernetes_validate
+
+    defs = definitions(version)
+    out = {name: trim_descriptions(structural(defs[PREFIX + name], defs, (PREFIX + name,))) for name in ROOTS}
+    _resource_maps(out["ResourceRequirements"])
+    return {"kubernetesVersion": version,
+            "source": f"kubernetes-validate {kubernetes_validate.__version__}",
+            "generator": "tools/vendor_k8s_schemas.py",
+            "definitions": out}
+
+
+def text(version: str = K8S_VERSION) -> str:
+    return json.dumps(build(version), indent=1, sort_keys=True) + "\n"
+
+
+def main() -> int:
+    OUT.write_text(text())
+    print(f"wrote {OUT.relative_to(ROOT)} (Kubernetes {K8S_VERSION}, {OUT.stat().st_size // 1024} KiB)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
