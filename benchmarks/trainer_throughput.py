@@ -1,20 +1,27 @@
 """Trainer throughput: grpojob's trainer against TRL's GRPOTrainer, side by side in one run.
 
-Same model (the tiny/small random Qwen2 built locally), same toy prompts and reward, same group
-size, completion length, prompts per optimizer step and learning rate; both sample with
-transformers `generate` on this CPU (TRL: use_vllm=False, bf16=False, no gradient
-checkpointing, as NOTES.md says it needs). Throughput is end-to-end training tokens per second
+Same model (a random Qwen2 built locally in one of SHAPES), same toy prompts and reward, same
+group size, completion length, prompts per optimizer step and learning rate, on the same device:
+- CPU: both float32 (TRL: use_cpu=True, bf16=False; TRL needs no gradient checkpointing there).
+- CUDA: ours bf16 autocast over float32 master weights (its default on GPU); TRL bf16=True,
+  use_cpu=False. Peak GPU memory is printed for both.
+Both sample with transformers models in process (TRL: `generate`, use_vllm=False; ours: the hf
+engine's continuously batched decoder). Throughput is end-to-end training tokens per second
 (prompt + completion tokens of every sampled completion, per second of full steps: generate,
-score, optimise), the median over the steps after the first (warm-up), the two trainers taking
-turns step by step so both see the same load on a shared machine; and train-only tokens per
-second (the step minus generation and scoring). Prints each and the ratios.
+score, optimise), the median over the steps after the first (warm-up: compilation happens
+there), the two trainers taking turns step by step so both see the same load on a shared
+machine; and train-only tokens per second (the step minus generation and scoring). Then the
+generation engines alone, taking turns: the hf engine (asyncio, all requests at once) against
+TRL's way (`generate` on the left-padded batch), completion tokens per second.
 
-    python benchmarks/trainer_throughput.py                  # tiny model (about 1 minute)
-    python benchmarks/trainer_throughput.py --size small     # about 17M parameters (minutes)
+    python benchmarks/trainer_throughput.py                            # tiny model (about 1 minute)
+    python benchmarks/trainer_throughput.py --shape small              # about 17M parameters (minutes)
+    python benchmarks/trainer_throughput.py --device cuda --shape qwen2.5-0.5b
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import statistics
@@ -22,6 +29,35 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+
+# Model shapes: (architecture, defaults for this benchmark). qwen2.5-0.5b has Qwen2.5-0.5B's
+# layers and its full 151,936-entry vocabulary (the tokenizer covers only the first ids).
+SHAPES = {
+    "tiny": ({"size": "tiny"}, dict(max_tokens=64, micro_batch_tokens=4096)),
+    "small": ({"size": "small"}, dict(max_tokens=64, micro_batch_tokens=4096)),
+    "qwen2.5-0.5b": ({"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+                      "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151_936,
+                      "tie_word_embeddings": True, "max_position_embeddings": 4096},
+                     dict(max_tokens=256, micro_batch_tokens=16384)),
+}
+
+
+def build_model(shape: str, out: Path) -> Path:
+    from grpojob import tiny
+
+    arch, _ = SHAPES[shape]
+    if "size" in arch:
+        return tiny.build(out, size=arch["size"])
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tok = tiny.build_tokenizer(1024)
+    torch.manual_seed(0)
+    config = Qwen2Config(bos_token_id=tok.eos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id, torch_dtype="float32", **arch)
+    Qwen2ForCausalLM(config).save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out
 
 
 def job_doc(model: Path, a: argparse.Namespace) -> dict:
@@ -35,6 +71,38 @@ def job_doc(model: Path, a: argparse.Namespace) -> dict:
                      "checkpoint": {"path": "unused", "everySteps": 10_000, "resume": False}}}
 
 
+class Memory:
+    """Peak GPU memory of one side: its resident state (weights, gradients, optimizer) plus the
+    largest rise above the memory in use when one of its steps began."""
+
+    def __init__(self, cuda: bool):
+        self.cuda, self.rise, self.start = cuda, 0, 0
+
+    def begin(self) -> None:
+        if self.cuda:
+            import torch
+            torch.cuda.synchronize()
+            self.start = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+
+    def end(self) -> None:
+        if self.cuda:
+            import torch
+            torch.cuda.synchronize()
+            self.rise = max(self.rise, torch.cuda.max_memory_allocated() - self.start)
+
+    @staticmethod
+    def state_bytes(model, optimizer) -> int:
+        seen, total = set(), 0
+        tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
+        tensors += [t for s in optimizer.state.values() for t in s.values() if hasattr(t, "data_ptr")]
+        for t in tensors:
+            if t.is_cuda and t.data_ptr() not in seen:
+                seen.add(t.data_ptr())
+                total += t.numel() * t.element_size()
+        return total
+
+
 class Ours:
     """grpojob's Trainer, stepped one step at a time."""
 
@@ -46,16 +114,19 @@ class Ours:
         self.seconds: list[float] = []
         self.train_seconds: list[float] = []
         self.tokens: list[int] = []
+        self.memory = Memory(a.device == "cuda")
 
     def step(self) -> None:
         t0 = time.perf_counter()
+        self.memory.begin()
         record = self.trainer.step()
+        self.memory.end()
         self.seconds.append(time.perf_counter() - t0)
         self.train_seconds.append(record["stage_seconds"]["train"])
         self.tokens.append(record["tokens"])
 
 
-def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ours, dict[str, list]]:
+def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ours, dict]:
     """TRL trains; after each of its steps, ours does one step. Alternating step by step puts
     both under the same machine load (this CPU is shared), instead of one run after the other."""
     import datasets
@@ -72,21 +143,23 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
     ours = Ours(model, a, work)
     n = a.prompts * a.group
     micro = max(a.group, n // a.accumulation)
+    cuda = a.device == "cuda"
     cfg = GRPOConfig(output_dir=str(work / "trl"), per_device_train_batch_size=micro,
                      gradient_accumulation_steps=n // micro, num_generations=a.group,
                      max_completion_length=a.max_tokens, learning_rate=a.lr, beta=0.0, loss_type="dapo",
-                     lr_scheduler_type="constant", use_vllm=False, bf16=False, gradient_checkpointing=False,
+                     lr_scheduler_type="constant", use_vllm=False, bf16=cuda, gradient_checkpointing=False,
                      max_steps=a.steps, logging_steps=1, save_strategy="no", report_to="none",
-                     disable_tqdm=True, temperature=1.0, seed=0, dataloader_num_workers=0, use_cpu=True)
+                     disable_tqdm=True, temperature=1.0, seed=0, dataloader_num_workers=0, use_cpu=not cuda)
     tok = AutoTokenizer.from_pretrained(model)
     ds = datasets.Dataset.from_list(list(toy_rows(size=256)))
-    trl = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model), reward_funcs=reward, args=cfg,
-                      train_dataset=ds, processing_class=tok)
+    trl = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype="float32"), reward_funcs=reward,
+                      args=cfg, train_dataset=ds, processing_class=tok)
     trl.remove_callback(PrinterCallback)
     seconds: list[float] = []
     train_seconds: list[float] = []
     sampling: list[float] = []  # TRL: generation and scoring inside each step
     tokens: list[int] = []
+    memory = Memory(cuda)
     generate_and_score = trl._generate_and_score_completions
 
     def timed(*args, **kw):
@@ -105,8 +178,10 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
         def on_step_begin(self, args, state, control, **kw):
             Alternate.start = time.perf_counter()
             sampling.clear()
+            memory.begin()
 
         def on_step_end(self, args, state, control, **kw):
+            memory.end()
             seconds.append(time.perf_counter() - Alternate.start)
             train_seconds.append(seconds[-1] - sum(sampling))
             tokens.append(state.num_input_tokens_seen - Alternate.seen)
@@ -115,7 +190,64 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
 
     trl.add_callback(Alternate())
     trl.train()
-    return ours, {"seconds": seconds, "train_seconds": train_seconds, "tokens": tokens}
+    theirs = {"seconds": seconds, "train_seconds": train_seconds, "tokens": tokens, "memory": memory,
+              "state": Memory.state_bytes(trl.model, trl.optimizer) if cuda else 0}
+    return ours, theirs
+
+
+def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, float]:
+    """Completion tokens per second, median of `reps` turns taken alternately: the hf engine
+    serving every request at once against TRL's way (transformers `generate` on one left-padded
+    batch of prompts x group), same prompts, same weights."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpojob.api import parse
+    from grpojob.data.builtin import toy as toy_rows
+    from grpojob.rollout.hf_engine import HFEngine
+    from grpojob.rollout.types import SamplingParams
+
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = [tok.encode(r["prompt"]) for r in list(toy_rows(size=a.prompts))]
+    sampling = SamplingParams(temperature=1.0, max_tokens=a.max_tokens)
+    dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(a.device).eval()
+    rows = [p for p in prompts for _ in range(a.group)]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for j, r in enumerate(rows):  # left padding, as TRL does
+        ids[j, width - len(r):] = torch.tensor(r)
+        mask[j, width - len(r):] = 1
+    ids, mask = ids.to(a.device), mask.to(a.device)
+
+    def theirs() -> float:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            out = hf.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
+                              top_k=0, max_new_tokens=a.max_tokens, pad_token_id=tok.pad_token_id,
+                              eos_token_id=tok.eos_token_id)
+        new = out[:, width:]
+        eos = (new == tok.eos_token_id).int().cumsum(1)
+        n = int(((eos == 0) | ((eos == 1) & (new == tok.eos_token_id))).sum())  # up to and with EOS
+        return n / (time.perf_counter() - t0)
+
+    async def both() -> dict[str, float]:
+        engine = HFEngine(parse(job_doc(model, a)).spec, device=a.device, max_batch=len(rows))
+        await engine.start()
+        rates: dict[str, list[float]] = {"grpojob hf engine": [], "trl generate": []}
+        try:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                outs = await asyncio.gather(*(engine.generate(p, a.group, sampling) for p in prompts))
+                n = sum(len(c.completion_ids) for out in outs for c in out)
+                rates["grpojob hf engine"].append(n / (time.perf_counter() - t0))
+                rates["trl generate"].append(theirs())
+        finally:
+            await engine.close()
+        return {k: statistics.median(v) for k, v in rates.items()}
+
+    return asyncio.run(both())
 
 
 def _rate(seconds: list[float], tokens: list[int]) -> float:
@@ -126,16 +258,22 @@ def _rate(seconds: list[float], tokens: list[int]) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--size", choices=["tiny", "small"], default="tiny")
+    p.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="both trainers run here")
     p.add_argument("--prompts", type=int, default=16, help="prompts per optimizer step")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
-    p.add_argument("--max-tokens", type=int, default=64, help="completion length limit")
+    p.add_argument("--max-tokens", type=int, help="completion length limit (default: per shape)")
     p.add_argument("--steps", type=int, default=8, help="steps of each trainer")
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--micro-batch-tokens", type=int, default=4096, help="ours: packed tokens per micro-batch")
+    p.add_argument("--micro-batch-tokens", type=int, help="ours: packed tokens per micro-batch (default: per shape)")
     p.add_argument("--accumulation", type=int, default=4, help="TRL: gradient accumulation micro-batches")
     p.add_argument("--model", type=Path, help="an existing model directory instead of building one")
+    p.add_argument("--no-generation", action="store_true", help="skip the generation engines' comparison")
     a = p.parse_args()
+    for k, v in SHAPES[a.shape][1].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    os.environ["GRPOJOB_DEVICE"] = a.device  # our trainer's device (grpojob.devices)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -146,13 +284,12 @@ def main() -> None:
     hf_logging.disable_progress_bar()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = a.model
-        if model is None:
-            from grpojob.tiny import build
-            model = build(work / "model", size=a.size)
-        print(f"model {a.model or a.size}, {a.prompts} prompts x {a.group} completions x <= {a.max_tokens} tokens "
-              f"per step, {a.steps} steps (first one is warm-up), torch threads {torch.get_num_threads()}")
+        model = a.model or build_model(a.shape, work / "model")
+        where = torch.cuda.get_device_name() if a.device == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
+        print(f"model {a.model or a.shape}, {a.prompts} prompts x {a.group} completions x <= {a.max_tokens} tokens "
+              f"per step, {a.steps} steps (first one is warm-up), {where}")
         mine, theirs = run_side_by_side(model, a, work)
+        gen = None if a.no_generation else generation(model, a)
     rows = [("grpojob", mine.seconds, mine.train_seconds, mine.tokens),
             ("trl", theirs["seconds"], theirs["train_seconds"], theirs["tokens"])]
     print(f"{'trainer':<10} {'tokens/s':>10} {'train-only tokens/s':>20} {'tokens':>8} {'median s/step':>14}")
@@ -161,6 +298,17 @@ def main() -> None:
         rates[name] = (_rate(seconds, tokens), _rate(train, tokens))
         print(f"{name:<10} {rates[name][0]:>10.0f} {rates[name][1]:>20.0f} {sum(tokens[1:]):>8d} "
               f"{statistics.median(seconds[1:]):>14.2f}")
+    if a.device == "cuda":
+        gib = 2 ** 30
+        state = Memory.state_bytes(mine.trainer.model, mine.trainer.optimizer)
+        print(f"peak GPU memory: grpojob {(state + mine.memory.rise) / gib:.2f} GiB "
+              f"(state {state / gib:.2f} + step {mine.memory.rise / gib:.2f}), "
+              f"trl {(theirs['state'] + theirs['memory'].rise) / gib:.2f} GiB "
+              f"(state {theirs['state'] / gib:.2f} + step {theirs['memory'].rise / gib:.2f})")
+    if gen:
+        ours_gen, trl_gen = gen["grpojob hf engine"], gen["trl generate"]
+        print(f"generation (completion tokens/s, median of 5): grpojob hf engine {ours_gen:.0f}, "
+              f"trl generate {trl_gen:.0f}, ratio {ours_gen / trl_gen:.2f}x")
     print(f"ratio grpojob / trl: {rates['grpojob'][0] / rates['trl'][0]:.2f}x end to end, "
           f"{rates['grpojob'][1] / rates['trl'][1]:.2f}x train only (step minus generate and score)")
 

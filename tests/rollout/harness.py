@@ -195,13 +195,18 @@ def perturb(model, seed: int, scale: float = 0.5):
 
 
 def greedy(model, tokenizer, prompt_ids, max_tokens: int) -> tuple[list[int], list[float]]:
-    """The trainer-side reference: greedy completion and its log-probs with hf_generate."""
-    from grpojob.rollout import hf_generate
-    from grpojob.rollout.types import SamplingParams
-
-    c = hf_generate.generate(model, [prompt_ids], 1, SamplingParams(temperature=0.0, max_tokens=max_tokens),
-                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)[0][0]
-    return c.completion_ids, c.logprobs
+    """The trainer-side reference: transformers' own greedy `generate` (independent of the hf
+    engine's decoder), cut after EOS, with the log-probs of its tokens."""
+    ids = torch.tensor([list(prompt_ids)])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=max_tokens, eos_token_id=tokenizer.eos_token_id,
+                             pad_token_id=tokenizer.pad_token_id, output_logits=True, return_dict_in_generate=True)
+    new = out.sequences[0, ids.shape[1]:]
+    lp = torch.log_softmax(torch.stack(out.logits, 1)[0].float(), -1).gather(-1, new[:, None]).squeeze(-1)
+    toks = new.tolist()
+    stop = toks.index(tokenizer.eos_token_id) + 1 if tokenizer.eos_token_id in toks else len(toks)
+    return toks[:stop], lp[:stop].tolist()
 
 
 PROMPTS = ["1 + 1 =", "the cat sat on", "count: 3 4 5", "hello world and"]

@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from grpojob.plan import CONFIG_FILE, ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_RUN_DIR, render_config
@@ -61,7 +60,9 @@ def test_two_gloo_ranks_match_one_rank(tiny_dir, tmp_path, one_rank, strategy, p
     assert moved > 1e-3, "the step changed nothing: the comparison would be vacuous"
     for k in single:
         # Float summation order differs (other packing, the all-reduce); Adam turns that into
-        # differences up to ~1e-5 after 3 steps. A real error (e.g. a loss not scaled for the
-        # gradient average) moves many weights by ~lr/10 = 3e-4.
-        torch.testing.assert_close(double[k], single[k], atol=1e-4, rtol=1e-4,
-                                   msg=lambda m, k=k: f"{k}: {m}")
+        # differences up to ~1e-5 after 3 steps, rarely ~1e-4 for a weight whose gradient is
+        # near 0 (Adam divides by its tiny second moment). A real error (e.g. a loss not scaled
+        # for the gradient average) moves many weights by ~lr/10 = 3e-4.
+        diff = (double[k] - single[k]).abs()
+        far = (diff > 1e-4 + 1e-4 * single[k].abs()).float().mean().item()
+        assert far <= 1e-3 and diff.max().item() < 1e-3, f"{k}: {far:.2%} of weights differ, up to {diff.max():.2e}"

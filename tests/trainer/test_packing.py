@@ -1,10 +1,15 @@
-"""Packing and memory-lean log-probs: packed rows give the log-probs of unpacked sequences."""
+"""Packing, attention backends and memory-lean log-probs: packed rows give the log-probs (and
+gradients) of unpacked sequences, whatever the backend, layout or bucketing."""
+import copy
+
 import pytest
 import torch
 
+from grpojob.trainer import attention
 from grpojob.trainer import logprobs as lp_mod
-from grpojob.trainer.logprobs import PolicyLogprobs, token_logprobs
-from grpojob.trainer.packing import TrainSeq, dummy, pack, plan
+from grpojob.trainer.logprobs import PolicyLogprobs, linear_logprobs, token_logprobs
+from grpojob.trainer.packing import BUCKET_MIN, TrainSeq, dummy, pack, plan
+from grpojob.trainer.sizing import for_device
 
 
 @pytest.fixture(scope="module")
@@ -110,26 +115,100 @@ def test_position_ids_alone_separate_packed_sequences(model):
         torch.testing.assert_close(logp[mb.seq_index == local], ref[i], atol=2e-5, rtol=1e-5)
 
 
-def test_chunked_logprobs_match_log_softmax_with_and_without_recompute(model, monkeypatch):
+@pytest.mark.parametrize("bias", [False, True])
+def test_tiled_logprobs_match_log_softmax_values_entropy_and_gradients(model, monkeypatch, bias):
     g = torch.Generator().manual_seed(1)
-    head = model.get_output_embeddings()
-    hidden = torch.randn(50, model.config.hidden_size, generator=g)
+    head = copy.deepcopy(model.get_output_embeddings())
+    if bias:
+        head.bias = torch.nn.Parameter(torch.randn(head.out_features, generator=g))
+    hidden = torch.randn(50, model.config.hidden_size, generator=g, requires_grad=True)
     targets = torch.randint(0, model.config.vocab_size, (50,), generator=g)
+    weights = torch.randn(50, generator=g)  # a loss that weighs tokens differently
     logits = head(hidden) / 0.7
     want = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
-    probs = torch.softmax(logits, -1)
-    want_ent = -(probs * torch.log_softmax(logits, -1)).sum(-1)
-    want.sum().backward()
-    want_grad = head.weight.grad.clone()
-    head.weight.grad = None
-    for recompute in (False, True):
-        monkeypatch.setattr(lp_mod, "RECOMPUTE_ELEMENTS", 0 if recompute else 1 << 40)
-        got, ent = token_logprobs(head, hidden, targets, temperature=0.7, entropy=True, chunk=16)
+    want_ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    params = [hidden, *head.parameters()]
+    want_grads = torch.autograd.grad((want * weights).sum(), params)
+    # one tile and kept logits; tiles of 7 tokens x 100 vocabulary entries recomputed in backward
+    for keep, tile, vocab_chunk in ((1 << 30, 1 << 24, 1 << 15), (0, 700, 100)):
+        monkeypatch.setattr(lp_mod, "KEEP_ELEMENTS", keep)
+        got, ent = token_logprobs(head, hidden, targets, temperature=0.7, entropy=True, tile=tile,
+                                  vocab_chunk=vocab_chunk)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(ent, want_ent, atol=1e-5, rtol=1e-5)
-        got.sum().backward()
-        torch.testing.assert_close(head.weight.grad, want_grad, atol=1e-5, rtol=1e-5)
-        head.weight.grad = None
+        torch.testing.assert_close(ent, want_ent.detach(), atol=1e-5, rtol=1e-5)
+        for a, b in zip(torch.autograd.grad((got * weights).sum(), params), want_grads):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_tiles_bound_the_logits_whatever_the_vocabulary(monkeypatch):
+    """Qwen's 151,936-entry vocabulary: no [tokens, vocab] logits, forward or backward; every
+    logit tile goes through _logits and stays within TILE_ELEMENTS."""
+    seen = []
+    inner = lp_mod._logits
+
+    def spy(*args):
+        z = inner(*args)
+        seen.append(z.numel())
+        return z
+    monkeypatch.setattr(lp_mod, "_logits", spy)
+    g = torch.Generator().manual_seed(0)
+    vocab, n = 151_936, 300
+    weight = (torch.randn(vocab, 16, generator=g) * 0.1).requires_grad_()
+    hidden = torch.randn(n, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    logp, _ = linear_logprobs(hidden, weight, None, targets, tile=1 << 20)
+    logp.sum().backward()
+    assert seen and max(seen) <= 1 << 20 < n * vocab
+    assert len(seen) > 2 * -(-vocab // lp_mod.VOCAB_CHUNK)  # forward and backward both tiled
+    with torch.no_grad():
+        want = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(logp, want, atol=1e-5, rtol=1e-5)
+
+
+def _backend_model(model, backend):
+    m = copy.deepcopy(model)
+    attention.install(m, backend)
+    return m
+
+
+@pytest.mark.parametrize("backend,row_tokens,bucket", [("segments", 4096, False), ("segments", 32, True),
+                                                       ("sdpa", 4096, True), ("flex", 4096, True)])
+def test_every_attention_backend_gives_the_unpacked_logprobs(model, backend, row_tokens, bucket):
+    """segments and sdpa also train (their gradients equal sdpa's on 256-token rows); flex runs
+    forward only on CPU (torch has no flex backward on CPU; the gpu tests cover it)."""
+    seqs = _seqs()
+    ref = _reference(model, seqs)
+    m = _backend_model(model, backend)
+    policy = PolicyLogprobs(m)
+    train = backend != "flex"
+    cap = max(row_tokens, max(s.n_inputs for s in seqs))  # a row's capacity
+    for mb in pack(seqs, budget=4096, row_tokens=row_tokens, bucket=bucket):
+        if bucket:  # few distinct shapes: powers of two, or the capacity itself
+            rows, width = mb.shape
+            assert rows & (rows - 1) == 0 and width in {BUCKET_MIN << k for k in range(6)} | {cap}
+        with torch.set_grad_enabled(train):
+            logp, _ = policy(**mb.inputs(torch.device("cpu"), backend))
+        if train:
+            (logp * mb.advantages).sum().backward()
+        for local, i in enumerate(mb.seqs):
+            torch.testing.assert_close(logp[mb.seq_index == local].detach(), ref[i], atol=2e-5, rtol=1e-5)
+    if train:
+        want = _backend_model(model, "sdpa")
+        for mb in pack(seqs, budget=4096, row_tokens=256):
+            logp, _ = PolicyLogprobs(want)(mb.input_ids, mb.position_ids, mb.attention_mask, mb.token_index, mb.targets)
+            (logp * mb.advantages).sum().backward()
+        for (name, a), b in zip(m.named_parameters(), want.parameters()):
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4,
+                                       msg=lambda msg, name=name: f"{name}: {msg}")
+
+
+def test_cpu_shape_is_one_unpadded_row_per_micro_batch(model):
+    shape = for_device(torch.device("cpu"), model)
+    assert shape.attention == "segments" and shape.compute_dtype is None and shape.compile is None
+    assert for_device(torch.device("cpu"), torch.nn.Linear(2000, 1000)).compile == "dynamic"  # 2M parameters
+    seqs = _seqs(n_groups=6, group=4)
+    mbs = shape.pack(seqs, 64, pad_id=0)
+    assert all(mb.shape[0] == 1 and mb.shape[1] == mb.n_tokens <= 64 for mb in mbs)
 
 
 def test_dummy_micro_batch_trains_nothing(model):
@@ -137,3 +216,41 @@ def test_dummy_micro_batch_trains_nothing(model):
     mb = dummy(0)
     logp, _ = policy(mb.input_ids, mb.position_ids, mb.attention_mask, mb.token_index, mb.targets)
     assert logp.shape == (1,) and mb.coef.sum() == 0 and mb.is_dummy
+
+
+@pytest.mark.slow
+def test_compiled_cpu_layers_train_like_eager_layers(model):
+    """The big-model CPU shape: layers compiled with dynamic lengths (graph broken at the segments
+    attention) give eager's log-probs and gradients, micro-batch after micro-batch of new lengths."""
+    from grpojob.trainer.sizing import TrainShape
+
+    shape = TrainShape(attention="segments", row_tokens=None, bucket=False, compute_dtype=None, compile="dynamic")
+    eager, compiled = _backend_model(model, "segments"), copy.deepcopy(model)
+    fast = PolicyLogprobs(compiled, shape)
+    for seed in range(3):
+        for mb in shape.pack(_seqs(3, 3, seed=seed), 64, pad_id=0):
+            for m, policy in ((eager, PolicyLogprobs(eager)), (compiled, fast)):
+                logp, _ = policy(**mb.inputs(torch.device("cpu"), "segments"))
+                (logp * mb.advantages).sum().backward()
+                mb.extra[id(m)] = logp.detach()
+            torch.testing.assert_close(mb.extra[id(compiled)], mb.extra[id(eager)], atol=1e-5, rtol=1e-5)
+    for (name, a), b in zip(compiled.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@pytest.mark.slow
+def test_the_cuda_shape_traced_on_cpu_gives_the_unpacked_logprobs(model):
+    """What the GPU runs, as far as the CPU can: bucketed rows, a flex BlockMask, layers compiled
+    with static shapes (flex inside the graph). Forward only: torch has no flex backward on CPU."""
+    from grpojob.trainer.sizing import TrainShape
+
+    shape = TrainShape(attention="flex", row_tokens=None, bucket=True, compute_dtype=None, compile="static")
+    policy = PolicyLogprobs(copy.deepcopy(model), shape)
+    seqs = _seqs()
+    ref = _reference(model, seqs)
+    with torch.no_grad():
+        for mb in shape.pack(seqs, 256, pad_id=0):
+            assert mb.shape == (1, 128) or mb.shape == (1, 256)
+            logp, _ = policy(**mb.inputs(torch.device("cpu"), "flex"))
+            for local, i in enumerate(mb.seqs):
+                torch.testing.assert_close(logp[mb.seq_index == local], ref[i], atol=2e-5, rtol=1e-5)

@@ -39,7 +39,8 @@ class ModelSpec(Model):
                                         "mounted read-only at /models in trainer and rollout pods.")
     tokenizer: Optional[str] = field(None, description="Tokenizer directory, when not the model's own.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
-        "auto", description="Parameter dtype: auto is bfloat16 on GPU and float32 on CPU.")
+        "auto", description="Parameter dtype. auto: rollout engines serve bfloat16 on GPU and float32 "
+        "on CPU; the trainer keeps float32 weights and computes in bfloat16 autocast on GPU.")
     use_chat_template: bool = field(False, description="Render prompts with the tokenizer's chat template.")
     trust_remote_code: bool = field(False, description="Allow custom modelling code shipped with the model.")
 

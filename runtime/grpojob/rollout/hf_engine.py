@@ -1,9 +1,19 @@
-"""The `hf` engine: transformers generation, batched across concurrent requests (CPU, small runs).
+"""The `hf` engine: transformers models, continuously batched (hf_generate.Decoder).
 
-Requests that arrive while a batch runs wait and go together into the next batch (those with the
-same n and sampling parameters share one `generate` call). Weights are swapped between batches
-under the model lock; a push is received before the lock is taken, so generation goes on during
-the transfer.
+One scheduler thread owns the model. Between decode steps it admits waiting requests into free
+slots (their rows join the running batch), runs one decode step of every active row, and hands
+finished requests back to the asyncio loop. Requests differ freely in n and sampling parameters.
+
+Weight swaps (`load`, from the sync agent's thread or an in-process publisher) are applied by the
+scheduler thread at a decode-step boundary, never in the middle of a forward:
+- spec.algorithm.partialRollouts false: the swap waits for the rows in flight to finish (on the
+  old weights, tagged with the old version); no request is admitted while it is pending; later
+  requests run on the new weights.
+- partialRollouts true: the swap lands at the next step boundary; the rows in flight get their KV
+  cache recomputed with the new weights (prompt + tokens so far) and go on; each token keeps
+  the version that produced it (`Completion.versions`).
+`load` returns once the new weights are in use; `last_pause_seconds` is how long the last swap
+stopped generation (weights copied, KV recomputed).
 """
 from __future__ import annotations
 
@@ -11,7 +21,7 @@ import asyncio
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 import torch
@@ -22,8 +32,8 @@ from ..sync import buckets as bk
 from ..sync import files, placement
 from ..sync.placement import Endpoint
 from ..sync.protocol import DISK
-from . import hf_generate
-from .engine import torch_dtype_name
+from .engine import max_model_len, torch_dtype_name
+from .hf_generate import Decoder, Row, noise_keys, request_rows
 from .types import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
@@ -35,6 +45,21 @@ class _Request:
     n: int
     sampling: SamplingParams
     future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    rows: list[Row] = field(default_factory=list)  # not yet admitted
+    done: dict = field(default_factory=dict)  # completion index -> Row
+
+    def cancelled(self) -> bool:
+        return self.future.done()
+
+
+@dataclass
+class _Swap:
+    named: list
+    version: int
+    weights: str
+    applied: threading.Event = field(default_factory=threading.Event)
+    error: Optional[BaseException] = None
 
 
 class HFEngine:
@@ -45,35 +70,41 @@ class HFEngine:
         self.spec = spec
         self.device = torch.device(device) if device else devices.default()
         self.max_batch = max_batch
+        self.partial = spec.algorithm.partial_rollouts
         self.version, self.weights = 0, DISK
+        self.last_pause_seconds: Optional[float] = None
         self.model = None
         self.tokenizer = None
-        self._lock = threading.Lock()  # the model: one batch or one weight load at a time
+        self._decoder: Optional[Decoder] = None
+        self._cond = threading.Condition()
         self._queue: list[_Request] = []
-        self._running = 0
-        self._wake: Optional[asyncio.Event] = None
-        self._task: Optional[asyncio.Task] = None
+        self._swaps: list[_Swap] = []
+        self._closed = False
+        self._thread: Optional[threading.Thread] = None
+        self._noise = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
         self._receiver = None
         self._error: Optional[str] = None
 
     async def start(self) -> None:
         self.model, self.tokenizer = await asyncio.to_thread(self._load_model)
-        self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._batcher(), name="hf-batcher")
+        self._thread = threading.Thread(target=self._run, name="hf-scheduler", daemon=True)
+        self._thread.start()
 
     def _load_model(self):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         m = self.spec.model
         dtype = getattr(torch, torch_dtype_name(self.spec, self.device.type == "cuda"))
-        model = AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype,
-                                                     trust_remote_code=m.trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
         model.to(self.device).eval()
         tok = AutoTokenizer.from_pretrained(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
         self._params = dict(model.state_dict())
         # Names a push must cover: tied aliases (lm_head of tied embeddings) come along for free.
         self._required = {n for n, _ in bk.dedup_tied(self._params.items())}
-        log.info("hf engine: loaded %s (%s, %s)", m.path, dtype, self.device)
+        limit = min(max_model_len(self.spec), int(getattr(model.config, "max_position_embeddings", 1 << 30)))
+        self._decoder = Decoder(model, slots=self.max_batch, max_len=limit, eos_token_id=tok.eos_token_id)
+        log.info("hf engine: loaded %s (%s, %s), %d slots x %d tokens", m.path, dtype, self.device,
+                 self.max_batch, limit)
         return model, tok
 
     @property
@@ -82,61 +113,124 @@ class HFEngine:
 
     @property
     def context_len(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 1 << 30))
+        return self._decoder.cache.max_len
 
     async def generate(self, prompt_ids: list[int], n: int, sampling: SamplingParams) -> list[Completion]:
-        fut = asyncio.get_running_loop().create_future()
-        self._queue.append(_Request(list(prompt_ids), n, sampling, fut))
-        self._wake.set()
-        return await fut
+        if len(prompt_ids) >= self.context_len:
+            raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context "
+                             f"({self.context_len} tokens)")
+        loop = asyncio.get_running_loop()
+        req = _Request(list(prompt_ids), n, sampling, loop.create_future(), loop)
+        req.rows = request_rows(req, req.prompt_ids, n, sampling, noise_keys(sampling, n, self._noise))
+        with self._cond:
+            if self._error:
+                raise RuntimeError(self._error)
+            self._queue.append(req)
+            self._cond.notify_all()
+        return await req.future
 
     def load_info(self) -> tuple[int, int]:
-        return len(self._queue), self._running
+        with self._cond:
+            return len(self._queue), len(self._decoder.rows) if self._decoder else 0
 
     def errored(self) -> Optional[str]:
         return self._error
 
-    async def _batcher(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._queue:
-                first = self._queue[0]
-                batch = [r for r in self._queue if (r.n, r.sampling) == (first.n, first.sampling)]
-                batch = batch[:max(1, self.max_batch // first.n)]
-                for r in batch:
-                    self._queue.remove(r)
-                batch = [r for r in batch if not r.future.done()]  # cancelled while waiting
-                if not batch:
+    # ---- the scheduler thread ---------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    while not (self._closed or self._swaps or self._admissible() or self._decoder.rows):
+                        self._cond.wait()
+                    if self._closed:
+                        return
+                    swaps = list(self._swaps) if self._swaps and (self.partial or not self._decoder.rows) else []
+                    admit = self._take() if not self._swaps else []
+                if swaps:
+                    self._swap(swaps)
                     continue
-                self._running = sum(r.n for r in batch)
-                try:
-                    groups = await asyncio.to_thread(self._run, batch)
-                except Exception as e:  # bad request parameters reach every request of the batch
-                    log.exception("hf engine: generation failed")
-                    for r in batch:
-                        if not r.future.done():
-                            r.future.set_exception(e)
-                else:
-                    for r, g in zip(batch, groups):
-                        if not r.future.done():
-                            r.future.set_result(g)
-                finally:
-                    self._running = 0
+                self._finish(self._decoder.drop(lambda r: not r.request.cancelled()))
+                if admit:
+                    self._admit(admit)
+                self._finish(self._decoder.step(self.version))
+        except Exception as e:  # the model broke: every caller hears it, the server reports it
+            log.exception("hf engine: the scheduler failed")
+            self._fail(f"hf engine failed: {type(e).__name__}: {e}")
 
-    def _run(self, batch: list[_Request]) -> list[list[Completion]]:
-        first = batch[0]
-        with self._lock:
-            groups = hf_generate.generate(
-                self.model, [r.prompt_ids for r in batch], first.n, first.sampling,
-                eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None
-                else self.tokenizer.eos_token_id,
-                policy_version=self.version, max_batch=self.max_batch)
-        for g in groups:
-            for c in g:
-                c.text = self.tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+    def _admissible(self) -> bool:
+        return bool(self._queue) and not self._swaps and self._decoder.free > 0
+
+    def _take(self) -> list[list[Row]]:
+        """Rows to admit now, grouped by request (one prefill per group), within the free slots."""
+        groups, free = [], self._decoder.free
+        while self._queue and free:
+            req = self._queue[0]
+            if req.cancelled():
+                self._queue.pop(0)
+                continue
+            take, req.rows = req.rows[:free], req.rows[free:]
+            groups.append(take)
+            free -= len(take)
+            if not req.rows:
+                self._queue.pop(0)
         return groups
+
+    def _admit(self, groups: list[list[Row]]) -> None:
+        try:
+            self._finish(self._decoder.admit(groups, self.version))
+        except ValueError as e:  # parameters the model refuses: those requests fail, not the engine
+            for req in {id(g[0].request): g[0].request for g in groups}.values():
+                self._resolve(req, error=e)
+
+    def _finish(self, rows: list[Row]) -> None:
+        for r in rows:
+            req = r.request
+            if r.finish == "abort":
+                continue
+            req.done[r.index] = r
+            if len(req.done) == req.n:
+                self._resolve(req, [req.done[i].completion() for i in range(req.n)])
+
+    def _resolve(self, req: _Request, result=None, error: Optional[BaseException] = None) -> None:
+        tokenizer = self.tokenizer
+        for c in result or []:
+            c.text = tokenizer.decode(c.completion_ids, skip_special_tokens=True)
+
+        def settle():
+            if not req.future.done():
+                req.future.set_exception(error) if error else req.future.set_result(result)
+        req.loop.call_soon_threadsafe(settle)
+
+    def _swap(self, swaps: list[_Swap]) -> None:
+        start = time.perf_counter()
+        for s in swaps:
+            try:
+                with torch.no_grad(), bk.host_copies([self._params[s.named[0][0]]] if s.named else []):
+                    for name, t in s.named:
+                        self._params[name].copy_(t)
+                self.version, self.weights = s.version, s.weights
+            except Exception as e:  # noqa: BLE001 - the loader hears it
+                s.error = e
+        if self._decoder.rows:  # partial rollouts: the rows in flight go on with the new weights
+            self._decoder.recompute()
+        self.last_pause_seconds = time.perf_counter() - start
+        with self._cond:
+            for s in swaps:
+                self._swaps.remove(s)
+                s.applied.set()
+            self._cond.notify_all()
+
+    def _fail(self, why: str) -> None:
+        with self._cond:
+            self._error = why
+            pending = self._queue + [r.request for r in self._decoder.rows]
+            self._queue = []
+            for s in self._swaps:
+                s.error = RuntimeError(why)
+                s.applied.set()
+        for req in {id(r): r for r in pending}.values():
+            self._resolve(req, error=RuntimeError(why))
 
     # ---- weight sink ----------------------------------------------------------------------------
     def endpoints(self) -> list[Endpoint]:
@@ -154,7 +248,8 @@ class HFEngine:
         self.load(files.iter_dir(path), version, weights)
 
     def load(self, named: Iterable[tuple[str, torch.Tensor]], version: int, weights: str) -> None:
-        """Copy named tensors into the model and switch the version, atomically for generation."""
+        """Swap in named tensors and switch the version at a decode-step boundary; returns once
+        generation uses them (see the module docstring for what happens to requests in flight)."""
         named = list(named)
         unknown = [n for n, _ in named if n not in self._params]
         if unknown:
@@ -167,13 +262,34 @@ class HFEngine:
             if tuple(t.shape) != tuple(self._params[n].shape):
                 raise ValueError(f"tensor {n}: shape {tuple(t.shape)} does not match the model's "
                                  f"{tuple(self._params[n].shape)}")
-        with self._lock, torch.no_grad(), bk.host_copies([self._params[named[0][0]]] if named else []):
-            t0 = time.perf_counter()  # generation waits for the lock from here on
-            for n, t in named:
-                self._params[n].copy_(t)
-            self.version, self.weights = version, weights
-            self.last_pause_seconds = time.perf_counter() - t0
+        swap = _Swap(named, version, weights)
+        with self._cond:
+            if self._error:
+                raise RuntimeError(self._error)
+            running = self._thread is not None and self._thread.is_alive()
+            if running:
+                self._swaps.append(swap)
+                self._cond.notify_all()
+        if not running:  # not started (or closed): nothing generates, apply here
+            self._swaps.append(swap)
+            self._swap([swap])
+        swap.applied.wait()
+        if swap.error is not None:
+            raise swap.error
 
     async def close(self) -> None:
-        if self._task:
-            self._task.cancel()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+        why = "hf engine closed"
+        with self._cond:
+            pending = self._queue + ([r.request for r in self._decoder.rows] if self._decoder else [])
+            self._queue = []
+            for s in self._swaps:  # a load() waiting for a boundary that will not come
+                s.error = RuntimeError(why)
+                s.applied.set()
+            self._swaps = []
+        for req in {id(r): r for r in pending}.values():
+            self._resolve(req, error=RuntimeError(why))

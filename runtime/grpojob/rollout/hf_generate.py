@@ -1,63 +1,294 @@
-"""Sampling with a transformers causal LM: completions with their log-probs.
+"""Sampling with a transformers causal LM, continuously batched: completions with their log-probs.
 
-Used by the `hf` rollout engine and by in-process generation in tests. Log-probs follow the
-Completion contract: log softmax(raw logits / temperature) of each sampled token, full vocabulary.
+`Decoder` keeps a static KV cache of `slots` rows (`SlotCache`); each row is one completion at
+its own position, so rows join and leave between decode steps and no row is ever left-padded.
+New prompts are prefilled together in one packed row (a block-diagonal causal mask), each prompt
+once for all n completions of its request (its KV is copied to the other n-1 slots). A decode
+step feeds every active row's last token at its own position and attends over the row's
+cached keys only (a [rows, 1, 1, kv] mask). Used by the `hf` rollout engine (hf_engine) and by
+`generate` below (in-process sampling: the trainer's InProcessSource, tests).
+
+Log-probs follow the Completion contract: log softmax(raw logits / temperature) of each sampled
+token over the full vocabulary. Sampling noise is per row (hf_sampling): completion i of a
+request seeded s gets the same tokens whatever else shares the batch.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
 
 import torch
+from torch import Tensor
 
+from . import hf_sampling
 from .types import Completion, SamplingParams
 
+PREFILL_TOKENS = 4096  # prompt tokens prefilled together at most (the packed mask is O(tokens^2))
+KV_BUCKET = 64  # decode attends over the cache up to the longest row, rounded up to this
 
-@torch.no_grad()
-def generate(model, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams, *,
-             eos_token_id: int, pad_token_id: int, policy_version: int = 0,
-             max_batch: int = 256) -> list[list[Completion]]:
-    """Sample `n` completions for each prompt; returns one list of n completions per prompt.
-    A completion that stopped on EOS keeps the EOS token (the policy must learn to stop)."""
-    out: list[list[Completion]] = []
-    per_chunk = max(1, max_batch // max(n, 1))
-    for i in range(0, len(prompts), per_chunk):
-        out.extend(_generate_chunk(model, prompts[i:i + per_chunk], n, sampling, eos_token_id,
-                                   pad_token_id, policy_version))
+
+class SlotCache:
+    """Per-layer KV buffers [slots, kv_heads, max_len, head_dim], written through the transformers
+    Cache `update` call that every attention layer makes. Before each forward the decoder says
+    where the new keys go: `prefill` (a packed row: token t to slot[t], position pos[t]; attention
+    then runs over the packed row itself) or `decode` (row a to slot a at position pos[a];
+    attention runs over slots 0..rows-1 up to kv_len)."""
+
+    def __init__(self, config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype):
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        shape = (slots, kv_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
+        self.slots, self.max_len = slots, max_len
+        self._where: tuple = ("prefill", None, None)
+
+    def prefill(self, slot: Tensor, pos: Tensor) -> None:
+        self._where = ("prefill", slot, pos)
+
+    def decode(self, pos: Tensor, kv_len: int) -> None:
+        self._where = ("decode", pos, kv_len)
+
+    def update(self, key: Tensor, value: Tensor, layer_idx: int, cache_kwargs: Optional[dict] = None):
+        mode, a, b = self._where
+        if mode == "prefill":  # key [1, H, T, D]
+            self.k[layer_idx][a, :, b] = key[0].transpose(0, 1)
+            self.v[layer_idx][a, :, b] = value[0].transpose(0, 1)
+            return key, value
+        rows = key.shape[0]  # key [rows, H, 1, D]
+        idx = torch.arange(rows, device=key.device)
+        self.k[layer_idx][idx, :, a] = key[:, :, 0]
+        self.v[layer_idx][idx, :, a] = value[:, :, 0]
+        return self.k[layer_idx][:rows, :, :b], self.v[layer_idx][:rows, :, :b]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:  # transformers asks only without position ids
+        return 0
+
+    def copy(self, src: int, dst: Sequence[int], length: int) -> None:
+        for buf in (*self.k, *self.v):
+            buf[list(dst), :, :length] = buf[src, :, :length]
+
+
+@dataclass
+class Row:
+    """One completion being generated."""
+    request: Any  # whoever asked (the engine's request, or generate()'s prompt index)
+    index: int  # which of the request's n completions
+    prompt: list[int]
+    sampling: SamplingParams
+    key: int  # sampling noise key (hf_sampling.row_key)
+    version: int  # policy version of the weights that produced its first token
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: Optional[list[int]] = None  # per token, once a weight swap landed mid-row
+    finish: Optional[str] = None
+
+    @property
+    def position(self) -> int:  # of the last sampled token (the next decode input)
+        return len(self.prompt) + len(self.tokens) - 1
+
+    def add(self, token: int, logprob: float, version: int, eos: Optional[int], limit: int) -> None:
+        if self.versions is None and version != self.version:
+            self.versions = [self.version] * len(self.tokens)
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        if self.versions is not None:
+            self.versions.append(version)
+        if token == eos:
+            self.finish = "stop"
+        elif len(self.tokens) >= self.sampling.max_tokens or self.position >= limit:  # no room to feed it
+            self.finish = "length"
+
+    def completion(self) -> Completion:
+        return Completion(prompt_ids=list(self.prompt), completion_ids=list(self.tokens),
+                          logprobs=list(self.logprobs),
+                          policy_version=min(self.versions) if self.versions else self.version,
+                          finish_reason=self.finish or "length", versions=self.versions)
+
+
+class Decoder:
+    """Active rows live in slots 0..len(rows)-1 (a finished row's slot is taken by the last row)."""
+
+    def __init__(self, model, *, slots: int, max_len: int, eos_token_id: Optional[int]):
+        self.model = model
+        self.decoder = model.base_model
+        self.head = model.get_output_embeddings()
+        p = next(model.parameters())
+        self.device = p.device
+        self.cache = SlotCache(model.config, slots, max_len, p.device, p.dtype)
+        self.eos = eos_token_id
+        self.rows: list[Row] = []
+
+    @property
+    def free(self) -> int:
+        return self.cache.slots - len(self.rows)
+
+    # ---- model calls -------------------------------------------------------------------------
+    def _prefill(self, seqs: list[list[int]], slots: list[int]) -> Tensor:
+        """Write the KV of each token sequence into its slot (positions from 0); returns the
+        hidden state of each sequence's last token [len(seqs), H]."""
+        lengths = [len(s) for s in seqs]
+        total = sum(lengths)
+        dev = self.device
+        ids = torch.tensor([t for s in seqs for t in s], device=dev)[None]
+        pos = torch.cat([torch.arange(n, device=dev) for n in lengths])
+        seg = torch.repeat_interleave(torch.arange(len(seqs), device=dev), torch.tensor(lengths, device=dev))
+        slot = torch.repeat_interleave(torch.tensor(slots, device=dev), torch.tensor(lengths, device=dev))
+        q = torch.arange(total, device=dev)
+        mask = (seg[:, None] == seg[None, :]) & (q[:, None] >= q[None, :])
+        self.cache.prefill(slot, pos)
+        out = self.decoder(input_ids=ids, position_ids=pos[None], attention_mask=mask[None, None],
+                           past_key_values=self.cache, use_cache=True)
+        last = torch.tensor(lengths, device=dev).cumsum(0) - 1
+        return out.last_hidden_state[0, last]
+
+    def _logits(self, hidden: Tensor) -> Tensor:
+        return self.head(hidden).float()
+
+    def _sample(self, rows: list[Row], logits: Tensor, version: int) -> None:
+        dev = logits.device
+        s = [r.sampling for r in rows]
+        tokens, logps = hf_sampling.sample(
+            logits, torch.tensor([x.temperature for x in s], device=dev, dtype=torch.float32),
+            torch.tensor([x.top_p for x in s], device=dev, dtype=torch.float32),
+            torch.tensor([x.top_k for x in s], device=dev, dtype=torch.long),
+            torch.tensor([r.key for r in rows], device=dev, dtype=torch.long),
+            torch.tensor([len(r.tokens) for r in rows], device=dev, dtype=torch.long))
+        for r, t, lp in zip(rows, tokens.tolist(), logps.tolist()):
+            r.add(t, lp, version, self.eos, self.cache.max_len)
+
+    # ---- scheduling --------------------------------------------------------------------------
+    @torch.no_grad()
+    def admit(self, groups: list[list[Row]], version: int) -> list[Row]:
+        """Start groups of rows, each group sharing one prompt (one prefill per group); returns
+        the rows that finished on their first token."""
+        first = len(self.rows)
+        slots, seqs, at = [], [], first
+        for g in groups:
+            slots.append(at)
+            seqs.append(g[0].prompt)
+            at += len(g)
+        if at > self.cache.slots:
+            raise ValueError(f"{at - first} rows do not fit the {self.free} free slots")
+        hidden = torch.cat([self._prefill(seqs[i:j], slots[i:j]) for i, j in _chunks([len(q) for q in seqs])])
+        for g, s in zip(groups, slots):
+            if len(g) > 1:
+                self.cache.copy(s, range(s + 1, s + len(g)), len(g[0].prompt))
+        logits = self._logits(hidden).repeat_interleave(torch.tensor([len(g) for g in groups],
+                                                                     device=hidden.device), dim=0)
+        rows = [r for g in groups for r in g]
+        for r in rows:
+            r.version = version
+        self._sample(rows, logits, version)
+        self.rows.extend(rows)
+        return self._retire()
+
+    @torch.no_grad()
+    def step(self, version: int) -> list[Row]:
+        """One decode step of every active row; returns the rows that finished."""
+        if not self.rows:
+            return []
+        dev = self.device
+        pos = torch.tensor([r.position for r in self.rows], device=dev)
+        kv_len = min(self.cache.max_len, -(-(int(pos.max()) + 1) // KV_BUCKET) * KV_BUCKET)
+        ids = torch.tensor([r.tokens[-1] for r in self.rows], device=dev)[:, None]
+        mask = torch.arange(kv_len, device=dev)[None, :] <= pos[:, None]
+        self.cache.decode(pos, kv_len)
+        out = self.decoder(input_ids=ids, position_ids=pos[:, None], attention_mask=mask[:, None, None],
+                           past_key_values=self.cache, use_cache=True)
+        self._sample(self.rows, self._logits(out.last_hidden_state[:, 0]), version)
+        return self._retire()
+
+    @torch.no_grad()
+    def recompute(self) -> None:
+        """Rebuild every active row's KV with the weights loaded now (after a weight swap): the
+        prompt and the tokens so far except the last, which the next step feeds."""
+        seqs = [r.prompt + r.tokens[:-1] for r in self.rows]
+        for i, j in _chunks([len(q) for q in seqs]):
+            self._prefill(seqs[i:j], list(range(i, j)))
+
+    def drop(self, keep) -> list[Row]:
+        """Remove the rows for which keep(row) is false (e.g. cancelled requests)."""
+        for r in self.rows:
+            if not keep(r):
+                r.finish = r.finish or "abort"
+        return self._retire()
+
+    def _retire(self) -> list[Row]:
+        done = []
+        i = 0
+        while i < len(self.rows):
+            r = self.rows[i]
+            if r.finish is None:
+                i += 1
+                continue
+            done.append(r)
+            last = len(self.rows) - 1
+            if i != last:  # the last row moves into the freed slot
+                moved = self.rows[last]
+                self.cache.copy(last, [i], moved.position)
+                self.rows[i] = moved
+            self.rows.pop()
+        return done
+
+
+def _chunks(lengths: list[int]) -> list[tuple[int, int]]:
+    """Consecutive [i, j) runs of sequences totalling at most PREFILL_TOKENS (or one sequence)."""
+    out, start, size = [], 0, 0
+    for k, n in enumerate(lengths):
+        if k > start and size + n > PREFILL_TOKENS:
+            out.append((start, k))
+            start, size = k, 0
+        size += n
+    if lengths:
+        out.append((start, len(lengths)))
     return out
 
 
-def _generate_chunk(model, prompts, n, sampling, eos_token_id, pad_token_id, policy_version):
-    device = next(model.parameters()).device
-    rows = [list(p) for p in prompts for _ in range(n)]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long, device=device)
-    mask = torch.zeros_like(ids)
-    for j, r in enumerate(rows):  # left padding: every row's next token is at the same column
-        ids[j, width - len(r):] = torch.tensor(r, device=device)
-        mask[j, width - len(r):] = 1
-    greedy = sampling.temperature == 0
+def request_rows(request: Any, prompt: Sequence[int], n: int, sampling: SamplingParams, keys: Sequence[int],
+                 first: int = 0) -> list[Row]:
+    return [Row(request, first + i, list(prompt), sampling, keys[i], 0) for i in range(n)]
+
+
+def noise_keys(sampling: SamplingParams, n: int, generator: Optional[torch.Generator] = None) -> list[int]:
+    """Row keys of a request's n completions: from (seed, i) when seeded, else random."""
     if sampling.seed is not None:
-        torch.manual_seed(sampling.seed)
-    kwargs = dict(do_sample=not greedy, max_new_tokens=sampling.max_tokens, eos_token_id=eos_token_id,
-                  pad_token_id=pad_token_id, return_dict_in_generate=True, output_logits=True)
-    if not greedy:
-        kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                      top_k=sampling.top_k if sampling.top_k > 0 else 0)
-    res = model.generate(input_ids=ids, attention_mask=mask, **kwargs)
-    new = res.sequences[:, width:]
-    logits = torch.stack(res.logits, dim=1).float()  # [rows, steps, vocab], raw
-    if not greedy:
-        logits = logits / sampling.temperature
-    lp = torch.log_softmax(logits, dim=-1).gather(-1, new[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
-    groups: list[list[Completion]] = []
-    for j, prompt in enumerate(rows):
-        toks = new[j].tolist()
-        stop = toks.index(eos_token_id) + 1 if eos_token_id in toks else None
-        toks = toks[:stop] if stop else toks
-        completion = Completion(prompt_ids=prompt, completion_ids=toks, logprobs=lp[j, :len(toks)].tolist(),
-                                policy_version=policy_version,
-                                finish_reason="stop" if stop else "length")
-        if j % n == 0:
-            groups.append([])
-        groups[-1].append(completion)
-    return groups
+        return [hf_sampling.row_key(sampling.seed, i) for i in range(n)]
+    return torch.randint(0, 1 << 32, (n,), generator=generator).tolist()
+
+
+def generate(model, prompts: Sequence[Sequence[int]], n: int, sampling: SamplingParams, *,
+             eos_token_id: Optional[int], pad_token_id: Optional[int] = None, policy_version: int = 0,
+             max_batch: int = 256) -> list[list[Completion]]:
+    """Sample `n` completions for each prompt; returns one list of n completions per prompt. A
+    completion that stopped on EOS keeps the EOS token (the policy must learn to stop). Prompt j
+    is seeded sampling.seed + j when a seed is given; without one the noise comes from torch's
+    global RNG. pad_token_id is accepted for callers of the padded implementation; rows are
+    never padded."""
+    if not prompts:
+        return []
+    limit = max(len(p) for p in prompts) + sampling.max_tokens
+    dec = Decoder(model, slots=max(1, min(max_batch, len(prompts) * n)), max_len=limit,
+                  eos_token_id=eos_token_id)
+    waiting: list[list[Row]] = []
+    for j, p in enumerate(prompts):
+        s = sampling if sampling.seed is None else SamplingParams(
+            sampling.temperature, sampling.top_p, sampling.top_k, sampling.max_tokens, sampling.seed + j)
+        waiting.append(request_rows(j, p, n, s, noise_keys(s, n)))
+    done: dict[tuple[int, int], Row] = {}
+    while waiting or dec.rows:
+        groups, free = [], dec.free
+        while waiting and free:
+            rows = waiting[0]
+            take, rest = rows[:free], rows[free:]
+            groups.append(take)
+            free -= len(take)
+            if rest:
+                waiting[0] = rest
+            else:
+                waiting.pop(0)
+        finished = dec.admit(groups, policy_version) if groups else []
+        finished += dec.step(policy_version)
+        done.update({(r.request, r.index): r for r in finished})
+    return [[done[(j, i)].completion() for i in range(n)] for j in range(len(prompts))]

@@ -127,6 +127,9 @@ class Loop:
         rank 0 pushes), then the version floor moves."""
         tr = self.trainer
         state, _ = tr.full_state()
+        cast = tr.shape.compute_dtype  # fp32 master weights under bf16 autocast: the rollouts serve bf16
+        if cast is not None:
+            state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
         report = self.publisher.publish(state.items(), tr.version) if self.publisher is not None else None
         if report is not None:
             self.backend = report.backend

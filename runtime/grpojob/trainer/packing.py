@@ -3,14 +3,19 @@ into token-budget micro-batches.
 
 Shared prompts: the completions of one group share their prompt, so a group is packed as ONE
 unit `prompt, completion 1, completion 2, ...`: the prompt is computed once, each completion
-attends to the prompt and to its own earlier tokens only (a block mask), and its position ids
-continue from the prompt's. With G completions this saves (G-1) prompt copies of compute per
-group, exactly (the prompt's hidden states are the same in every copy). A group too long for a
-row is split into several units, each with its own copy of the prompt.
+attends to the prompt and to its own earlier tokens only, and its position ids continue from the
+prompt's. With G completions this saves (G-1) prompt copies of compute per group, exactly (the
+prompt's hidden states are the same in every copy). A group too long for a row is split into
+several units, each with its own copy of the prompt.
 
-Rows are at most ROW_TOKENS long (or the longest unit): attention over a row costs O(length^2)
-even under the mask; measured on CPU, 256-token rows ran about 3x faster than one 2k-token row
-and 1.3x faster than padding.
+What a token may attend to is kept as spans (`MicroBatch.spans`): every position of a row belongs
+to exactly one span (a unit's prompt, one completion, or tail padding), and a span's tokens see
+their span's earlier tokens plus an optional prefix span (a completion's prompt). The attention
+backends (trainer.attention) turn spans into a dense mask, a flex BlockMask or batched segments.
+
+Row length is the device's choice (trainer.sizing): short rows for a dense O(length^2) mask,
+one row per micro-batch for the backends whose cost follows the spans. `bucket` rounds row
+widths and row counts up to powers of two so that compiled kernels see few distinct shapes.
 """
 from __future__ import annotations
 
@@ -21,6 +26,10 @@ import torch
 from torch import Tensor
 
 ROW_TOKENS = 256
+BUCKET_MIN = 128  # smallest bucketed row width: one flex attention tile (its BLOCK_SIZE)
+
+# spans columns: row, prefix start, prefix length, start, length (positions within the row)
+ROW, PREFIX_START, PREFIX_LEN, START, LENGTH = range(5)
 
 
 @dataclass
@@ -63,7 +72,7 @@ class TrainSeq:
 class MicroBatch:
     input_ids: Tensor  # [R, L]
     position_ids: Tensor  # [R, L]
-    attention_mask: Tensor  # [R, 1, L, L] bool: True where a query may attend to a key
+    spans: Tensor  # [S, 5] long: see ROW..LENGTH; they tile every row
     token_index: Tensor  # [N] flat positions in R*L whose next token is a trained token
     targets: Tensor  # [N]
     seq_index: Tensor  # [N] 0..n_seqs-1, into `seqs`
@@ -96,6 +105,52 @@ class MicroBatch:
     @property
     def is_dummy(self) -> bool:
         return bool(self.extra.get("dummy"))
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.input_ids.shape)
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """[R, 1, L, L] bool, True where a query may attend to a key (the dense form of `spans`)."""
+        return dense_mask(self.spans, *self.shape)
+
+    def attention(self, backend: str, device: torch.device):
+        """What `backend` attention takes for this micro-batch, built once per device and reused
+        (the reference model's pass and every epoch see the same layout)."""
+        from . import attention
+
+        key = ("mask", backend, str(device))
+        if key not in self.extra:
+            self.extra[key] = attention.build(backend, self.spans.to(device), *self.shape)
+        return self.extra[key]
+
+    def inputs(self, device: torch.device, backend: str) -> dict:
+        """Keyword arguments of PolicyLogprobs.forward for this micro-batch."""
+        return dict(input_ids=self.input_ids.to(device), position_ids=self.position_ids.to(device),
+                    attention_mask=self.attention(backend, device), token_index=self.token_index.to(device),
+                    targets=self.targets.to(device))
+
+
+def token_ranges(spans: Tensor, rows: int, width: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Per position [R, L]: its span's start, and its prefix's [start, end). A query at q sees keys
+    k with start <= k <= q or prefix start <= k < prefix end."""
+    order = torch.argsort(spans[:, ROW] * width + spans[:, START])
+    sp = spans[order]
+    lengths = sp[:, LENGTH]
+    own = torch.repeat_interleave(sp[:, START], lengths).view(rows, width)
+    p0 = torch.repeat_interleave(sp[:, PREFIX_START], lengths).view(rows, width)
+    p1 = p0 + torch.repeat_interleave(sp[:, PREFIX_LEN], lengths).view(rows, width)
+    return own, p0, p1
+
+
+def dense_mask(spans: Tensor, rows: int, width: int) -> Tensor:
+    own, p0, p1 = token_ranges(spans, rows, width)
+    k = torch.arange(width, device=spans.device)
+    q = k[:, None]
+    mine = (k >= own[..., None]) & (k <= q)
+    prefix = (k >= p0[..., None]) & (k < p1[..., None])
+    return (mine | prefix)[:, None]
 
 
 def _completion_inputs(s: TrainSeq) -> int:
@@ -152,36 +207,45 @@ def row_capacity(longest: int, budget: int, row_tokens: int = ROW_TOKENS) -> int
     return min(budget, max(row_tokens, longest))
 
 
-def build(seqs: Sequence[TrainSeq], layout: list[list[list[int]]], pad_id: int = 0) -> MicroBatch:
-    """Tensors of one micro-batch from its rows of units (lists of sequence indices)."""
-    width = max(sum(unit_length(seqs, u) for u in row) for row in layout)
-    n_rows = len(layout)
+def bucket_size(n: int, limit: int, smallest: int = 1) -> int:
+    """The power of two times `smallest` at or above n, but at most max(n, limit)."""
+    b = smallest
+    while b < n:
+        b *= 2
+    return max(n, min(b, limit))
+
+
+def build(seqs: Sequence[TrainSeq], layout: list[list[list[int]]], pad_id: int = 0,
+          shape: Optional[tuple[int, int]] = None) -> MicroBatch:
+    """Tensors of one micro-batch from its rows of units (lists of sequence indices). `shape`
+    (rows, width) pads to a bucketed shape; padding rows and tail positions are spans of their own."""
+    fills = [sum(unit_length(seqs, u) for u in row) for row in layout]
+    n_rows, width = shape or (len(layout), max(fills))
     ids = torch.full((n_rows, width), pad_id, dtype=torch.long)
     pos = torch.zeros((n_rows, width), dtype=torch.long)
-    block = torch.zeros((n_rows, width), dtype=torch.long)  # unit id per position (-1-r padding)
-    seg = torch.zeros((n_rows, width), dtype=torch.long)  # 0 prompt, j completion j (1-based)
+    spans: list[tuple[int, int, int, int, int]] = []
     token_index, targets, seq_index, adv, coef, rlp, order, tpos = [], [], [], [], [], [], [], []
     names = sorted(set().union(*(seqs[i].fields for row in layout for u in row for i in u)))
     values: dict[str, list[float]] = {k: [] for k in names}
     n_tokens = 0
-    for r, row in enumerate(layout):
+    for r in range(n_rows):
         at = 0
-        for u, unit in enumerate(row):
+        for unit in layout[r] if r < len(layout) else []:
             prompt = seqs[unit[0]].prompt_ids
             p = len(prompt)
             ids[r, at:at + p] = torch.tensor(prompt)
             pos[r, at:at + p] = torch.arange(p)
-            block[r, at:at + p] = u
+            prompt_at = at
+            spans.append((r, at, 0, at, p))
             last_prompt = r * width + at + p - 1
             at += p
-            for j, i in enumerate(unit, start=1):
+            for i in unit:
                 s = seqs[i]
                 n = _completion_inputs(s)
                 if n:
                     ids[r, at:at + n] = torch.tensor(s.completion_ids[:-1])
                     pos[r, at:at + n] = torch.arange(p, p + n)
-                    block[r, at:at + n] = u
-                    seg[r, at:at + n] = j
+                    spans.append((r, prompt_at, p, at, n))
                 local = len(order)
                 order.append(i)
                 for k, (tok, m) in enumerate(zip(s.completion_ids, s.loss_mask)):
@@ -200,16 +264,11 @@ def build(seqs: Sequence[TrainSeq], layout: list[list[list[int]]], pad_id: int =
                             values[name].append(float(s.fields[name][k]))
                 at += n
         n_tokens += at
-        if at < width:  # tail padding: its own block, attending only to itself
+        if at < width:  # tail padding: a span of its own, attending only to itself
             pos[r, at:] = torch.arange(width - at)
-            block[r, at:] = -1
-    q = torch.arange(width)
-    causal = q[:, None] >= q[None, :]
-    same_block = block[:, :, None] == block[:, None, :]
-    visible = (seg[:, None, :] == 0) | (seg[:, :, None] == seg[:, None, :])  # the prompt, or my own segment
-    mask = (causal[None] & same_block & visible)[:, None]
+            spans.append((r, at, 0, at, width - at))
     return MicroBatch(
-        input_ids=ids, position_ids=pos, attention_mask=mask,
+        input_ids=ids, position_ids=pos, spans=torch.tensor(spans, dtype=torch.long),
         token_index=torch.tensor(token_index, dtype=torch.long), targets=torch.tensor(targets, dtype=torch.long),
         seq_index=torch.tensor(seq_index, dtype=torch.long), advantages=torch.tensor(adv, dtype=torch.float32),
         coef=torch.tensor(coef, dtype=torch.float32), rollout_logp=torch.tensor(rlp, dtype=torch.float32),
@@ -218,9 +277,10 @@ def build(seqs: Sequence[TrainSeq], layout: list[list[list[int]]], pad_id: int =
 
 
 def pack(seqs: Sequence[TrainSeq], budget: int, row_tokens: int = ROW_TOKENS, pad_id: int = 0,
-         share_prompts: bool = True) -> list[MicroBatch]:
+         share_prompts: bool = True, bucket: bool = False) -> list[MicroBatch]:
     """Micro-batches holding every sequence once. share_prompts=False packs each sequence alone
-    (prompt and completion), as a reference."""
+    (prompt and completion), as a reference. bucket: pad each micro-batch to (rows, width) rounded
+    up to powers of two (widths from BUCKET_MIN), for compiled kernels."""
     if not seqs:
         return []
     longest = max(s.n_inputs for s in seqs)
@@ -229,7 +289,16 @@ def pack(seqs: Sequence[TrainSeq], budget: int, row_tokens: int = ROW_TOKENS, pa
     cap = row_capacity(longest, budget, row_tokens)
     groups = units(seqs, cap) if share_prompts else [[i] for i in range(len(seqs))]
     lengths = [unit_length(seqs, u) for u in groups]
-    return [build(seqs, [[groups[k] for k in row] for row in mb], pad_id) for mb in plan(lengths, budget, row_tokens)]
+    out = []
+    per_mb = max(1, budget // cap)
+    for mb in plan(lengths, budget, row_tokens):
+        layout = [[groups[k] for k in row] for row in mb]
+        shape = None
+        if bucket:
+            width = max(sum(lengths[k] for k in row) for row in mb)
+            shape = (bucket_size(len(mb), per_mb), bucket_size(width, cap, BUCKET_MIN))
+        out.append(build(seqs, layout, pad_id, shape))
+    return out
 
 
 def dummy(pad_id: int = 0) -> MicroBatch:
@@ -238,7 +307,7 @@ def dummy(pad_id: int = 0) -> MicroBatch:
     z = torch.zeros(1, dtype=torch.float32)
     return MicroBatch(input_ids=torch.full((1, 1), pad_id, dtype=torch.long),
                       position_ids=torch.zeros((1, 1), dtype=torch.long),
-                      attention_mask=torch.ones((1, 1, 1, 1), dtype=torch.bool),
+                      spans=torch.tensor([[0, 0, 0, 0, 1]], dtype=torch.long),
                       token_index=torch.zeros(1, dtype=torch.long), targets=torch.full((1,), pad_id, dtype=torch.long),
                       seq_index=torch.zeros(1, dtype=torch.long), advantages=z, coef=z.clone(),
                       rollout_logp=z.clone(), seqs=[], n_tokens=0, extra={"dummy": True},

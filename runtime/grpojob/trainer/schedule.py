@@ -1,16 +1,9 @@
-"""Small pure choices of the trainer: parameter dtype and learning-rate schedule."""
+"""The trainer's learning-rate schedule."""
 from __future__ import annotations
 
 import math
 from typing import Callable
 
-import torch
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def lr_lambda(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -39,8 +39,9 @@ from ..rollout.types import Group
 from . import dist
 from .batch import Prepared, prepare, skips_zero_advantage
 from .logprobs import PolicyLogprobs
-from .packing import MicroBatch, TrainSeq, dummy, pack
-from .schedule import lr_lambda, resolve_dtype
+from .packing import MicroBatch, TrainSeq, dummy
+from .schedule import lr_lambda
+from .sizing import TrainShape, for_device, master_dtype
 
 log = logging.getLogger("grpojob.trainer")
 
@@ -70,7 +71,9 @@ class GRPOTrainer:
         self.model.train()
         self.strategy = dist.strategy(spec.training.strategy, self.env)
         layers = getattr(self.model.base_model, "layers", None)
-        self.policy = dist.wrap(PolicyLogprobs(self.model), self.strategy, self.env, list(layers or []))
+        self.shape: TrainShape = for_device(self.env.device, self.model)  # per-device choices (sizing)
+        log.info("trainer shape: %s", self.shape.describe())
+        self.policy = dist.wrap(PolicyLogprobs(self.model, self.shape), self.strategy, self.env, list(layers or []))
         # with klBeta 0 no reference model is loaded at all
         self.ref: Optional[PolicyLogprobs] = self.build_reference() if spec.algorithm.kl_beta > 0 else None
         self.algorithm = algorithms.build(spec.algorithm, self.max_tokens)
@@ -100,7 +103,7 @@ class GRPOTrainer:
         from transformers import AutoModelForCausalLM
 
         spec = self.spec
-        dtype = resolve_dtype(spec.model.dtype, self.env.device)
+        dtype = master_dtype(spec.model.dtype)
         try:
             model = AutoModelForCausalLM.from_pretrained(spec.model.path, dtype=dtype, attn_implementation="sdpa",
                                                          trust_remote_code=spec.model.trust_remote_code)
@@ -115,7 +118,7 @@ class GRPOTrainer:
         ref = self.load_model().eval()
         for p in ref.parameters():
             p.requires_grad_(False)
-        return PolicyLogprobs(ref)
+        return PolicyLogprobs(ref, self.shape)
 
     def build_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
         """The optimizer over the trainable parameters (default AdamW from spec.training)."""
@@ -159,9 +162,8 @@ class GRPOTrainer:
         micro-batch's N trained tokens under `module` (the wrapped policy, or a PolicyLogprobs
         reference), at the sampling temperature, in `mb.token_index` order. Collective when
         `module` is the wrapped policy (FSDP gathers parameters)."""
-        d = self.env.device
-        return module(mb.input_ids.to(d), mb.position_ids.to(d), mb.attention_mask.to(d), mb.token_index.to(d),
-                      mb.targets.to(d), self.temperature, entropy)
+        return module(**mb.inputs(self.env.device, self.shape.attention), temperature=self.temperature,
+                      entropy=entropy)
 
     def loss_fn(self, logp: Tensor, mb: MicroBatch) -> tuple[Tensor, algorithms.LossTerms]:
         """(the micro-batch's share of the step's loss: a scalar to backpropagate, the per-token
@@ -208,7 +210,7 @@ class GRPOTrainer:
         gives them; NaN where the loss mask is 0), without gradients. Collective (same micro-batch
         count on every rank), for prepare_batch: e.g. a reference policy's log-probs for a KL
         penalty folded into the reward."""
-        mbs = pack(seqs, self.spec.training.micro_batch_tokens, pad_id=self.pad_id)
+        mbs = self.shape.pack(seqs, self.spec.training.micro_batch_tokens, self.pad_id)
         n_mb = int(dist.all_max(torch.tensor([len(mbs)]), self.env).item())
         mbs += [dummy(self.pad_id) for _ in range(n_mb - len(mbs))]
         out = [[math.nan] * len(s.completion_ids) for s in seqs]
@@ -231,7 +233,7 @@ class GRPOTrainer:
     def optimize(self, prep: Prepared) -> dict[str, Any]:
         """Packed micro-batches, forward/backward with gradient accumulation, clipping, optimizer step."""
         spec, env = self.spec, self.env
-        mbs = pack(prep.seqs, spec.training.micro_batch_tokens, pad_id=self.pad_id)
+        mbs = self.shape.pack(prep.seqs, spec.training.micro_batch_tokens, self.pad_id)
         n_mb = int(dist.all_max(torch.tensor([len(mbs)]), env).item())
         out: dict[str, Any] = {"micro_batches": n_mb}
         if n_mb == 0:  # every group filtered out on every rank: a defined no-op step

@@ -1,0 +1,88 @@
+"""Token sampling for the hf engine: every row (one completion) with its own parameters, and
+random numbers that depend only on (row key, token index, vocabulary entry).
+
+Sampling is Gumbel-max: argmax(logits / temperature + G) with G = -log(-log(u)) draws exactly from
+softmax(logits / temperature) (after top-k / top-p filtering). The uniforms u come from a
+counter-based hash, not from a stateful generator, so a row's tokens do not depend on which
+other rows share the batch, on the batch order, or on the device: completion i of a request
+seeded s always sees the same noise (row key = hash(s, i)).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+
+
+def _fmix(x: Tensor) -> Tensor:
+    """murmur3's 32-bit finaliser on int64 tensors holding values in [0, 2^32): a bijection with
+    full avalanche. Products may wrap in int64; their low 32 bits are exact."""
+    x = x ^ (x >> 16)
+    x = (x * 0x85EBCA6B) & _M32
+    x = x ^ (x >> 13)
+    x = (x * 0xC2B2AE35) & _M32
+    return x ^ (x >> 16)
+
+
+def row_key(seed: int, index: int) -> int:
+    """The noise key of completion `index` of a request seeded `seed` (any Python int)."""
+    s = seed & ((1 << 64) - 1)
+    x = _fmix(torch.tensor([(s & _M32) ^ 0x243F6A88], dtype=torch.long))
+    x = _fmix(x ^ ((s >> 32) & _M32))
+    return int(_fmix((x + (index & _M32) * _GOLDEN) & _M32))
+
+
+def uniforms(keys: Tensor, steps: Tensor, vocab: int) -> Tensor:
+    """[A, vocab] float32 in (0, 1): the noise of token `steps[a]` of row a (keys/steps int64 [A])."""
+    h = _fmix((keys ^ _fmix((steps * 0x85EBCA77) & _M32)) & _M32)
+    x = _fmix(h[:, None] ^ _vocab_codes(vocab, keys.device)[None])
+    return ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+_CODES: dict = {}
+
+
+def _vocab_codes(vocab: int, device: torch.device) -> Tensor:
+    """A distinct pseudo-random 32-bit code per vocabulary entry (cached per device)."""
+    key = (vocab, str(device))
+    if key not in _CODES:
+        _CODES[key] = _fmix((torch.arange(vocab, device=device, dtype=torch.long) * _GOLDEN + 0x632BE5AB) & _M32)
+    return _CODES[key]
+
+
+def _filter(scaled: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
+    """-inf outside each row's top-k (k <= 0: all) and its top-p nucleus (the smallest set of most
+    likely tokens whose probability reaches p; the most likely token always stays)."""
+    vocab = scaled.shape[1]
+    ordered, order = scaled.sort(dim=1, descending=True)
+    rank = torch.arange(vocab, device=scaled.device)[None]
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), vocab)
+    probs = torch.softmax(ordered, dim=1)
+    before = probs.cumsum(1) - probs  # probability of the tokens ranked above
+    keep = (rank < k[:, None]) & ((before < top_p[:, None]) | (rank == 0))
+    out = torch.full_like(scaled, float("-inf"))
+    return out.scatter(1, order, torch.where(keep, ordered, float("-inf")))
+
+
+def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, keys: Tensor, steps: Tensor
+           ) -> tuple[Tensor, Tensor]:
+    """logits [A, V] (raw, float32) and per-row parameters [A] -> (tokens [A], log-probs [A]).
+    temperature 0 is greedy. Log-probs are log softmax(logits / temperature) of the chosen token
+    over the full vocabulary (temperature 1 when greedy): the Completion contract."""
+    greedy = temperature <= 0
+    t = torch.where(greedy, torch.ones_like(temperature), temperature)
+    scaled = logits / t[:, None]
+    if bool(greedy.all()):
+        choice = logits.argmax(dim=1)
+    else:
+        pool = scaled
+        if bool(((top_p < 1.0) | (top_k > 0)).any()):
+            pool = _filter(scaled, top_p, top_k)
+        gumbel = -torch.log(-torch.log(uniforms(keys, steps, logits.shape[1])))
+        choice = (pool + gumbel).argmax(dim=1)
+        if bool(greedy.any()):
+            choice = torch.where(greedy, logits.argmax(dim=1), choice)
+    logp = torch.log_softmax(scaled, dim=1).gather(1, choice[:, None]).squeeze(1)
+    return choice, logp
