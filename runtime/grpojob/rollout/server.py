@@ -18,9 +18,9 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
 - GET /metrics: Prometheus (grpojob.metrics_names.ROLLOUT).
 - GET /info: replica, backend, model, policy version, readiness.
 - POST /generate: {"prompt_ids": [int], "n": 1, "sampling": {"temperature", "top_p", "top_k",
-  "max_tokens", "seed"}, "min_version": null} -> {"policy_version", "replica", "completions":
-  [{"completion_ids", "logprobs", "policy_version", "finish_reason", "text"}]}. 400 for bad input
-  (the message names the field), 409 when the server holds a version older than min_version,
+  "max_tokens", "seed"} (absent: the job's rollout.sampling), "min_version": null} ->
+  {"policy_version", "replica", "completions": [{"completion_ids", "logprobs", "policy_version",
+  "finish_reason", "text"}]}. 400 for bad input (the message names the field), 409 when the server holds a version older than min_version,
   503 while the engine loads.
 - POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
 """
@@ -69,7 +69,7 @@ class GenerateIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     prompt_ids: list[int] = Field(min_length=1)
     n: int = Field(1, ge=1, le=4096)
-    sampling: SamplingIn = Field(default_factory=SamplingIn)
+    sampling: Optional[SamplingIn] = None  # None: the job's rollout.sampling
     min_version: Optional[int] = None
 
 
@@ -202,7 +202,9 @@ class Server:
             return self._error(409, f"replica {self.replica} holds policy version {self.engine.version}, "
                                f"older than the required {body.min_version}", "stale",
                                policy_version=self.engine.version)
-        s = body.sampling
+        job = self.spec.rollout.sampling
+        s = body.sampling or SamplingIn(temperature=job.temperature, top_p=job.top_p, top_k=job.top_k,
+                                        max_tokens=job.max_tokens)
         try:
             out = await self._run(body.prompt_ids, body.n, SamplingParams(s.temperature, s.top_p, s.top_k,
                                                                           s.max_tokens, s.seed))
