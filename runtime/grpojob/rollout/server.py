@@ -20,8 +20,8 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
 - POST /generate: {"prompt_ids": [int], "n": 1, "sampling": {"temperature", "top_p", "top_k",
   "max_tokens", "seed"} (absent: the job's rollout.sampling), "min_version": null} ->
   {"policy_version", "replica", "completions": [{"completion_ids", "logprobs", "policy_version",
-  "finish_reason", "text"}]}. 400 for bad input (the message names the field), 409 when the server holds a version older than min_version,
-  503 while the engine loads.
+  "finish_reason", "text"}]}. 400 for bad input (the message names the field), 409 when the
+  server holds a version older than min_version, 503 while the engine loads.
 - POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
 """
 from __future__ import annotations
