@@ -27,6 +27,7 @@ from typing import Any, Mapping, Optional
 
 # The image's PATH: this interpreter's environment stands for the runtime image's Python.
 IMAGE_PATH = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def available() -> tuple[bool, str]:
@@ -121,6 +122,13 @@ def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, con
         lines += [f"mkdir -p {target}", f"mount --bind {src} {target}"]
         if read_only:
             lines.append(f"mount -o remount,ro,bind {target}")
+    # The "image's" Python and this checkout (editable install) live where a volume may now be
+    # mounted (a checkout under /tmp, say): put them back over it, read-only, as an image has them.
+    mounted = [os.path.realpath(m["mountPath"]) for m in container.get("volumeMounts", [])]
+    for keep in (os.path.realpath(sys.prefix), str(REPO)):
+        if any(keep == m or keep.startswith(m + "/") for m in mounted):
+            lines += [f"mkdir -p {root}{keep}", f"mount --bind {keep} {root}{keep}",
+                      f"mount -o remount,ro,bind {root}{keep}"]
     psc, sc = pod.get("securityContext") or {}, container.get("securityContext") or {}
     if sc.get("readOnlyRootFilesystem"):
         lines.append(f"mount -o remount,ro,bind {root}")
