@@ -104,13 +104,18 @@ class Memory:
 
 
 class Ours:
-    """grpojob's Trainer, stepped one step at a time."""
+    """grpojob's trainer (its loop, in-process hf engine), stepped one step at a time. At
+    maxStaleness 0 the next step's generation starts with each push, in the background: a step
+    here ends once that generation is done too, so that TRL's turn runs alone and ours is charged
+    for all of its generation."""
 
     def __init__(self, model: Path, a: argparse.Namespace, work: Path):
         from grpojob.api import parse
-        from grpojob.trainer.loop import Trainer
+        from grpojob.trainer.build import build
 
-        self.trainer = Trainer(parse(job_doc(model, a)), checkpoint_dir=str(work / "ours-ck"))
+        self.run = build(parse(job_doc(model, a)), checkpoint_dir=str(work / "ours-ck"), run_dir=str(work / "ours"))
+        self.trainer, self.loop = self.run.trainer, self.run.loop
+        self.loop.source.start()
         self.seconds: list[float] = []
         self.train_seconds: list[float] = []
         self.tokens: list[int] = []
@@ -119,11 +124,18 @@ class Ours:
     def step(self) -> None:
         t0 = time.perf_counter()
         self.memory.begin()
-        record = self.trainer.step()
+        record = self.loop.train_step()
+        manager, spec = self.loop.source.manager, self.trainer.spec
+        if record.step < spec.training.steps:  # the next step's groups, generated after the push
+            while manager.ahead() != (0, spec.training.prompts_per_step):
+                time.sleep(0.002)
         self.memory.end()
         self.seconds.append(time.perf_counter() - t0)
-        self.train_seconds.append(record["stage_seconds"]["train"])
-        self.tokens.append(record["tokens"])
+        self.train_seconds.append(record.stage_seconds["train"])
+        self.tokens.append(record.tokens)
+
+    def close(self) -> None:
+        self.run.rollouts.close()
 
 
 def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ours, dict]:
@@ -289,6 +301,7 @@ def main() -> None:
         print(f"model {a.model or a.shape}, {a.prompts} prompts x {a.group} completions x <= {a.max_tokens} tokens "
               f"per step, {a.steps} steps (first one is warm-up), {where}")
         mine, theirs = run_side_by_side(model, a, work)
+        mine.close()
         gen = None if a.no_generation else generation(model, a)
     rows = [("grpojob", mine.seconds, mine.train_seconds, mine.tokens),
             ("trl", theirs["seconds"], theirs["train_seconds"], theirs["tokens"])]

@@ -129,6 +129,10 @@ class RolloutManager:
     def next_step(self) -> StepGroups:
         return self.run(self._take(), timeout=self.pipeline.timeout)
 
+    def ahead(self) -> tuple[int, int]:
+        """(samples being generated, groups ready) now, for progress and benchmarks."""
+        return len(self._inflight), len(self._ready)
+
     def set_published(self, version: int) -> None:
         self._loop.call_soon_threadsafe(self._on_published, version)
 
