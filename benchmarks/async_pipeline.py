@@ -8,7 +8,7 @@ on them take about the same time (both are printed: adjust --max-tokens / --epoc
 close). With staleness 0 the two take turns; from 1 on, the rollout server generates step n+1
 while the trainer trains step n.
 
-    python benchmarks/async_pipeline.py [--steps 24] [--device cpu|cuda]
+    python benchmarks/async_pipeline.py [--steps 40] [--device cpu|cuda]
 
 The settings take turns (0, 1, 2, 0, 1, 2, ... for --repeat rounds) so that a busy machine weighs on
 each alike; per staleness the median round counts. Prints, per staleness, steps/s over the steps
@@ -67,14 +67,14 @@ def summary(records: list[dict], warmup: int) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--steps", type=int, default=24)
+    p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--group", type=int, default=8)
-    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=20)
     p.add_argument("--epochs", type=int, default=2, help="optimisation passes per step (the train time)")
     p.add_argument("--staleness", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--repeat", type=int, default=2, help="rounds; the median round of each setting counts")
+    p.add_argument("--repeat", type=int, default=3, help="rounds; the median round of each setting counts")
     args = p.parse_args()
     os.environ["GRPOJOB_DEVICE"] = args.device
     rounds: dict[int, list[dict]] = {s: [] for s in args.staleness}
