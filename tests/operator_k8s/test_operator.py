@@ -36,6 +36,22 @@ def cond(emu: Emulator, name: str, type_: str) -> dict[str, Any]:
     return next((c for c in status(emu, name).get("conditions", []) if c["type"] == type_), {})
 
 
+VERBS = {"list": "list", "watch": "watch", "fetch": "get", "create": "create", "update": "patch", "delete": "delete"}
+
+
+def calls_made(emu: Emulator) -> set[tuple[str, str, str]]:
+    """(API group, resource[/subresource], RBAC verb) of every request the operator sent (the
+    emulator's own kmock requests left out)."""
+    used = set()
+    for r in list(emu._requests):
+        if r.resource is None or r.resource.plural is None or r.action is None \
+                or r.headers.get("User-Agent", "").startswith("kmock/"):
+            continue
+        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
+        used.add((r.resource.group, resource, VERBS[r.action.value.lower()]))
+    return used
+
+
 def kids(emu: Emulator, job: str, ns: str = NS) -> dict[tuple[str, str], dict[str, Any]]:
     return {(o["kind"] if "kind" in o else res.plural, o["metadata"]["name"]): o
             for res in CHILD_RESOURCES for o in emu.live(res, ns)
@@ -345,15 +361,7 @@ async def test_every_request_of_the_operator_is_allowed_by_its_rbac_rules(emulat
     await running(emulator, cluster, trainer, "rbac", runPolicy={"ttlSecondsAfterFinished": 0})
     trainer.set(NS, "rbac", phase="completed", step=20)
     await eventually(lambda: emulator.get_obj(GRPOJOBS, NS, "rbac") is None, what="deleted after TTL")
-    verbs = {"list": "list", "watch": "watch", "fetch": "get", "create": "create", "update": "patch",
-             "delete": "delete"}
-    used = set()
-    for r in list(emulator._requests):
-        if r.resource is None or r.resource.plural is None or r.action is None \
-                or r.headers.get("User-Agent", "").startswith("kmock/"):
-            continue
-        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-        used.add((r.resource.group, resource, verbs[r.action.value.lower()]))
+    used = calls_made(emulator)
     assert used >= {("grpojob.io", "grpojobs/status", "patch"), ("apps", "statefulsets", "create"),
                     ("", "events", "create"), ("grpojob.io", "grpojobs", "delete")}
     assert [u for u in used if not allows(*u)] == []

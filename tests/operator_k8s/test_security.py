@@ -16,7 +16,7 @@ from .cluster import eventually
 from .conftest import NS, job_manifest, job_path, secret_token
 from .harness import OperatorThread
 from .kmock_shim import CONFIGMAPS, EVENTS, GRPOJOBS, NETWORKPOLICIES, SECRETS, STATEFULSETS
-from .test_operator import cond, kids, running, status
+from .test_operator import calls_made, cond, kids, running, status
 
 
 def secret(emu, job: str) -> dict:
@@ -161,9 +161,6 @@ ELSEWHERE = {
 # Granted before issue 15 and called nowhere in this scenario nor, as far as kopf's code shows, by
 # kopf (it lists, watches and patches; it does not get single objects): candidates for removal.
 UNCALLED = {("grpojob.io", "grpojobs", "get"), ("grpojob.io", "grpojobs/status", "get")}
-VERBS = {"list": "list", "watch": "watch", "fetch": "get", "create": "create", "update": "patch", "delete": "delete"}
-
-
 async def test_rbac_is_exactly_what_the_code_calls(emulator, cluster, operator, trainer):
     """Every request the operator makes is allowed (test_operator checks that too), and every rule
     it holds is called here, or named in ELSEWHERE with where it is: nothing granted for nothing.
@@ -177,13 +174,7 @@ async def test_rbac_is_exactly_what_the_code_calls(emulator, cluster, operator, 
     await eventually(lambda: not policies(emulator, "rb"), what="policies deleted")
     trainer.set(NS, "rb", phase="completed", step=20)
     await eventually(lambda: emulator.get_obj(GRPOJOBS, NS, "rb") is None, what="deleted after TTL")
-    used = set()
-    for r in list(emulator._requests):
-        if r.resource is None or r.resource.plural is None or r.action is None \
-                or r.headers.get("User-Agent", "").startswith("kmock/"):
-            continue
-        resource = r.resource.plural + (f"/{r.subresource}" if r.subresource else "")
-        used.add((r.resource.group, resource, VERBS[r.action.value.lower()]))
+    used = calls_made(emulator)
     granted = {(x.api_group, x.resource, v) for x in rbac.RBAC_RULES for v in x.verbs}
     assert {u for u in used if u not in granted} == set(), "calls without a rule"
     assert granted - used - set(ELSEWHERE) == UNCALLED, "rules the code does not call"

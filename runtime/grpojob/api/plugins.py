@@ -18,7 +18,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 BUILTIN_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
 BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match", "toy")
@@ -131,6 +131,19 @@ def resolve(name: str):
             obj = getattr(obj, part)
         except AttributeError:
             raise AttributeError(f"'{source}' has no attribute '{attr}'") from None
+    return obj
+
+
+def load_checked(ref: str, where: str, check: Callable[[Any], Optional[str]], error: type[Exception]):
+    """resolve(ref), then `check` it (a kind's check: None, or why the object does not fit); a
+    failure of either raises `error` naming the field `where`."""
+    try:
+        obj = resolve(ref)
+    except (ImportError, AttributeError) as e:
+        raise error(f"{where}: {e}") from None
+    why = check(obj)
+    if why:
+        raise error(f"{where}: '{ref}' {why}")
     return obj
 
 

@@ -127,14 +127,7 @@ def engine_class(backend: str):
     if backend in BUILTINS:
         module, _, name = BUILTINS[backend].cls.partition(":")
         return getattr(importlib.import_module(module), name)
-    try:
-        cls = plugins.resolve(backend)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"spec.rollout.backend: {e}") from None
-    why = check_class(cls)
-    if why:
-        raise ValueError(f"spec.rollout.backend: '{backend}' {why}")
-    return cls
+    return plugins.load_checked(backend, "spec.rollout.backend", check_class, ValueError)
 
 
 def weight_sync(backend: str) -> tuple[str, ...]:

@@ -148,14 +148,7 @@ class Callbacks:
             items.append((f"spec.monitoring.reportTo[{i}]", TRACKERS[name](job, run_dir)))
         for i, ref in enumerate(m.callbacks):
             where = f"spec.monitoring.callbacks[{i}]"
-            try:
-                callback_cls = plugins.resolve(ref)
-            except (ImportError, AttributeError) as e:
-                raise RuntimeError(f"{where}: {e}") from None
-            why = check_class(callback_cls)
-            if why:
-                raise RuntimeError(f"{where}: '{ref}' {why}")
-            items.append((where, callback_cls()))
+            items.append((where, plugins.load_checked(ref, where, check_class, RuntimeError)()))
         return cls(items)
 
     def _each(self, method: str, *args) -> None:

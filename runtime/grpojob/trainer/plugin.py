@@ -52,11 +52,4 @@ def trainer_class(spec: GRPOJobSpec) -> type[GRPOTrainer]:
     name = spec.trainer.class_
     if name is None:
         return GRPOTrainer
-    try:
-        cls = plugins.resolve(name)
-    except (ImportError, AttributeError) as e:
-        raise TrainerError(f"{FIELD}: {e}") from None
-    why = check_class(cls)
-    if why:
-        raise TrainerError(f"{FIELD}: '{name}' {why}")
-    return cls
+    return plugins.load_checked(name, FIELD, check_class, TrainerError)
