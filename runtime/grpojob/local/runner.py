@@ -76,13 +76,14 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
                       token_file=str(token_path(run_dir)))
     bin_dir = str(Path(sys.executable).parent)
     base_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    # As in the pods: an environment's OpenAI API key is the job's token unless the user set one.
+    api_key = auth.read_file(auth.ensure_file(token_path(run_dir))) if job.spec.environments else None
     out: list[Child] = []
     for role in roles(job, where):
         for i in range(role.replicas):
             env = {**base_env, **role.env, **_per_replica(role, i, host)}
             if role.environment is not None:
-                # As in the pods: the job's token is the OpenAI API key unless the user set one.
-                env[ENV_OPENAI_API_KEY] = auth.read_file(auth.ensure_file(token_path(run_dir)))
+                env[ENV_OPENAI_API_KEY] = api_key
                 env.update(_user_env(job, role.environment))
             if "PYTHONPATH" in role.env and os.environ.get("PYTHONPATH"):  # spec.code first, then the caller's
                 env["PYTHONPATH"] = role.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]

@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoint import CheckpointManager
+from ..rollout.engine import torch_dtype_name
 from . import dist
 from .callbacks import Callbacks
 from .record import StepRecord
@@ -127,9 +128,10 @@ class Loop:
         rank 0 pushes), then the version floor moves."""
         tr = self.trainer
         state, _ = tr.full_state()
-        cast = tr.shape.compute_dtype  # fp32 master weights under bf16 autocast: the rollouts serve bf16
-        if cast is not None:
-            state = {k: v.to(cast) if v.is_floating_point() else v for k, v in state.items()}
+        # The rollouts' dtype (rollout.engine's rule; they run where the trainer does: GPU or CPU),
+        # so fp32 master weights under bf16 autocast go out as the bf16 the engines serve.
+        serve = getattr(torch, torch_dtype_name(self.spec, tr.env.device.type == "cuda"))
+        state = {k: v.to(serve) if v.is_floating_point() else v for k, v in state.items()}
         report = self.publisher.publish(state.items(), tr.version) if self.publisher is not None else None
         if report is not None:
             self.backend = report.backend
