@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ class HFEngine:
         self._swaps: list[_Swap] = []
         self._closed = False
         self._thread: Optional[threading.Thread] = None
-        self._noise = torch.Generator().manual_seed(int.from_bytes(__import__("os").urandom(4), "little"))
+        self._noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
         self._receiver = None
         self._error: Optional[str] = None
 
