@@ -122,13 +122,21 @@ def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, con
         lines += [f"mkdir -p {target}", f"mount --bind {src} {target}"]
         if read_only:
             lines.append(f"mount -o remount,ro,bind {target}")
-    # The "image's" Python and this checkout (editable install) live where a volume may now be
-    # mounted (a checkout under /tmp, say): put them back over it, read-only, as an image has them.
+    # The "image's" Python and this checkout (editable install) as an image has them: readable by
+    # the pod's user (a clone made by `mktemp -d` is 0700), and there even where a volume is now
+    # mounted over their path (a checkout under /tmp): an overlay of them, so nothing reaches the host.
     mounted = [os.path.realpath(m["mountPath"]) for m in container.get("volumeMounts", [])]
-    for keep in (os.path.realpath(sys.prefix), str(REPO)):
-        if any(keep == m or keep.startswith(m + "/") for m in mounted):
-            lines += [f"mkdir -p {root}{keep}", f"mount --bind {keep} {root}{keep}",
-                      f"mount -o remount,ro,bind {root}{keep}"]
+    keeps = sorted({os.path.realpath(sys.prefix), str(REPO)})
+    keeps = [k for k in keeps if not any(k.startswith(o + "/") for o in keeps)]  # outermost only
+    for i, keep in enumerate(keeps):
+        covered = any(keep == m or keep.startswith(m + "/") for m in mounted)
+        if covered:
+            k = f"{layers}/keep{i}"
+            lines += [f"mkdir -p {root}{keep} {k}/upper {k}/work",
+                      f"mount -t overlay overlay -o lowerdir={keep},upperdir={k}/upper,workdir={k}/work {root}{keep}"]
+        lines += [f"chmod o+x {root}{d}" for d in [*reversed(Path(keep).parents), Path(keep)] if str(d) != "/"]
+        if covered:
+            lines.append(f"mount -o remount,ro {root}{keep}")  # an image's files: read-only
     psc, sc = pod.get("securityContext") or {}, container.get("securityContext") or {}
     if sc.get("readOnlyRootFilesystem"):
         lines.append(f"mount -o remount,ro,bind {root}")
