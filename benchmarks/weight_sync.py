@@ -51,6 +51,7 @@ def state_dict(layers: int, hidden: int, vocab: int) -> dict[str, torch.Tensor]:
 
 class DiscardSink:
     """Receives every push (the real receiver path) and drops it: the transfer is what is timed."""
+    last_pause_seconds = None  # nothing generates here (the sink contract, sync.agent)
 
     def __init__(self, device: str):
         self.device = torch.device(device)
