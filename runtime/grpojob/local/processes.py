@@ -3,6 +3,7 @@ can be signalled), logs to files, and a tail of those logs for error messages.""
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -34,10 +35,42 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+_given: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port to listen on, free now. Chosen below the kernel's ephemeral range: a port from bind(0)
+    lies inside it, and any outgoing connection made before the listener starts (a TCPStore client,
+    an HTTP request) may take it as its source port (EADDRINUSE at random). Never the same port twice
+    in one process, so the ports of one run differ even before they are bound."""
+    low, _ = _ephemeral_range()
+    first = 10000 if low > 12000 else 1024
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(first, low) if low > first + 100 else rng.randrange(1024, 65535)
+        if port in _given or not _bindable(port):
+            continue
+        _given.add(port)
+        return port
+    raise OSError("no free TCP port below the ephemeral range")
+
+
+def _bindable(port: int) -> bool:
+    for host in ("127.0.0.1", "0.0.0.0"):  # servers listen on either
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                return False
+    return True
 
 
 @dataclass
