@@ -116,7 +116,7 @@ def test_position_ids_alone_separate_packed_sequences(model):
 
 
 @pytest.mark.parametrize("bias", [False, True])
-def test_tiled_logprobs_match_log_softmax_values_entropy_and_gradients(model, monkeypatch, bias):
+def test_tiled_logprobs_match_log_softmax_values_entropy_and_gradients(model, bias):
     g = torch.Generator().manual_seed(1)
     head = copy.deepcopy(model.get_output_embeddings())
     if bias:
@@ -129,9 +129,8 @@ def test_tiled_logprobs_match_log_softmax_values_entropy_and_gradients(model, mo
     want_ent = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
     params = [hidden, *head.parameters()]
     want_grads = torch.autograd.grad((want * weights).sum(), params)
-    # one tile and kept logits; tiles of 7 tokens x 100 vocabulary entries recomputed in backward
-    for keep, tile, vocab_chunk in ((1 << 30, 1 << 24, 1 << 15), (0, 700, 100)):
-        monkeypatch.setattr(lp_mod, "KEEP_ELEMENTS", keep)
+    # one tile (torch's log_softmax); tiles of 7 tokens x 100 vocabulary entries recomputed in backward
+    for tile, vocab_chunk in ((1 << 24, 1 << 15), (700, 100)):
         got, ent = token_logprobs(head, hidden, targets, temperature=0.7, entropy=True, tile=tile,
                                   vocab_chunk=vocab_chunk)
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
