@@ -150,6 +150,18 @@ def test_set_path_keeps_types():
     assert job.metadata.name == "x1"
 
 
+def test_exponent_numbers_read_as_kubectl_reads_them(tmp_path):
+    """YAML 1.2 (the API server's): `1e-6` is a number in a file and in --set, not PyYAML's string."""
+    doc = copy.deepcopy(MINIMAL)
+    set_path(doc, "training.learningRate", "1e-6")
+    assert parse(doc).spec.training.learning_rate == 1e-6
+    path = tmp_path / "job.yaml"
+    path.write_text(f"apiVersion: {doc['apiVersion']}\nkind: GRPOJob\nmetadata: {{name: x}}\n"
+                    f"spec:\n  model: {{path: /m}}\n  training: {{learningRate: 5E-7}}\n  metadata_note: v1e5\n")
+    loaded = load_file(path)
+    assert loaded["spec"]["training"]["learningRate"] == 5e-7 and loaded["spec"]["metadata_note"] == "v1e5"
+
+
 # Random documents shaped like manifests: the validator must answer with errors, never raise.
 _leaf = st.one_of(st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True),
                   st.text(max_size=8), st.sampled_from(["grpo", "dapo", "hf", "vllm", "auto", "toy", "a:b"]))

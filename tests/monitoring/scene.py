@@ -76,8 +76,11 @@ class Scene:
 
     # ---- the local run ----------------------------------------------------------------------
     def start_run(self) -> None:
+        # A learning rate too small to converge: tiny-local learns its task in about a hundred steps,
+        # after which every group scores alike and steps are skipped (no entropy, clip fraction or
+        # gradient to export), which is the truth but leaves the dashboard's panels empty.
         self.proc = grpojob_run(self.run_dir, f"model.path={self.model_dir}", f"training.steps={STEPS}",
-                                "checkpoint.everySteps=100000", cwd=self.workdir)
+                                "checkpoint.everySteps=100000", "training.learningRate=1e-7", cwd=self.workdir)
         # Drain its output (a full pipe would stall the run); keep the tail for error messages.
         threading.Thread(target=lambda: self.output.extend(self.proc.stdout), daemon=True).start()
 

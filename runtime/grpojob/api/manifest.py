@@ -2,12 +2,29 @@
 `grpojob run` and `grpojob render`."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
 import yaml
 
 from .validate import FieldError, InvalidSpec
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML as the Kubernetes API server reads it (YAML 1.2 numbers): `1e-6` is a float, where
+    PyYAML's YAML 1.1 rules make it a string ("must be a number" for a learning rate that kubectl
+    accepts)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def parse_yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
 
 
 def load_file(path: str | Path) -> Any:
@@ -17,7 +34,7 @@ def load_file(path: str | Path) -> Any:
     except OSError as e:
         raise InvalidSpec([FieldError("", f"cannot read {path}: {e.strerror}")]) from None
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError as e:
         raise InvalidSpec([FieldError("", f"{path}: not valid YAML: {e}")]) from None
     for d in docs:
@@ -39,7 +56,7 @@ def set_path(doc: dict[str, Any], dotted: str, value: Any) -> None:
         node = node.setdefault(k, {})
         if not isinstance(node, dict):
             raise InvalidSpec([FieldError(dotted, "cannot set a field inside a non-object")])
-    node[keys[-1]] = yaml.safe_load(value) if isinstance(value, str) else value
+    node[keys[-1]] = parse_yaml(value) if isinstance(value, str) else value
 
 
 def load_manifest(path: str | Path, sets: Iterable[str] = ()) -> dict[str, Any]:
