@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import hf_sampling
+from . import hf_attention, hf_sampling
 from .types import Completion, SamplingParams
 
 PREFILL_TOKENS = 4096  # prompt tokens prefilled together at most (the packed mask is O(tokens^2))
@@ -111,6 +111,7 @@ class Decoder:
     """Active rows live in slots 0..len(rows)-1 (a finished row's slot is taken by the last row)."""
 
     def __init__(self, model, *, slots: int, max_len: int, eos_token_id: Optional[int]):
+        hf_attention.install(model)  # grouped KV heads without a copy per decode step (CPU)
         self.model = model
         self.decoder = model.base_model
         self.head = model.get_output_embeddings()
