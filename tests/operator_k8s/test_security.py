@@ -161,6 +161,8 @@ ELSEWHERE = {
 # Granted before issue 15 and called nowhere in this scenario nor, as far as kopf's code shows, by
 # kopf (it lists, watches and patches; it does not get single objects): candidates for removal.
 UNCALLED = {("grpojob.io", "grpojobs", "get"), ("grpojob.io", "grpojobs/status", "get")}
+
+
 async def test_rbac_is_exactly_what_the_code_calls(emulator, cluster, operator, trainer):
     """Every request the operator makes is allowed (test_operator checks that too), and every rule
     it holds is called here, or named in ELSEWHERE with where it is: nothing granted for nothing.

@@ -129,6 +129,16 @@ def test_bad_requests_name_the_field(synced):
     assert status == 409 and body["policy_version"] == version
 
 
+def test_generate_without_sampling_takes_the_jobs_rollout_sampling(synced):
+    """No `sampling` in the request: the job's rollout.sampling (maxTokens 12 here), not the request
+    model's defaults (256 tokens, more than this 128-token context holds)."""
+    srv = synced["srv"]
+    status, body = http(srv.url + "/generate", {"prompt_ids": [5, 6, 7], "n": 4})
+    assert status == 200, body
+    lengths = [len(c["completion_ids"]) for c in body["completions"]]
+    assert len(lengths) == 4 and max(lengths) <= synced["job"].spec.rollout.sampling.max_tokens
+
+
 def test_metrics_report_generation_and_version(synced):
     srv, pub = synced["srv"], synced["pub"]
     version = srv.status("/info")[1]["policy_version"] + 1

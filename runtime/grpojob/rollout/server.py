@@ -202,12 +202,11 @@ class Server:
             return self._error(409, f"replica {self.replica} holds policy version {self.engine.version}, "
                                f"older than the required {body.min_version}", "stale",
                                policy_version=self.engine.version)
-        job = self.spec.rollout.sampling
-        s = body.sampling or SamplingIn(temperature=job.temperature, top_p=job.top_p, top_k=job.top_k,
-                                        max_tokens=job.max_tokens)
+        s = body.sampling
+        sampling = SamplingParams.from_spec(self.spec.rollout.sampling) if s is None else \
+            SamplingParams(s.temperature, s.top_p, s.top_k, s.max_tokens, s.seed)
         try:
-            out = await self._run(body.prompt_ids, body.n, SamplingParams(s.temperature, s.top_p, s.top_k,
-                                                                          s.max_tokens, s.seed))
+            out = await self._run(body.prompt_ids, body.n, sampling)
         except _BadRequest as e:
             return self._error(400, str(e), "bad_request")
         self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()

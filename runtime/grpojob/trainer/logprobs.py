@@ -123,8 +123,8 @@ def linear_logprobs(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targ
 
 def _one_tile(hidden: Tensor, weight: Tensor, bias: Optional[Tensor], targets: Tensor, temperature: float,
               entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-    """All the logits fit in one tile: torch's own log_softmax and its fused backward (about 25%
-    faster than the tiled function's recomputation; it keeps the one [N, vocab] tile for backward)."""
+    """All the logits fit in one tile: torch's own log_softmax and its fused backward (about 20 ms
+    less than the tiled function per 4,096 x 2,048 tile on CPU; it keeps that tile for backward)."""
     logp_all = torch.log_softmax(_logits(hidden, weight, bias, 0, weight.shape[0], temperature), dim=-1)
     logp = logp_all.gather(1, targets[:, None]).squeeze(1)
     if not entropy:
