@@ -75,9 +75,13 @@ class _Batch:
 @dataclass
 class Segments:
     """Spans as batches of short sequences, one SDPA call per batch: spans are grouped by length
-    (powers of two) so that a long prompt does not pad every completion to its length. `back[t]`
-    is where row position t's output is in the batches' outputs, flattened and concatenated."""
+    (powers of two) so that a long prompt does not pad every completion to its length. Queries,
+    keys and values are gathered for all batches at once (`q_index`, `k_index`: the batches'
+    indices concatenated), so backward scatters into one buffer per tensor instead of one per
+    batch. `back[t]` is where row position t's output is in the batches' outputs, concatenated."""
     batches: list[_Batch]
+    q_index: Tensor
+    k_index: Tensor
     back: Tensor
 
     @classmethod
@@ -94,28 +98,30 @@ class Segments:
         back = torch.empty(rows * width, dtype=torch.long, device=spans.device)
         for positions, slot in slots:
             back[positions] = slot
-        return cls(batches, back)
+        return cls(batches, torch.cat([b.q_index.reshape(-1) for b in batches]),
+                   torch.cat([b.k_index.reshape(-1) for b in batches]), back)
 
     def attend(self, query: Tensor, key: Tensor, value: Tensor, scale: Optional[float]) -> Tensor:
         """q [R, Hq, L, D], k/v [R, Hkv, L, D] -> [R, L, Hq, D]."""
         rows, heads, width, dim = query.shape
         group = heads // key.shape[1]
 
-        def flat(x: Tensor) -> Tensor:  # [R, H, L, D] -> [H, R*L, D]
-            return x.transpose(0, 1).reshape(x.shape[1], rows * width, dim)
+        def gather(x: Tensor, index: Tensor, per_batch: list[Tensor]) -> tuple[Tensor, ...]:
+            """[R, H, L, D] -> per batch [S, H, n, D] (views of one gathered [sum S*n, H, D])."""
+            flat = x.transpose(1, 2).reshape(rows * width, x.shape[1], dim)  # a view for [R, L, H, D] memory
+            parts = flat.index_select(0, index).split([i.numel() for i in per_batch])
+            return tuple(p.view(*i.shape, x.shape[1], dim).transpose(1, 2) for p, i in zip(parts, per_batch))
 
-        def gather(x: Tensor, index: Tensor) -> Tensor:  # -> [S, H, n, D]
-            return x.index_select(1, index.reshape(-1)).view(x.shape[0], *index.shape, dim).transpose(0, 1)
-
-        q, k, v = flat(query), flat(key), flat(value)
+        qs = gather(query, self.q_index, [b.q_index for b in self.batches])
+        k_sizes = [b.k_index for b in self.batches]
+        ks, vs = gather(key, self.k_index, k_sizes), gather(value, self.k_index, k_sizes)
         outs = []
-        for b in self.batches:
-            o = torch.nn.functional.scaled_dot_product_attention(
-                gather(q, b.q_index), gather(k, b.k_index), gather(v, b.k_index), attn_mask=b.mask, scale=scale,
-                enable_gqa=group > 1)
-            outs.append(o.transpose(0, 1).reshape(heads, -1, dim))
-        out = torch.cat(outs, dim=1).index_select(1, self.back)
-        return out.view(heads, rows, width, dim).permute(1, 2, 0, 3)
+        for b, q, k, v in zip(self.batches, qs, ks, vs):
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, scale=scale,
+                                                                 enable_gqa=group > 1)
+            outs.append(o.transpose(1, 2).reshape(-1, heads, dim))
+        out = torch.cat(outs).index_select(0, self.back)
+        return out.view(rows, width, heads, dim)
 
 
 def _batch(spans: Tensor, width: int) -> tuple[_Batch, Tensor]:

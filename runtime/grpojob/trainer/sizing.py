@@ -6,12 +6,13 @@ One place for these per-device choices (measured in benchmarks/trainer_throughpu
   row holding up to training.microBatchTokens tokens. Models of CPU_COMPILE_PARAMS parameters or
   more get their decoder layers compiled with dynamic shapes (inductor's C++ kernels fuse norms,
   rotary and the MLP's elementwise work: about 8% of a train step of the benchmark's "small"
-  shape, for 20-60 s of compilation in the first step); smaller ones (the tiny model of tests
-  and the local demo) run eagerly.
+  shape, for 20-60 s of compilation in the first step), and so does the output layer's
+  log-softmax (logprobs); smaller ones (the tiny model of tests and the local demo) run eagerly.
 - CUDA: float32 master weights and optimizer state with bfloat16 autocast (unless spec.model.dtype
   pins another parameter dtype); `flex` attention with block masks; one row per micro-batch
   (fewer, fuller launches), its width bucketed to powers of two so that each compiled shape is
-  reused; every decoder layer compiled with torch.compile (fused norms, rotary, MLP).
+  reused; every decoder layer compiled with torch.compile (fused norms, rotary, MLP), and the
+  one-tile log-softmax of small vocabularies.
 """
 from __future__ import annotations
 

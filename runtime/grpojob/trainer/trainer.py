@@ -121,9 +121,12 @@ class GRPOTrainer:
         return PolicyLogprobs(ref, self.shape)
 
     def build_optimizer(self, params: list[nn.Parameter]) -> torch.optim.Optimizer:
-        """The optimizer over the trainable parameters (default AdamW from spec.training)."""
+        """The optimizer over the trainable parameters (default AdamW from spec.training, its fused
+        kernel on CPU and CUDA: one pass over all parameters instead of a loop of small ops, 5x
+        faster on a CPU at the benchmark's small shape; TRL's default too)."""
         tr = self.spec.training
-        return torch.optim.AdamW(params, lr=tr.learning_rate, weight_decay=tr.weight_decay)
+        return torch.optim.AdamW(params, lr=tr.learning_rate, weight_decay=tr.weight_decay,
+                                 fused=self.env.device.type in ("cpu", "cuda"))
 
     def build_lr_scheduler(self, optimizer: torch.optim.Optimizer):
         """A torch LR scheduler stepped once per optimizer step (default: warmup + constant,
