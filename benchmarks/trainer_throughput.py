@@ -10,9 +10,12 @@ engine's continuously batched decoder). Throughput is end-to-end training tokens
 (prompt + completion tokens of every sampled completion, per second of full steps: generate,
 score, optimise), the median over the steps after the first (warm-up: compilation happens
 there), the two trainers taking turns step by step so both see the same load on a shared
-machine; and train-only tokens per second (the step minus generation and scoring). Then the
-generation engines alone, taking turns: the hf engine (asyncio, all requests at once) against
-TRL's way (`generate` on the left-padded batch), completion tokens per second.
+machine; and train-only tokens per second (the step minus generation and scoring). Ours
+generates in process here (rank 0's engine thread next to the trainer), which on a CPU is
+slower than the rollout server process users run (see hf_engine._run). Then the generation
+engines alone, taking turns: the hf engine in a process of its own, as a rollout server runs it
+(asyncio, all requests at once), against TRL's way (`generate` on the left-padded batch),
+completion tokens per second.
 
     python benchmarks/trainer_throughput.py                            # tiny model (about 1 minute)
     python benchmarks/trainer_throughput.py --shape small              # about 17M parameters (minutes)
@@ -207,21 +210,51 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
     return ours, theirs
 
 
-def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, float]:
-    """Completion tokens per second, median of `reps` turns taken alternately: the hf engine
-    serving every request at once against TRL's way (transformers `generate` on one left-padded
-    batch of prompts x group), same prompts, same weights."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _prompts(model: Path, a: argparse.Namespace) -> list[list[int]]:
+    from transformers import AutoTokenizer
 
-    from grpojob.api import parse
     from grpojob.data.builtin import toy as toy_rows
+
+    tok = AutoTokenizer.from_pretrained(model)
+    return [tok.encode(r["prompt"]) for r in list(toy_rows(size=a.prompts))]
+
+
+def _engine_turns(conn, model: Path, a: argparse.Namespace) -> None:
+    """The hf engine in a process of its own, as a rollout server runs it (a main thread that does
+    no torch work: see hf_engine._run), serving every request at once, one round per message."""
+    from grpojob.api import parse
     from grpojob.rollout.hf_engine import HFEngine
     from grpojob.rollout.types import SamplingParams
 
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    prompts, sampling = _prompts(model, a), SamplingParams(temperature=1.0, max_tokens=a.max_tokens)
+
+    async def serve() -> None:
+        engine = HFEngine(parse(job_doc(model, a)).spec, device=a.device, max_batch=a.prompts * a.group)
+        await engine.start()
+        try:
+            while conn.recv():
+                t0 = time.perf_counter()
+                outs = await asyncio.gather(*(engine.generate(p, a.group, sampling) for p in prompts))
+                conn.send(sum(len(c.completion_ids) for out in outs for c in out) / (time.perf_counter() - t0))
+        finally:
+            await engine.close()
+
+    asyncio.run(serve())
+
+
+def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, float]:
+    """Completion tokens per second, median of `reps` turns taken alternately: the hf engine
+    (in a process of its own, as its users run it) against TRL's way (transformers `generate` on
+    one left-padded batch of prompts x group, here), same prompts, same weights."""
+    import multiprocessing
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = [tok.encode(r["prompt"]) for r in list(toy_rows(size=a.prompts))]
-    sampling = SamplingParams(temperature=1.0, max_tokens=a.max_tokens)
+    prompts = _prompts(model, a)
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(a.device).eval()
     rows = [p for p in prompts for _ in range(a.group)]
@@ -244,22 +277,20 @@ def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, f
         n = int(((eos == 0) | ((eos == 1) & (new == tok.eos_token_id))).sum())  # up to and with EOS
         return n / (time.perf_counter() - t0)
 
-    async def both() -> dict[str, float]:
-        engine = HFEngine(parse(job_doc(model, a)).spec, device=a.device, max_batch=len(rows))
-        await engine.start()
-        rates: dict[str, list[float]] = {"grpojob hf engine": [], "trl generate": []}
-        try:
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                outs = await asyncio.gather(*(engine.generate(p, a.group, sampling) for p in prompts))
-                n = sum(len(c.completion_ids) for out in outs for c in out)
-                rates["grpojob hf engine"].append(n / (time.perf_counter() - t0))
-                rates["trl generate"].append(theirs())
-        finally:
-            await engine.close()
-        return {k: statistics.median(v) for k, v in rates.items()}
-
-    return asyncio.run(both())
+    rates: dict[str, list[float]] = {"grpojob hf engine": [], "trl generate": []}
+    ctx = multiprocessing.get_context("spawn")
+    conn, child_conn = ctx.Pipe()
+    child = ctx.Process(target=_engine_turns, args=(child_conn, model, a), daemon=True)
+    child.start()
+    try:
+        for _ in range(reps):
+            conn.send(True)
+            rates["grpojob hf engine"].append(conn.recv())
+            rates["trl generate"].append(theirs())
+        conn.send(False)
+    finally:
+        child.join(60)
+    return {k: statistics.median(v) for k, v in rates.items()}
 
 
 def _rate(seconds: list[float], tokens: list[int]) -> float:

@@ -85,8 +85,11 @@ class ShmReader:
         if doc["path"] != self._path:
             self._raw, self._path = self._map(doc), doc["path"]
         raw = self._raw
-        for o, b, buf in zip(doc["offsets"], layout.buckets, out):
-            bk.wire(buf).copy_(raw[o:o + b.nbytes])
+        # One intra-op thread: a copy here would give the receiving thread an OpenMP team of its
+        # own, and the engine's decode steps slow down for as long as the process lives (hf_engine).
+        with bk.host_copies(out):
+            for o, b, buf in zip(doc["offsets"], layout.buckets, out):
+                bk.wire(buf).copy_(raw[o:o + b.nbytes])
 
     @staticmethod
     def _map(doc: dict) -> torch.Tensor:
