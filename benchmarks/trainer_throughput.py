@@ -18,7 +18,7 @@ engines alone, taking turns: the hf engine in a process of its own, as a rollout
 completion tokens per second.
 
     python benchmarks/trainer_throughput.py                            # tiny model (about 1 minute)
-    python benchmarks/trainer_throughput.py --shape small              # about 17M parameters (minutes)
+    python benchmarks/trainer_throughput.py --shape small              # about 6.8M parameters (minutes)
     python benchmarks/trainer_throughput.py --device cuda --shape qwen2.5-0.5b
 """
 from __future__ import annotations
@@ -226,8 +226,12 @@ def _engine_turns(conn, model: Path, a: argparse.Namespace) -> None:
     from grpojob.rollout.hf_engine import HFEngine
     from grpojob.rollout.types import SamplingParams
 
+    from transformers.utils import logging as hf_logging
+
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
     prompts, sampling = _prompts(model, a), SamplingParams(temperature=1.0, max_tokens=a.max_tokens)
 
     async def serve() -> None:

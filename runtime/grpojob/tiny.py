@@ -17,7 +17,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-# Sizes: "tiny" is for tests and the local demo, "small" (about 17M parameters) for benchmarks.
+# Sizes: "tiny" is for tests and the local demo, "small" (about 6.8M parameters) for benchmarks.
 SIZES = {
     "tiny": dict(hidden_size=64, intermediate_size=192, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, vocab_size=512),
