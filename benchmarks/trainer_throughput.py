@@ -210,29 +210,28 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
     return ours, theirs
 
 
-def _prompts(model: Path, a: argparse.Namespace) -> list[list[int]]:
-    from transformers import AutoTokenizer
-
+def _prompts(tok, a: argparse.Namespace) -> list[list[int]]:
     from grpojob.data.builtin import toy as toy_rows
 
-    tok = AutoTokenizer.from_pretrained(model)
     return [tok.encode(r["prompt"]) for r in list(toy_rows(size=a.prompts))]
 
 
 def _engine_turns(conn, model: Path, a: argparse.Namespace) -> None:
     """The hf engine in a process of its own, as a rollout server runs it (a main thread that does
     no torch work: see hf_engine._run), serving every request at once, one round per message."""
+    from transformers import AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
     from grpojob.api import parse
     from grpojob.rollout.hf_engine import HFEngine
     from grpojob.rollout.types import SamplingParams
-
-    from transformers.utils import logging as hf_logging
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
-    prompts, sampling = _prompts(model, a), SamplingParams(temperature=1.0, max_tokens=a.max_tokens)
+    prompts = _prompts(AutoTokenizer.from_pretrained(model), a)
+    sampling = SamplingParams(temperature=1.0, max_tokens=a.max_tokens)
 
     async def serve() -> None:
         engine = HFEngine(parse(job_doc(model, a)).spec, device=a.device, max_batch=a.prompts * a.group)
@@ -258,7 +257,7 @@ def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, f
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model)
-    prompts = _prompts(model, a)
+    prompts = _prompts(tok, a)
     dtype = torch.bfloat16 if a.device == "cuda" else torch.float32
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(a.device).eval()
     rows = [p for p in prompts for _ in range(a.group)]

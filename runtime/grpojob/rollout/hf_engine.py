@@ -214,11 +214,7 @@ class HFEngine:
         tokenizer = self.tokenizer
         for c in result or []:
             c.text = tokenizer.decode(c.completion_ids, skip_special_tokens=True)
-
-        def settle():
-            if not req.future.done():
-                req.future.set_exception(error) if error else req.future.set_result(result)
-        req.loop.call_soon_threadsafe(settle)
+        req.loop.call_soon_threadsafe(_settle, req.future, result, error)
 
     def _swap(self, swaps: list[_Swap]) -> None:
         start = time.perf_counter()

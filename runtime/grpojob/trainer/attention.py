@@ -113,8 +113,8 @@ class Segments:
             return tuple(p.view(*i.shape, x.shape[1], dim).transpose(1, 2) for p, i in zip(parts, per_batch))
 
         qs = gather(query, self.q_index, [b.q_index for b in self.batches])
-        k_sizes = [b.k_index for b in self.batches]
-        ks, vs = gather(key, self.k_index, k_sizes), gather(value, self.k_index, k_sizes)
+        k_parts = [b.k_index for b in self.batches]
+        ks, vs = gather(key, self.k_index, k_parts), gather(value, self.k_index, k_parts)
         outs = []
         for b, q, k, v in zip(self.batches, qs, ks, vs):
             o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=b.mask, scale=scale,
