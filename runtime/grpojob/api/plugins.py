@@ -54,6 +54,11 @@ _REF = re.compile("^(" + "|".join(REFERENCE_PATTERNS) + ")$")
 IMPORT_FAILED = "PluginImportFailed"
 INSTALL_FAILED = "PluginInstallFailed"
 FAILURE_REASONS = (IMPORT_FAILED, INSTALL_FAILED)
+# Termination messages that are not the job's failure: a rollout server whose engine broke exits
+# non-zero and is restarted (the operator records an Event with the message); a trainer that
+# finished says so, in case the operator's poll of /status missed the window.
+ENGINE_FAILED = "EngineFailed"
+TRAINER_COMPLETED = "Completed"
 
 
 def name_pattern(kind: str) -> str:
