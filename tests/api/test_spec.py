@@ -136,7 +136,7 @@ def test_unresolvable_plugin_is_reported_when_resolving():
 
 
 def test_resolvable_plugin_passes():
-    doc = with_("rewards", [{"name": "os.path:join"}])
+    doc = with_("rewards", [{"name": "grpojob.rewards.builtin:toy"}])  # a function in a reward signature
     assert check(doc, resolve_plugins=True)[1] == []
 
 

@@ -34,9 +34,10 @@ def test_cosmos_custom_trainer_dataset_class_and_rollout_engine(tmp_path, tiny_d
         # The custom loss_fn: GRPO's loss minus the entropy bonus, both reported by the loss itself.
         pg, bonus = r["extra"]["pg_loss"], r["extra"]["entropy_bonus"]
         assert bonus > 0.01 and r["loss"] == pytest.approx(pg - bonus, rel=1e-4, abs=1e-7)
-        assert r["rewards"].keys() == {"toy"}
+        assert r["rewards"].keys() == {"category_reward"}
     # The dataset class: its 24 rows, one epoch over 3 steps of 8 prompts; its reference answers
-    # reached the reward (a missing answer scores 0 every time).
+    # reached the cosmos-rl reward as `reference`, and the completions as `to_be_evaluated` (a missing
+    # answer scores 0 every time, and so does the prompt, which holds no word of its category).
     assert sorted(i for r in records for i in r["sample_ids"]) == list(range(24))
     assert max(r["reward_mean"] for r in records) > 0
     # The engine: it generated, and it received each pushed version through the weight sync.

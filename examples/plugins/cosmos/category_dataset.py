@@ -4,7 +4,7 @@ reference-answer query (cosmos-rl: get_reference_answer; here reference_answer).
 The spec names it as `dataset: {class: category_dataset.py:CategoryDataset, args: {...}}`; grpojob
 builds it with the args, calls setup(spec, tokenizer) once, takes item i as the prompt (text here;
 a list of chat messages or a dict row also work) and reference_answer(i) as the `answer` the rewards
-get. The task is the toy one (name words of a category; the `toy` reward scores them), with
+get. The task is the toy one (name words of a category; category_reward.py scores them), with
 prompts of its own.
 """
 from __future__ import annotations

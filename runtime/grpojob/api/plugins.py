@@ -22,6 +22,9 @@ from typing import Any, Callable, Iterable, Optional
 
 BUILTIN_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
 BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match", "toy")
+# The signatures a reward function may be written in (grpojob.rewards.forms): grpojob's own,
+# cosmos-rl's and TRL's. The built-in rewards are native.
+REWARD_SIGNATURES = ("native", "cosmos", "trl")
 BUILTIN_DATASETS = ("toy", "countdown")
 BUILTIN_WORKFLOWS = ("single-turn", "greedy-baseline")
 # rollout.workflow `none`: the trainer generates nothing itself; its groups come from environments.
@@ -167,15 +170,16 @@ _CHECKS = {
 }
 
 
-def check_object(kind: str, obj: Any) -> Optional[str]:
+def check_object(kind: str, obj: Any, *context: Any) -> Optional[str]:
     """Why `obj` cannot serve as a plug-in of `kind`, or None (also None where the check's module
-    cannot be imported here, e.g. `grpojob validate` without torch: the process that uses it checks)."""
+    cannot be imported here, e.g. `grpojob validate` without torch: the process that uses it checks).
+    `context`: what the kind's check also reads (a reward: its RewardSpec)."""
     module, _, fn = _CHECKS[kind].partition(":")
     try:
         check = getattr(importlib.import_module(module), fn)
     except ImportError:
         return None
-    return check(obj)
+    return check(obj, *context)
 
 
 def failure_message(reason: str, errors: Iterable[str]) -> str:

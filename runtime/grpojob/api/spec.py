@@ -89,15 +89,28 @@ class RewardSpec(Model):
     """One reward function and its weight."""
 
     name: str = field(description="A built-in reward (math_exact, format, countdown, exact_match, toy) or "
-                      "'module:function' with signature (prompt, completion, **row) -> float, sync or async.",
+                      "'module:function', sync or async, in one of the signatures `signature` names.",
                       json_schema_extra={"pattern": plugins.name_pattern("reward")})
     weight: float = field(1.0, description="Weight of this reward in the summed reward.")
     args: FreeForm = field(default_factory=dict, description="Keyword arguments bound to the reward function.")
+    signature: Literal[("auto", *plugins.REWARD_SIGNATURES)] = field(
+        "auto", description="How the function is called. native: (prompt, completion, **row) -> float, "
+        "once per completion. cosmos (cosmos-rl): (to_be_evaluated, reference, *args, **kwargs) -> float, the "
+        "completion text and the row's reference answer, then prompt= and tokenizer=. trl (TRL GRPOTrainer): "
+        "(prompts, completions, **kwargs) -> list[float], once per group, the row's other fields as lists "
+        "and completion_ids; None: not scored. auto: recognised by its parameter named completion, "
+        "to_be_evaluated or completions; declare the form when the names differ.")
 
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
         return _plugin("reward", v)
+
+    @model_validator(mode="after")
+    def _builtin_native(self) -> "RewardSpec":
+        if self.name in plugins.BUILTIN_REWARDS and self.signature not in ("auto", "native"):
+            raise invalid("signature", f"the built-in reward {self.name} is native")
+        return self
 
 
 class OverlongSpec(Model):

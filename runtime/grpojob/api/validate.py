@@ -121,13 +121,15 @@ def check_plugins(job: GRPOJob) -> list[FieldError]:
     """Import every plug-in the job names and check it is of its kind: errors with field paths.
     (The runtime and the CLI do this; the operator cannot import users' code.)"""
     errors = []
+    rewards = {f"spec.rewards[{i}].name": r for i, r in enumerate(job.spec.rewards)}
     for path, kind, name in plugin_refs(job):
         try:
             obj = plugins.resolve(name)
         except (ImportError, AttributeError) as e:
             errors.append(FieldError(path, str(e)))
             continue
-        why = plugins.check_object(kind, obj)
+        # a reward's check also reads how the spec calls it (its signature and args)
+        why = plugins.check_object(kind, obj, *([rewards[path]] if kind == "reward" else []))
         if why:
             errors.append(FieldError(path, f"'{name}' {why}"))
         elif kind == "engine":

@@ -152,7 +152,7 @@ def load_rows(spec: GRPOJobSpec, tokenizer: Any = None) -> list[dict[str, Any]]:
     return [dict(r) for r in ds]
 
 
-def _messages_field(spec: GRPOJobSpec, row: dict[str, Any]) -> Optional[str]:
+def messages_field(spec: GRPOJobSpec, row: dict[str, Any]) -> Optional[str]:
     """The row field holding chat messages: messagesField, or a dataset class's chat item."""
     d = spec.dataset
     return d.messages_field or (MESSAGES if d.class_ and d.prompt_field not in row else None)
@@ -160,7 +160,7 @@ def _messages_field(spec: GRPOJobSpec, row: dict[str, Any]) -> Optional[str]:
 
 def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int) -> str:
     d = spec.dataset
-    field_name = _messages_field(spec, row)
+    field_name = messages_field(spec, row)
     if field_name:
         messages = row.get(field_name)
         if not isinstance(messages, list):
@@ -183,7 +183,7 @@ def load_samples(spec: GRPOJobSpec, tokenizer: Any) -> list[Sample]:
     samples, dropped = [], 0
     for i, row in enumerate(rows):
         text = render_prompt(spec, tokenizer, row, i)
-        templated = bool(_messages_field(spec, row) or spec.model.use_chat_template)
+        templated = bool(messages_field(spec, row) or spec.model.use_chat_template)
         ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
         if len(ids) > spec.dataset.max_prompt_length:
             dropped += 1

@@ -1,12 +1,11 @@
 """Reward scoring: built-ins by name, user functions by `module:function`, sync or async.
 
-A reward function has the signature (prompt, completion, **row) -> float, where `row` holds every
-field of the dataset row (answer, numbers, ...). Rewards are summed with their weights.
+A reward function is written in one of the signatures of `forms` (grpojob's own, cosmos-rl's or
+TRL's) and called in that signature's meaning. Rewards are summed with their weights.
 """
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import logging
 import math
@@ -14,72 +13,139 @@ from typing import Any, Awaitable, Callable, Optional, Union
 
 from ..api import plugins
 from ..api.spec import GRPOJobSpec, RewardSpec
-from ..rollout.types import Group
+from ..rollout.types import Completion, Group, Sample
 from .builtin import REWARDS
+from .forms import Binding, FormError, bind
 
 log = logging.getLogger("grpojob.rewards")
 
-RewardFn = Callable[..., Union[float, Awaitable[float]]]
+RewardFn = Callable[..., Union[Any, Awaitable[Any]]]
 
 
 class RewardError(RuntimeError):
     pass
 
 
-def check_function(fn) -> Optional[str]:
-    return None if callable(fn) else "is not callable (a function (prompt, completion, **row) -> float is expected)"
+def check_function(fn, spec: Optional[RewardSpec] = None) -> Optional[str]:
+    """Why `fn` cannot serve as the reward `spec` declares (its signature and args), or None."""
+    if not callable(fn):
+        return "is not callable (a reward function is expected)"
+    try:
+        bind(fn, spec.signature if spec else "auto", spec.args if spec else None)
+    except FormError as e:
+        return str(e)
+    return None
 
 
-def resolve(spec: RewardSpec) -> RewardFn:
+def resolve(spec: RewardSpec, where: str) -> tuple[RewardFn, Binding]:
     fn = REWARDS[spec.name] if spec.name in REWARDS else plugins.resolve(spec.name)
     if not callable(fn):
-        raise RewardError(f"reward '{spec.name}' is not callable")
-    return functools.partial(fn, **spec.args) if spec.args else fn
+        raise RewardError(f"{where}: reward '{spec.name}' is not callable")
+    try:
+        return fn, bind(fn, spec.signature, spec.args)
+    except FormError as e:
+        raise RewardError(f"{where}: '{spec.name}' {e}") from None
 
 
 class RewardScorer:
     """Fills Group.rewards (weighted sum per completion) and Group.reward_parts (per reward name)."""
 
     def __init__(self, spec: GRPOJobSpec, tokenizer: Any):
-        self.tokenizer = tokenizer
+        self.spec, self.tokenizer = spec, tokenizer
         self.specs = list(spec.rewards)
-        self.fns = [resolve(r) for r in self.specs]
+        self.fns = [resolve(r, f"spec.rewards[{i}].name") for i, r in enumerate(self.specs)]
         self.names = reward_names(spec)
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    async def _call(self, i: int, fn: RewardFn, prompt: str, text: str, row: dict[str, Any]) -> float:
+    async def _score(self, i: int, sample: Sample, comps: list[Completion]) -> list[Optional[float]]:
+        """Reward i of each completion (None: a trl-form reward did not score it)."""
+        fn, binding = self.fns[i]
+        texts = [c.text or self.decode(c.completion_ids) for c in comps]
+        where = f"reward '{self.specs[i].name}' (spec.rewards[{i}])"
         try:
-            value = fn(prompt, text, **row)
-            if inspect.isawaitable(value):
-                value = await value
-            value = float(value)
+            if binding.form.batched:
+                out = await _settle(binding.call(fn, *self._trl_args(sample, comps, texts, self.specs[i].args)))
+                values = _as_list(out)
+                if values is None or len(values) != len(comps):
+                    raise RewardError(f"{where} returned {out!r}: a trl reward returns a list of "
+                                      f"{len(comps)} floats (or None), one per completion")
+            else:
+                values = list(await asyncio.gather(*(
+                    _settle(binding.call(fn, *self._args(binding.form.name, sample, t, self.specs[i].args)))
+                    for t in texts)))
+                if any(v is None for v in values):
+                    raise RewardError(f"{where} returned None (a {binding.form.name} reward returns a float)")
+            values = [None if v is None else float(v) for v in values]
+        except RewardError:
+            raise
         except Exception as e:  # a user's reward failing must name itself
-            raise RewardError(f"reward '{self.specs[i].name}' (spec.rewards[{i}]) failed: "
-                              f"{type(e).__name__}: {e}") from e
-        if not math.isfinite(value):
-            raise RewardError(f"reward '{self.specs[i].name}' (spec.rewards[{i}]) returned {value}")
-        return value
+            raise RewardError(f"{where} failed: {type(e).__name__}: {e}") from e
+        bad = [v for v in values if v is not None and not math.isfinite(v)]
+        if bad:
+            raise RewardError(f"{where} returned {bad[0]}")
+        return values
+
+    def _args(self, form: str, sample: Sample, text: str, args: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        """One completion's arguments: (first, second, keywords) in the form's meaning."""
+        row = {k: v for k, v in sample.row.items() if k not in ("prompt", "completion")}
+        if form == "cosmos":  # cosmos-rl: the rollout text and the dataset's reference answer
+            return text, row.get("answer"), {"prompt": sample.prompt, "tokenizer": self.tokenizer, **args}
+        return sample.prompt, text, {**row, **args}
+
+    def _trl_args(self, sample: Sample, comps: list[Completion], texts: list[str],
+                  args: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        """TRL's batch for one group: the dataset's prompt and each completion, as messages when
+        the prompt is a conversation (TRL's conversational format), else as text; the row's other
+        columns repeated per completion; completion_ids."""
+        from ..data import messages_field  # here: grpojob.data's built-in datasets import rewards.builtin
+
+        n, row, d = len(comps), sample.row, self.spec.dataset  # a job with rewards has a dataset
+        chat = messages_field(self.spec, row)
+        if chat and isinstance(row.get(chat), list):
+            prompt, completions = row[chat], [[{"role": "assistant", "content": t}] for t in texts]
+        else:
+            prompt, completions = row.get(d.prompt_field, sample.prompt), texts
+        skip = {"prompt", "completion", "completion_ids", chat, d.prompt_field}
+        columns = {k: [v] * n for k, v in row.items() if k not in skip}
+        return [prompt] * n, completions, {**columns, "completion_ids": [list(c.completion_ids) for c in comps],
+                                           **args}
 
     async def score_group(self, group: Group) -> None:
-        row = {k: v for k, v in group.sample.row.items() if k not in ("prompt", "completion")}
-        texts = [c.text or self.decode(c.completion_ids) for c in group.completions]
-        parts = {}
-        for i, (fn, name) in enumerate(zip(self.fns, self.names)):
-            parts[name] = list(await asyncio.gather(
-                *(self._call(i, fn, group.sample.prompt, t, row) for t in texts)))
+        parts: dict[str, list[Optional[float]]] = {}
+        for i, name in enumerate(self.names):
+            parts[name] = await self._score(i, group.sample, group.completions)
         total = []
         for j, c in enumerate(group.completions):
             if c.reward is not None:  # a workflow that scores its own trajectories wins
                 total.append(float(c.reward))
-            else:
-                total.append(sum(r.weight * parts[n][j] for r, n in zip(self.specs, self.names)))
-        group.rewards, group.reward_parts = total, parts
+                continue
+            scored = [(r.weight, parts[n][j]) for r, n in zip(self.specs, self.names) if parts[n][j] is not None]
+            if not scored:
+                log.warning("no reward scored a completion (every trl reward returned None): reward 0",
+                            extra={"sample": group.sample.index})
+            total.append(sum(w * v for w, v in scored))
+        # Metrics average what each reward scored (TRL's nanmean).
+        group.rewards = total
+        group.reward_parts = {n: [v for v in vs if v is not None] for n, vs in parts.items()}
         if group.baseline is not None:  # greedy-baseline workflow (ReMax): its reward is the baseline
-            text = group.baseline.text or self.decode(group.baseline.completion_ids)
-            values = [await self._call(i, fn, group.sample.prompt, text, row) for i, fn in enumerate(self.fns)]
-            group.baseline_reward = sum(r.weight * v for r, v in zip(self.specs, values))
+            values = [(await self._score(i, group.sample, [group.baseline]))[0] for i in range(len(self.specs))]
+            group.baseline_reward = sum(r.weight * v for r, v in zip(self.specs, values) if v is not None)
+
+
+async def _settle(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+def _as_list(out: Any) -> Optional[list[Any]]:
+    """A batched reward's output as a list (a list, tuple, array...), or None when it is not one."""
+    if isinstance(out, (str, bytes, dict)):
+        return None
+    try:
+        return list(out)
+    except TypeError:
+        return None
 
 
 def reward_names(spec: GRPOJobSpec) -> list[str]:

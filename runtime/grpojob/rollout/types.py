@@ -68,7 +68,8 @@ class Group:
     sample: Sample
     completions: list[Completion]
     rewards: Optional[list[float]] = None
-    reward_parts: dict[str, list[float]] = field(default_factory=dict)  # per reward function
+    # per reward function: the values it scored (a trl-form reward may leave some out: None)
+    reward_parts: dict[str, list[float]] = field(default_factory=dict)
     # greedy-baseline workflow (ReMax): one greedy completion of the same prompt, sampled with
     # the same policy version; the reward scorer scores it and subtracts its reward as baseline.
     baseline: Optional[Completion] = None
