@@ -11,6 +11,7 @@ import pytest
 
 from grpojob.api import k8s
 from grpojob.api.crd import crd
+from tests.helpers.cel_ast import Unsupported
 from tests.helpers.cel_cost import rule_cost
 from tests.helpers.crd_limits import (CRD_LIMIT, MAX_REQUEST, PER_RULE_LIMIT, decl_of, refusals, rule_costs,
                                       total)
@@ -106,7 +107,8 @@ QUANTITY_CASES = [
     ('quantity("12Mi")', 1), ('isQuantity("20M")', 1), ('quantity("200M") == quantity("200M")', 3),
     ('quantity("200M") == quantity("0.2G") && quantity("0.2G") == quantity("200M")', 6),
     ('quantity("50M").isLessThan(quantity("50Mi"))', 3), ('quantity("200M").compareTo(quantity("0.2G")) > 0', 4),
-    ('quantity("50k").add(quantity("20")) == quantity("50.02k")', 5), ('quantity("50k").sub(20) == quantity("49980")', 4),
+    ('quantity("50k").add(quantity("20")) == quantity("50.02k")', 5),
+    ('quantity("50k").sub(20) == quantity("49980")', 4),
     ('quantity("50k").add(20).sub(quantity("100k")).sub(-50000).asInteger() > 0', 7),
     ('quantity("50").isInteger()', 2), ('quantity("50.703k").asApproximateFloat() > 0.0', 3),
 ]
@@ -121,6 +123,13 @@ def test_quantity_costs_the_traversal_of_its_argument():
     """library/cost.go: quantity() of a schema value costs its size x 0.1 (maxLength 64: 256 bytes)."""
     assert rule_cost("quantity(self).isInteger()", decl_of(string(64))) == 26 + 1 + 1
     assert rule_cost("quantity(self).isInteger()", decl_of(string(None))) == 314573 + 1 + 1
+
+
+def test_a_construct_the_estimator_does_not_know_fails_loudly():
+    """A rule the estimator cannot cost must fail its test, not pass unestimated."""
+    for rule in ("self.exists(x, x.indexOf('a') > 0)", "cel.bind(x, self, size(x) > 0)", "self.nosuchfield == 1"):
+        with pytest.raises(Unsupported):
+            rule_cost(rule, decl_of(array("string")(4)))
 
 
 def _schema():

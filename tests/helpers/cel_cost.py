@@ -2,13 +2,14 @@
 a CRD (neither kmock nor cel-python estimates costs, so without this a CRD the server refuses passes
 every test). Our own implementation, written from reading:
 
-- google/cel-go checker/cost.go (v0.29, what Kubernetes 1.36 vendors): a literal costs 0, an
+- google/cel-go checker/cost.go (v0.29, vendored by the apiextensions-apiserver of mid-2026; what
+  our rules use reproduces v1.36.2's refusal to the digit): a literal costs 0, an
   identifier or a field select 1 (select on a map or object), a list literal 10, a map literal 30;
   `&&`, `||` and `?:` cost their arguments; a comprehension costs its range's size times its loop
   condition and step; string functions cost their operands' sizes times 0.1
   (StringTraversalCostFactor), `matches` (size + 1) x 0.1 times the regex length x 0.25, `in` a
   list its size, `==` the smaller of its operands' sizes x 0.1; every other call 1 + its arguments.
-  A size is a literal's own, else the schema's (via the estimator below), else 1 for a scalar type.
+  A size is a literal's own, else the schema's bound (the estimator below), else 1 for a scalar.
 - google/cel-go common/cost.go (the constants) and parser/macro.go (all, exists, exists_one, map and
   filter expand into comprehensions with an accumulator; their loop conditions and steps are costed).
 - kubernetes/apiserver pkg/cel/library/cost.go (CostEstimator.EstimateCallCost): the Kubernetes
@@ -17,13 +18,13 @@ every test). Our own implementation, written from reading:
 - kubernetes/apiserver pkg/cel/environment/base.go: has() costs nothing (PresenceTestHasCost(false)).
 - kubernetes/apiextensions-apiserver pkg/apiserver/schema/cel/compilation.go (sizeEstimator): a
   value's size is its schema's maxLength/maxItems/maxProperties (or the worst case a request could
-  hold: tests/helpers/crd_cost.py), found by walking the schema along the expression's path; a map
+  hold: tests/helpers/crd_limits.py), found by walking the schema along the expression's path; a map
   key's size is 0 (the key type carries no bound).
 
 Only maximum costs and sizes are tracked: the API server compares the maximum with its limits.
 What our rules use is covered; anything else raises Unsupported, so a new rule the estimator cannot
 cost fails its test instead of passing unestimated. The Decl tree (a schema's CEL type with its
-bounds) comes from crd_cost.decl_of.
+bounds) comes from crd_limits.decl_of.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ STRING_FACTOR = 0.1  # common.StringTraversalCostFactor
 REGEX_FACTOR = 0.25  # common.RegexStringLengthCostFactor
 LIST_COST, MAP_COST = 10, 30  # common.ListCreateBaseCost, MapCreateBaseCost
 SCALARS = {"bool", "int", "uint", "double", "duration", "timestamp"}  # checker.isScalar: size 1
+
+
 @dataclass(eq=False)
 class Decl:
     """A CEL type; for a schema's value also its bound (MaxElements) and MinSerializedSize."""
