@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import celpy
-import lark
 
 ACCU = "@result"  # parser.AccumulatorName
 
@@ -98,8 +97,8 @@ def parse(text: str) -> Any:
 
 
 def _tree(t: Any) -> Any:
-    kids = [c for c in t.children if c is not None] if isinstance(t, lark.Tree) else []
-    name = t.data if isinstance(t, lark.Tree) else None
+    kids = [c for c in t.children if c is not None] if isinstance(t, celpy.Expression) else []
+    name = t.data if isinstance(t, celpy.Expression) else None
     if name == "expr":
         return _tree(kids[0]) if len(kids) == 1 else Call("_?_:_", [_tree(k) for k in kids])
     if name in ("conditionalor", "conditionaland"):
