@@ -14,9 +14,11 @@ Conversion (what a CRD's structural schema needs, the same choices controller-ge
 - `additionalProperties: false` dropped (a structural schema prunes, strict field validation
   refuses unknown fields); free-form objects (FieldsV1) keep `x-kubernetes-preserve-unknown-fields`;
 - merge/list-type hints for strategic merge patch dropped (lists in a CR are atomic).
-- descriptions kept two levels below each embedded object (`kubectl explain` shows those; the
-  whole CRD must stay under the 256 KiB last-applied-configuration annotation of a client-side
-  `kubectl apply`, and every description would double its size).
+- descriptions kept two levels below each embedded object (`kubectl explain` shows those), each
+  cut to its first sentence (plus "Deprecated." where the rest says so; the Kubernetes API
+  reference has the whole text): a client-side `kubectl apply` keeps the whole CRD in its 256 KiB
+  last-applied-configuration annotation, and the full texts would fill 93% of it
+  (docs/real-cluster-rules.md; tests/api/test_crd.py keeps a quarter free).
 grpojob's additions, on top of the official schema: resource maps (`requests`, `limits`) accept
 only valid resource names (a CEL rule the API server evaluates, acted out in Python by
 grpojob.api.k8s) and at most 32 entries (which bounds the rule's cost).
@@ -24,6 +26,7 @@ grpojob.api.k8s) and at most 32 entries (which bounds the rule's cost).
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -109,12 +112,28 @@ def structural(node: dict[str, Any], defs: dict[str, Any], seen: tuple[str, ...]
     return out
 
 
+_SENTENCE = re.compile(r"^(.+?[.!?])(?=\s+[A-Z\"'`(\[]|\s*$)", re.S)
+_MORE_INFO = re.compile(r"\s*More info:\s*\S+")
+
+
+def summary(text: str) -> str:
+    """A description's first sentence, without its "More info: URL"."""
+    text = _MORE_INFO.sub("", text).strip()
+    m = _SENTENCE.match(text)
+    first = m.group(1) if m else text
+    if "deprecated" in text[len(first):].lower() and "deprecated" not in first.lower():
+        first += " Deprecated."
+    return first
+
+
 def trim_descriptions(node: dict[str, Any], depth: int = 0) -> dict[str, Any]:
     out = {}
     for key, value in node.items():
         if key == "description" and depth > DESCRIPTION_DEPTH:
             continue
-        if key == "properties":
+        if key == "description":
+            out[key] = summary(value)
+        elif key == "properties":
             out[key] = {k: trim_descriptions(v, depth + 1) for k, v in value.items()}
         elif key in ("items", "additionalProperties"):
             out[key] = trim_descriptions(value, depth)

@@ -53,6 +53,9 @@ def test_an_environments_only_job_needs_no_dataset_or_rewards():
     ({"environments": [{"name": "a", "command": ["x"], "env": [{"value": "1"}]}]},
      "spec.environments[0].env[0].name", "required"),
     ({"rollout": {"workflow": "nothing"}}, "spec.rollout.workflow", "none or 'module:attr'"),
+    # The bound that keeps the CRD's rules within the API server's cost budget (test_crd_cost.py).
+    ({"environments": [{"name": f"e{i}", "command": ["x"]} for i in range(33)]}, "spec.environments",
+     "at most 32 items"),
 ])
 def test_bad_environment_specs_name_the_field(spec, path, words):
     bad = doc(**spec)

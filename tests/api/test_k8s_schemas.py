@@ -190,3 +190,16 @@ def test_the_core_package_reads_the_vendored_file_not_kubernetes_validate():
     data = json.loads(k8s.SCHEMAS_FILE.read_text())
     assert data["kubernetesVersion"] == vendor_k8s_schemas.K8S_VERSION
     assert set(data["definitions"]) == set(vendor_k8s_schemas.ROOTS)
+
+
+def test_vendored_descriptions_keep_their_first_sentence_and_a_deprecation():
+    """The CRD must fit a client-side `kubectl apply` (test_crd.py): descriptions are cut."""
+    summary = vendor_k8s_schemas.summary
+    assert summary("pool is the rados pool name. Default is rbd. More info: https://examples.k8s.io/x") == \
+        "pool is the rados pool name."
+    assert summary("gitRepo represents a git repository. Deprecated: GitRepo is deprecated. Use an init container.") \
+        == "gitRepo represents a git repository. Deprecated."
+    assert summary('type for HostPath Volume Defaults to "" More info: https://kubernetes.io/docs/x') == \
+        'type for HostPath Volume Defaults to ""'
+    assert summary("weight associated with matching the corresponding nodeSelectorTerm, in the range 1-100.") == \
+        "weight associated with matching the corresponding nodeSelectorTerm, in the range 1-100."

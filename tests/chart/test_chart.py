@@ -13,6 +13,7 @@ import yaml
 
 from grpojob.cli import parser as cli_parser
 from tests.helpers.k8s_schema import validate_all, validate_grpojob
+from tests.helpers.pod_security import restricted
 
 from .conftest import (ALL_ON, CHART, NAMESPACE, NAMESPACED, RELEASE, ROOT, VALUE_SETS, by_kind, one,
                        run_helm)
@@ -165,6 +166,8 @@ def test_operator_pod_is_locked_down(render, name):
     # The only writable path is an emptyDir.
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts == {"tmp": "/tmp"} and pod["volumes"][0]["emptyDir"]
+    # PodSecurity admission, acted out: the operator's namespace may enforce `restricted`.
+    assert restricted(pod) == []
 
 
 def test_default_images_are_the_release_images(render):

@@ -17,6 +17,9 @@ KIND = "GRPOJob"
 PLURAL = "grpojobs"
 SINGULAR = "grpojob"
 SHORT_NAMES = ["grpo"]
+# Every list a CEL rule sits under needs a bound: the API server costs a rule under an unbounded
+# list as if the list filled a 3 MiB request, and refuses the CRD (docs/real-cluster-rules.md).
+MAX_ENVIRONMENTS = 32
 
 # Ports every process of a job agrees on (cluster defaults; `grpojob run` remaps them locally).
 RENDEZVOUS_PORT = 29500  # torchrun master port on trainer pod 0
@@ -418,9 +421,10 @@ class GRPOJobSpec(Model):
     code: CodeSpec = field(default_factory=CodeSpec, description="User code (plug-ins) in the pods.")
     network: NetworkSpec = field(default_factory=NetworkSpec, description="Who may reach the job's pods.")
     environments: list[EnvironmentSpec] = field(
-        default_factory=list, description="Environments (Atropos style): processes that generate through the "
-        "rollout servers' OpenAI endpoint and submit scored groups to the trainer's trajectory API. Their "
-        "groups join the trainer's own under the same staleness bound (docs/environments.md).",
+        default_factory=list, max_length=MAX_ENVIRONMENTS, description="Environments (Atropos style): processes "
+        "that generate through the rollout servers' OpenAI endpoint and submit scored groups to the trainer's "
+        "trajectory API. Their groups join the trainer's own under the same staleness bound "
+        f"(docs/environments.md). At most {MAX_ENVIRONMENTS}.",
         # The API server refuses two entries with one name (and server-side apply merges by name).
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
 
