@@ -272,7 +272,7 @@ class Controller:
         if d.ledger != ledger:
             await self.kube.patch_job_annotations(namespace, name, {n.ANN_LEDGER: json.dumps(d.ledger, sort_keys=True)})
         self._written[uid] = (new_raw, dict(d.ledger))
-        for ev in transitions(prev, d.status):
+        for ev in [*transitions(prev, d.status), *d.events]:
             kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])
             log.log(logging.WARNING if ev.type == "Warning" else logging.INFO, "%s/%s: %s %s: %s",
                     namespace, name, ev.type, ev.reason, ev.message)

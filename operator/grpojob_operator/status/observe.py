@@ -23,6 +23,11 @@ class PodView:
     # A runtime process that could not load the job's user code: (reason, message) from its
     # termination message (grpojob.api.plugins.parse_failure), e.g. PluginImportFailed.
     failure: Optional[tuple[str, str]] = None
+    # Trainer: the final step its termination message reports (plugins.parse_completion): written
+    # when training completed, read however the container ended since.
+    completed_step: Optional[int] = None
+    # Rollout: the engine's error its last run ended with (plugins.parse_engine_failure).
+    engine_failure: Optional[str] = None
 
     @property
     def failures(self) -> int:
@@ -67,9 +72,26 @@ def count_restarts(ledger: Mapping[str, int], pods: Iterable[PodView]) -> tuple[
     return delta, new_ledger
 
 
+def engine_failures(ledger: Mapping[str, int], pods: Iterable[PodView]) -> tuple[list[str], dict[str, int]]:
+    """Rollout servers restarted since the ledger whose last run ended with an engine failure
+    ("<pod>: <error>", one per pod and look), and the ledger's entries for these pods. The kubelet
+    restarts them; each termination is reported once (the ledger outlives the operator)."""
+    out, new_ledger = [], {}
+    for p in pods:
+        if p.failures > ledger.get(p.uid, 0) and p.engine_failure:
+            out.append(f"{p.name}: {p.engine_failure}")
+        new_ledger[p.uid] = max(p.failures, ledger.get(p.uid, 0))
+    return out, new_ledger
+
+
 def leader_exited_cleanly(ledger: Mapping[str, int], pods: Iterable[PodView]) -> bool:
     """Trainer pod 0 ran to its end with exit code 0 since the last look (its StatefulSet restarts it)."""
     return any(p.leader and p.clean_exit and p.failures > ledger.get(p.uid, 0) for p in pods)
+
+
+def leader_completed(pods: Iterable[PodView], steps: int) -> bool:
+    """Trainer pod 0's termination message says training completed at its last step."""
+    return any(p.leader and p.completed_step is not None and p.completed_step >= steps for p in pods)
 
 
 def ready_count(pods: Sequence[PodView]) -> int:
