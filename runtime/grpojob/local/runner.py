@@ -191,12 +191,13 @@ class Run:
 
     def _stop_completed(self) -> int:
         """Training completed: the trainer stays up until asked to stop (as in a pod, where the
-        operator scales it down); ask it (SIGTERM: it exits at once, nothing left to save)."""
-        for t in self.trainers:
+        operator scales it down); ask it (it exits at once, nothing left to save), SIGTERM if it
+        does not answer."""
+        if self.completion.release():
+            _wait_exit(self.trainers, 30)
+        for t in self.trainers:  # those still running
             t.signal(signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and any(t.poll() is None for t in self.trainers):
-            time.sleep(0.1)
+        _wait_exit(self.trainers, 30)
         self.progress.update()
         return 0
 
@@ -250,6 +251,12 @@ def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
     errors = check_plugins(job)
     if errors:
         raise InvalidSpec(errors)
+
+
+def _wait_exit(children: list[Child], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(c.poll() is None for c in children):
+        time.sleep(0.1)
 
 
 def _indent(text: str) -> str:
