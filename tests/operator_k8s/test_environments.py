@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
