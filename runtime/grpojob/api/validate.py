@@ -77,7 +77,7 @@ def _message(err: dict[str, Any]) -> str:
     if kind == "string_too_long":
         return f"must be at most {ctx.get('max_length')} characters"
     if kind == "string_pattern_mismatch":
-        return f"must match {ctx.get('pattern')}"
+        return k8s.pattern_message(str(ctx.get("pattern")))
     msg = err["msg"]
     return msg.removeprefix("Value error, ")
 
