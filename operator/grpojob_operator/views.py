@@ -70,7 +70,7 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tup
     """(namespace, job) -> PodView for one of our pods, None for anyone else's."""
     labels = meta.get("labels") or {}
     job, role = labels.get(n.LABEL_JOB), labels.get(n.LABEL_ROLE)
-    if not job or role not in n.ROLES:
+    if not job or role not in (*n.ROLES, plan.ENVIRONMENT_ROLE):
         return None
     restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
     view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",

@@ -142,6 +142,19 @@ def test_a_plugin_that_does_not_load_fails_the_job_at_once_with_its_reason(init,
     assert d.status.restarts <= 1 <= job.spec.run_policy.backoff_limit  # not the backoff limit's doing
 
 
+def test_an_environment_pod_whose_pip_install_fails_fails_the_job_too():
+    """Environment pods run the same install-code init container (spec.code reaches them too)."""
+    job = parse(job_manifest("j", code={"pip": PIP}, environments=[{"name": "e", "command": ["e"]}]))
+    message = plugins.failure_message(plugins.INSTALL_FAILED, ["spec.code.pip: pip install failed (exit 1)"])
+    status = {"phase": "Pending", "initContainerStatuses": [{"name": "install-code", "restartCount": 1, "lastState": {
+        "terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]}
+    meta = {"name": "j-env-e-abc12", "uid": "e0", "labels": {n.LABEL_JOB: "j", n.LABEL_ROLE: plan.ENVIRONMENT_ROLE}}
+    _, env_pod = pod_view(meta, status)
+    d = decide(job, initial_status(NOW), Observation(now=NOW, environment_pods=[env_pod]))
+    assert d.status.phase == "Failed" and d.status.message.startswith("j-env-e-abc12: spec.code.pip: ")
+    assert next(c for c in d.status.conditions if c.type == "Failed").reason == plugins.INSTALL_FAILED
+
+
 def test_the_trainers_status_names_the_failure_too():
     job = parse(job_manifest("j", trainer={"class": "my_trainer:Trainer"}))
     running = PodView(name="j-trainer-0", uid="u0", role="trainer", phase="Running")

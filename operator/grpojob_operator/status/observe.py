@@ -13,7 +13,7 @@ class PodView:
     """The parts of a pod the operator reads (kept in kopf's in-memory index)."""
     name: str
     uid: str
-    role: str  # trainer | rollout
+    role: str  # trainer | rollout | environment
     phase: str = "Pending"
     ready: bool = False
     restarts: int = 0  # container restarts
@@ -47,6 +47,7 @@ class Observation:
     trainer: Optional[TrainerStatus] = None  # the leader's /status, None when not read
     trainer_error: str = ""  # why /status could not be read ("" when it was not tried)
     ledger: Mapping[str, int] = field(default_factory=dict)  # pod uid -> failures already counted
+    environment_pods: Sequence[PodView] = ()  # spec.environments' pods (their spec.code install may fail)
 
     @property
     def polled(self) -> bool:
@@ -108,15 +109,15 @@ def leader_ready(pods: Sequence[PodView]) -> bool:
 
 
 def plugin_failure(obs: Observation) -> Optional[tuple[str, str]]:
-    """(reason, message) when a trainer or rollout process said it cannot load the job's user
-    code (it fails the same way on every restart), from the leader's /status or a pod's
+    """(reason, message) when a trainer, rollout or environment process said it cannot load the
+    job's user code (it fails the same way on every restart), from the leader's /status or a pod's
     termination message; None otherwise."""
     t = obs.trainer
     if t is not None and t.phase == "failed":
         found = plugins.parse_failure(t.message)
         if found:
             return found
-    for p in (*obs.trainer_pods, *obs.rollout_pods):
+    for p in (*obs.trainer_pods, *obs.rollout_pods, *obs.environment_pods):
         if p.failure and not p.deleting:
             reason, message = p.failure
             return reason, f"{p.name}: {message}"
