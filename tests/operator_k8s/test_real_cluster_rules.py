@@ -133,6 +133,18 @@ async def test_suspend_on_default_storage_resumes_from_the_checkpoint(emulator, 
     await eventually(lambda: status(emulator, "sus").get("phase") == "Suspended", what="Suspended")
     await eventually(lambda: not cluster.pods(NS, "sus"), what="pods gone")
     assert emulator.get_obj(PVCS, NS, claim) is not None, "the claim went with the pod"
+    # The claim template cannot change, not even now (the API server refuses such a StatefulSet
+    # update, acted out in admission.py): the operator refuses the edit instead of failing to apply it.
+    sts_path = f"/apis/apps/v1/namespaces/{NS}/statefulsets/{n.trainer_name('sus')}"
+    async with emulator.request("PATCH", sts_path, json={"spec": {"volumeClaimTemplates": []}}) as resp:
+        assert resp.status == 422
+    await cluster.patch(job_path(NS, "sus"), {"spec": {"checkpoint": {"size": "50Gi"}}})
+    await eventually(lambda: cond(emulator, "sus", "InvalidSpec").get("reason") == "ImmutableFieldChanged",
+                     what="storage edit refused")
+    assert "spec.checkpoint.size cannot change after the job is created" in cond(emulator, "sus", "InvalidSpec")["message"]
+    assert cond(emulator, "sus", "Created")["status"] == "True"
+    await cluster.patch(job_path(NS, "sus"), {"spec": {"checkpoint": {"size": "10Gi"}}})
+    await eventually(lambda: cond(emulator, "sus", "InvalidSpec").get("status") == "False", what="edit reverted")
 
     await cluster.patch(job_path(NS, "sus"), {"spec": {"runPolicy": {"suspend": False}}})
     await eventually(lambda: len(cluster.pods(NS, "sus")) == 2, what="pods again")
