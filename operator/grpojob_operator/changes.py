@@ -1,7 +1,8 @@
 """Which spec changes a running job accepts.
 
 Scaling the rollouts, the run policy (suspend, limits, cleanup) and who may reach the pods (the
-NetworkPolicies) apply in place; anything else
+NetworkPolicies) apply in place; a suspended job takes any edit but its checkpoint storage (FIXED);
+anything else
 (model, data, algorithm, trainer shape...) would silently restart or corrupt a run, so it is refused
 while the job is active and the job keeps running on the spec it was started with. An edit is taken
 as a whole: one refused field refuses all of it, so no edit ever half-applies.
@@ -13,6 +14,10 @@ from typing import Any, Optional
 from grpojob.api import API_VERSION, KIND, GRPOJob, check
 
 MUTABLE = ("rollout.replicas", "runPolicy", "network")  # spec paths (camelCase) that may change while running
+# Fixed for the job's life, suspended too: they shape the trainer StatefulSet's volumeClaimTemplates,
+# which the API server refuses to change (only replicas, template, updateStrategy, ordinals,
+# persistentVolumeClaimRetentionPolicy, minReadySeconds and revisionHistoryLimit may).
+FIXED = ("checkpoint.volumeClaim", "checkpoint.storage", "checkpoint.size", "checkpoint.storageClassName")
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -24,23 +29,27 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: node}
 
 
-def _mutable(path: str) -> bool:
-    return any(path == m or path.startswith(m + ".") for m in MUTABLE)
+def _under(path: str, prefixes: tuple[str, ...]) -> bool:
+    return any(path == m or path.startswith(m + ".") for m in prefixes)
 
 
 def _full(job: GRPOJob) -> dict[str, Any]:
     return job.model_dump(by_alias=True, exclude_none=True, mode="json")["spec"]
 
 
-def immutable_changes(applied: GRPOJob, new: GRPOJob) -> list[str]:
+def immutable_changes(applied: GRPOJob, new: GRPOJob, suspended: bool = False) -> list[str]:
     """One message per refused field, naming its path and both values; the edit's other changes
-    are named as held back with it."""
+    are named as held back with it. suspended: only FIXED fields are refused."""
     a, b = _flatten(_full(applied)), _flatten(_full(new))
     out, held = [], []
     for path in sorted(set(a) | set(b)):
         if a.get(path) == b.get(path):
             continue
-        if _mutable(path):
+        if _under(path, FIXED):
+            out.append(f"spec.{path} cannot change after the job is created (it has {a.get(path)!r}, asked for "
+                       f"{b.get(path)!r}): the trainer StatefulSet's volumeClaimTemplates are immutable; revert it, "
+                       "or delete the job and create it anew")
+        elif suspended or _under(path, MUTABLE):
             held.append(f"spec.{path}")
         else:
             out.append(f"spec.{path} cannot change on a running job (running with {a.get(path)!r}, "
@@ -63,10 +72,10 @@ def effective(new: Optional[GRPOJob], applied: Optional[GRPOJob], state: str) ->
     """(the job to reconcile, refusal messages).
 
     state: active (an edit with a refused field is refused whole, with messages), finished (kept as
-    it ran, silently), or suspended (everything applies on resume)."""
-    if new is None or applied is None or state == "suspended":
+    it ran, silently), or suspended (everything but the FIXED fields applies on resume)."""
+    if new is None or applied is None:
         return new, []
-    refused = immutable_changes(applied, new)
+    refused = immutable_changes(applied, new, suspended=state == "suspended")
     if not refused:
         return new, []
-    return applied, (refused if state == "active" else [])
+    return applied, (refused if state in ("active", "suspended") else [])

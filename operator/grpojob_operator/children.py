@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
-from grpojob.api.spec import CODE_DIR, GROUP
+from grpojob.api.spec import CODE_DIR, EPHEMERAL, GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
 from . import gang, network, pods
@@ -186,16 +186,40 @@ def trainer_service(job: GRPOJob, role: plan.Role, namespace: str, owner: Option
             }}
 
 
+def checkpoint_claim_template(job: GRPOJob) -> Optional[dict[str, Any]]:
+    """The trainer StatefulSet's volumeClaimTemplate for checkpoints (checkpoint.storage persistent,
+    no volumeClaim, no user volume mounted at the path), else None. Its controller makes one claim
+    per pod, <template>-<statefulset>-<ordinal>, and keeps it when the pod goes: a suspended job
+    resumes from its checkpoint (an emptyDir is deleted with its pod). Only pod 0 writes checkpoints;
+    every pod gets a claim, as a StatefulSet's pods share one template."""
+    c, w = job.spec.checkpoint, job.spec.trainer
+    if c.volume_claim or c.storage == EPHEMERAL or checkpoint_dir(job) in {m["mountPath"] for m in w.volume_mounts}:
+        return None
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": c.size}}}
+    if c.storage_class_name:
+        spec["storageClassName"] = c.storage_class_name
+    labels = {**n.common_labels(job.metadata.name), n.LABEL_COMPONENT: "checkpoints"}
+    return {"metadata": {"name": pods.CHECKPOINTS_VOLUME, "labels": labels}, "spec": spec}
+
+
+# Claims from the template stay while the StatefulSet scales to zero (suspend) and go with it (the
+# job's deletion): https://kubernetes.io/docs/concepts/workloads/controllers/statefulset/#persistentvolumeclaim-retention
+CLAIM_RETENTION = {"whenDeleted": "Delete", "whenScaled": "Retain"}
+
+
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
                         owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
     w = spec.trainer
-    # An emptyDir survives container restarts, not pod deletion: mount a claim to resume after suspend.
-    source = {"persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim}} if spec.checkpoint.volume_claim \
-        else {"emptyDir": {}}
+    template = checkpoint_claim_template(job)
+    if template is not None:  # the StatefulSet controller adds the pod's claim as this volume
+        source = None
+    elif spec.checkpoint.volume_claim:
+        source = {"name": pods.CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim}}
+    else:  # checkpoint.storage ephemeral: survives container restarts, not the pod (suspend is refused)
+        source = {"name": pods.CHECKPOINTS_VOLUME, "emptyDir": {}}
     volumes, mounts = pods.volumes(_base_volumes(job) + [(
-        {"name": pods.CHECKPOINTS_VOLUME, **source},
-        {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})], w)
+        source, {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})], w)
     container = pods.container("trainer", role, w, image, mounts, {
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
@@ -210,6 +234,8 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
                 "podManagementPolicy": "Parallel",  # all nodes must start together for rendezvous
                 "selector": {"matchLabels": n.selector(name, "trainer")},
                 "template": _pod_template(job, "trainer", w, pod),
+                **({"volumeClaimTemplates": [template], "persistentVolumeClaimRetentionPolicy": dict(CLAIM_RETENTION)}
+                   if template is not None else {}),
             }}
 
 
@@ -256,7 +282,8 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
 def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
                            owner: Optional[dict[str, Any]]) -> Manifest:
     """An environment's pods: its command with the plan's environment (OpenAI base URL, trajectory
-    API), the same pod security as the other roles; no probes (the process is the user's)."""
+    API, spec.code), spec.code.pip's init container, the same pod security as the other roles; no
+    probes (the process is the user's)."""
     name, env = job.metadata.name, role.environment
     assert env is not None
     w = next(e for e in job.spec.environments if e.name == env).workload()
@@ -267,7 +294,8 @@ def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image:
         # literal value in the pod spec).
         container["env"].append({"name": plan.ENV_OPENAI_API_KEY, "valueFrom": {"secretKeyRef": {
             "name": n.token_name(name), "key": auth.TOKEN_KEY}}})
-    pod = pods.pod_spec(w, container, volumes, ENVIRONMENT_GRACE_SECONDS, gang.scheduler(job))
+    pod = pods.pod_spec(w, container, volumes, ENVIRONMENT_GRACE_SECONDS, gang.scheduler(job),
+                        pods.init_containers(role, container))
     template = _pod_template(job, plan.ENVIRONMENT_ROLE, w, pod)
     template["metadata"]["labels"][n.LABEL_ENVIRONMENT] = env
     return {"apiVersion": "apps/v1", "kind": "Deployment",

@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Optional
 import kopf
 
 from grpojob.api import API_VERSION, KIND, GRPOJob, GRPOJobStatus, check
+from grpojob.plan import ENVIRONMENT_ROLE
 
 from . import changes, children, network
 from . import names as n
@@ -157,6 +158,7 @@ class Controller:
 
         trainer_pods = sorted((p for p in pods if p.role == "trainer"), key=lambda p: p.name)
         rollout_pods = [p for p in pods if p.role == "rollout"]
+        environment_pods = [p for p in pods if p.role == ENVIRONMENT_ROLE]
         token, token_error = None, ""
         if job is not None and prev.phase not in ("Succeeded", "Failed"):
             token, token_error = await self.tokens.get(self.kube, name, namespace, uid)
@@ -168,7 +170,7 @@ class Controller:
             else:
                 trainer, trainer_error = await self.trainer.status(name, namespace, job.spec.trainer.port, token)
         obs = Observation(now=now, trainer_pods=trainer_pods, rollout_pods=rollout_pods, trainer=trainer,
-                          trainer_error=trainer_error, ledger=ledger)
+                          trainer_error=trainer_error, ledger=ledger, environment_pods=environment_pods)
         d = decide(job, prev, obs, generation=meta.get("generation"), errors=errors, rejected=rejected,
                    rejected_reason=reason, suspend_timeout=self.cfg.suspend_timeout)
 
@@ -272,7 +274,7 @@ class Controller:
         if d.ledger != ledger:
             await self.kube.patch_job_annotations(namespace, name, {n.ANN_LEDGER: json.dumps(d.ledger, sort_keys=True)})
         self._written[uid] = (new_raw, dict(d.ledger))
-        for ev in transitions(prev, d.status):
+        for ev in [*transitions(prev, d.status), *d.events]:
             kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message[:1000])
             log.log(logging.WARNING if ev.type == "Warning" else logging.INFO, "%s/%s: %s %s: %s",
                     namespace, name, ev.type, ev.reason, ev.message)

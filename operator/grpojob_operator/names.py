@@ -22,7 +22,7 @@ LABEL_ENVIRONMENT = f"{GROUP}/environment"  # an environment's pods: spec.enviro
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"  # set by the StatefulSet controller (k8s >= 1.28)
 
 ANN_HASH = f"{GROUP}/spec-hash"  # hash of the rendered child: drift shows as a different hash
-ANN_LEDGER = f"{GROUP}/restart-ledger"  # on the GRPOJob: restarts already counted, per trainer pod
+ANN_LEDGER = f"{GROUP}/restart-ledger"  # on the GRPOJob: container restarts already seen, per trainer and rollout pod
 
 CONFIG_DIR = "/etc/grpojob"  # the ConfigMap mount
 TOKEN_DIR = "/var/run/secrets/grpojob"  # the job's Secret, read-only (grpojob.auth)

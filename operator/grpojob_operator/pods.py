@@ -9,7 +9,7 @@ paths replaces the emptyDir there.
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Optional
 
 from grpojob import plan
 from grpojob.api.spec import CODE_DIR
@@ -95,12 +95,13 @@ def _resources(w: WorkloadSpec) -> dict[str, Any]:
     return out
 
 
-def volumes(base: list[tuple[Volume, Mount]], w: WorkloadSpec) -> tuple[list[Volume], list[Mount]]:
+def volumes(base: list[tuple[Optional[Volume], Mount]], w: WorkloadSpec) -> tuple[list[Volume], list[Mount]]:
     """The operator's (volume, mount) pairs, then the user's volumes and mounts; a user mount at
-    the path of one of ours replaces it."""
+    the path of one of ours replaces it. A pair without a volume mounts a StatefulSet's claim
+    template (its controller adds the volume to each pod)."""
     taken = {m["mountPath"] for m in w.volume_mounts}
     kept = [(v, m) for v, m in base if m["mountPath"] not in taken]
-    return ([v for v, _ in kept] + copy.deepcopy(w.volumes),
+    return ([v for v, _ in kept if v is not None] + copy.deepcopy(w.volumes),
             [m for _, m in kept] + copy.deepcopy(w.volume_mounts))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from grpojob import plan
 from grpojob.api import plugins
@@ -44,14 +44,19 @@ def _last_exit(status: Mapping[str, Any]) -> str:
     return status.get("message") or status.get("reason") or ""
 
 
-def _failure(status: Mapping[str, Any]) -> Optional[tuple[str, str]]:
-    """A plug-in failure a container wrote as its termination message (init containers first)."""
-    for cs in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+def _termination_messages(status: Mapping[str, Any], init: bool = False) -> Iterator[str]:
+    """The termination messages of the pod's containers (init containers first when asked), the
+    current run's before the last one's."""
+    statuses = [*(status.get("initContainerStatuses") or [] if init else []), *(status.get("containerStatuses") or [])]
+    for cs in statuses:
         for state in (cs.get("state") or {}, cs.get("lastState") or {}):
-            found = plugins.parse_failure((state.get("terminated") or {}).get("message", ""))
-            if found:
-                return found
-    return None
+            message = (state.get("terminated") or {}).get("message")
+            if message:
+                yield message
+
+
+def _first(status: Mapping[str, Any], parse: Callable[[str], Any], init: bool = False) -> Any:
+    return next((found for m in _termination_messages(status, init) if (found := parse(m)) is not None), None)
 
 
 def _clean_exit(status: Mapping[str, Any]) -> bool:
@@ -65,13 +70,16 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tup
     """(namespace, job) -> PodView for one of our pods, None for anyone else's."""
     labels = meta.get("labels") or {}
     job, role = labels.get(n.LABEL_JOB), labels.get(n.LABEL_ROLE)
-    if not job or role not in n.ROLES:
+    if not job or role not in (*n.ROLES, plan.ENVIRONMENT_ROLE):
         return None
     restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
     view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",
                    ready=_ready(status), restarts=restarts, message=_last_exit(status),
                    deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status),
-                   failure=_failure(status))
+                   # a plug-in failure, in any container (init containers first)
+                   failure=_first(status, plugins.parse_failure, init=True),
+                   completed_step=_first(status, plugins.parse_completion) if role == "trainer" else None,
+                   engine_failure=_first(status, plugins.parse_engine_failure) if role == "rollout" else None)
     return (meta.get("namespace", ""), job), view
 
 

@@ -7,7 +7,7 @@ import sys
 from typing import Callable, Optional
 
 from .api import InvalidSpec, check, load_manifest
-from .api.validate import check_plugins
+from .api.validate import check_plugins, warnings
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -32,6 +32,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         errors = check_plugins(job)
     if errors:
         return _errors(args.file, errors)
+    for w in warnings(job):
+        print(f"{args.file}: warning: {w}", file=sys.stderr)
     s = job.spec
     print(f"{args.file}: valid GRPOJob '{job.metadata.name}': {s.algorithm.name}, "
           f"{s.training.steps} steps x {s.training.prompts_per_step} prompts x {s.algorithm.group_size}, "

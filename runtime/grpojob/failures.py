@@ -1,4 +1,5 @@
-"""How a runtime process that cannot load the job's user code says so, where the operator looks.
+"""How a runtime process says why it ended, where the operator looks: the kubelet's termination
+message (user code that cannot load; a trainer that finished).
 
 A plug-in that does not import (or pip requirements that do not install) will fail the same way on
 every restart: the process writes the reason and the field-path errors to the kubelet's
@@ -29,9 +30,23 @@ def report(reason: str, errors: Sequence[FieldError | str]) -> str:
     """Log the failure and leave it as the container's termination message; returns the message."""
     text = plugins.failure_message(reason, [str(e) for e in errors])
     log.error("%s: %s", reason, "; ".join(str(e) for e in errors))
-    if TERMINATION_LOG.exists():  # in a pod (a local run has none: its errors come from `grpojob run`)
+    write_termination_message(text)
+    return text
+
+
+def report_completed(step: int, total: int) -> str:
+    """A trainer that reached training.steps says so in its termination message, written as soon as
+    it finished: however its container ends later (scaled down, evicted, killed), the operator reads
+    the completion from the pod's status even if it never saw /status say "completed"."""
+    text = plugins.completion_message(step, total)
+    write_termination_message(text)
+    return text
+
+
+def write_termination_message(text: str) -> None:
+    """`text` as the container's termination message (in a pod; a local run has no such file)."""
+    if TERMINATION_LOG.exists():
         try:
             TERMINATION_LOG.write_bytes(text.encode()[:_MAX_BYTES])
         except OSError as e:
             log.warning("cannot write the termination message %s: %s", TERMINATION_LOG, e)
-    return text

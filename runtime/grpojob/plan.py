@@ -151,17 +151,18 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         ENV_TOKEN_FILE: where.token_file,  # the file's path: the token itself is never in the env
         "PYTHONUNBUFFERED": "1",
     }
+    # spec.code reaches every process of the job the same way: trainer, rollout and environments.
+    base.update(code_env(job, where))
+    setup = install_code_command() if spec.code.pip else None
     common = {
         **base,
         ENV_RUN_DIR: where.run_dir,
         ENV_CHECKPOINT_DIR: where.checkpoint_dir,
         ENV_SYNC_ADDR: f"{where.trainer_host}:{where.sync_port}",
         ENV_TRAINER_PORT: str(trainer_port),
-        **code_env(job, where),
     }
     if where.metrics_auth:
         common[ENV_METRICS_AUTH] = "true"
-    setup = install_code_command() if spec.code.pip else None
     trainer = Role(
         name="trainer",
         replicas=spec.trainer.replicas,
@@ -186,12 +187,14 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
         setup=setup,
     )
-    return [trainer, rollout, *environment_roles(job, where, base, trainer_port)]
+    return [trainer, rollout, *environment_roles(job, where, base, trainer_port, setup)]
 
 
-def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trainer_port: int) -> list[Role]:
+def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trainer_port: int,
+                      setup: Optional[list[str]] = None) -> list[Role]:
     """One role per spec.environments entry: its command, the rollout servers' OpenAI endpoint and
-    the trajectory API; the job's token file comes with `base`, as for the other roles."""
+    the trajectory API; the job's token file and spec.code come with `base` and `setup`, as for
+    the other roles."""
     if not job.spec.environments:
         return []
     if not where.rollout_urls:
@@ -202,7 +205,7 @@ def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trai
            ENV_OPENAI_BASE_URL: openai[0], ENV_OPENAI_BASE_URLS: ",".join(openai)}
     return [Role(name=environment_role_name(e.name), replicas=e.replicas, command=list(e.command),
                  env={**env, ENV_ENVIRONMENT: e.name}, ports={},
-                 per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, environment=e.name)
+                 per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, environment=e.name, setup=setup)
             for e in job.spec.environments]
 
 

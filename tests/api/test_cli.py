@@ -73,3 +73,18 @@ def test_validate_names_the_field_inside_a_kubernetes_object(tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "spec.trainer.tolerations[0].key: must be a string" in r.stderr
     assert "spec.trainer.resources.requests[cpus]: not a valid name" in r.stderr
+
+
+def test_checkpoint_storage_choices_are_checked_and_ephemeral_warns():
+    tiny = str(ROOT / "examples" / "tiny-local.yaml")
+    r = grpojob("validate", tiny, "--set", "checkpoint.storage=ephemeral")
+    assert r.returncode == 0 and "valid GRPOJob" in r.stdout
+    assert "warning: spec.checkpoint.storage: ephemeral: checkpoints live in an emptyDir" in r.stderr
+    assert "refuses to suspend" in r.stderr
+    assert "warning" not in grpojob("validate", tiny).stderr  # the default (a claim per trainer pod) is quiet
+    r = grpojob("validate", tiny, "--set", "checkpoint.storage=ephemeral", "--set", "checkpoint.volumeClaim=ckpt")
+    assert r.returncode == 1 and "spec.checkpoint.storage: ephemeral contradicts volumeClaim" in r.stderr
+    r = grpojob("validate", tiny, "--set", "checkpoint.size=lots")
+    assert r.returncode == 1 and "spec.checkpoint.size: must be a quantity such as 8, 500m or 16Gi" in r.stderr
+    r = grpojob("validate", tiny, "--set", "checkpoint.storageClassName=Fast_SSD")
+    assert r.returncode == 1 and "spec.checkpoint.storageClassName: must match" in r.stderr

@@ -218,11 +218,39 @@ def test_each_image_installs_its_extras(image):
         closure = PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["operator"]
         assert not any(Requirement(r).name in ("torch", "vllm", "transformers") for r in closure)
     else:
-        assert extras == {"runtime", "vllm"}
+        assert extras == {"runtime", "vllm", "trackers"}
         run = " ".join(stages[-1].all("RUN"))
         tiny = re.search(r"grpojob tiny (\S+)", run)  # the model the chart's NOTES first job uses
         assert tiny and tiny.group(1) == "/opt/grpojob/models/tiny"
         assert cli_parser().parse_args(["tiny", tiny.group(1)]).command == "tiny"
+
+
+def _dist(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def test_the_runtime_image_installs_what_every_report_to_value_imports():
+    """spec.monitoring.reportTo in a pod: each value's tracker imports a package (TRACKER_MODULES);
+    the distribution that provides it (as installed here, e.g. mlflow from mlflow-skinny) must be
+    required by an extra the runtime image installs, or the trainer crashes at its first step."""
+    import importlib.metadata
+    import typing
+
+    from grpojob.api.spec import TRACKERS, MonitoringSpec
+    from grpojob.trainer.callbacks import TRACKER_MODULES
+
+    values = typing.get_args(typing.get_args(MonitoringSpec.model_fields["report_to"].annotation)[0])
+    assert set(values) == set(TRACKERS) == set(TRACKER_MODULES)
+    extras = installed_extras(read_dockerfile(DOCKERFILES["runtime"]))
+    required = {_dist(Requirement(r).name) for e in sorted(extras)
+                for r in PYPROJECT["project"]["optional-dependencies"][e]}
+    providers = importlib.metadata.packages_distributions()
+    for value in values:
+        module = TRACKER_MODULES[value]
+        found = {_dist(d) for d in providers.get(module, [])}
+        assert found, f"reportTo {value}: '{module}' is not installed here to look up its distribution"
+        assert found & required, (f"reportTo {value} imports '{module}' ({', '.join(sorted(found))}), which no extra "
+                                  f"the runtime image installs ({', '.join(sorted(extras))}) requires")
 
 
 def pins(path: Path) -> dict[str, str]:

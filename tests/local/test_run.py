@@ -212,3 +212,7 @@ def test_two_trainer_ranks_share_the_rollout_servers(workdir):
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["groups"] == 16 for r in records), records[-1]  # the global batch, both ranks' shares
     assert "trainer 1 x 2" in out and "2 x hf rollout" in out
+    # The completed trainer waited to be stopped (as in a pod) and `grpojob run` asked it: both ranks
+    # left together, torchrun exited by itself (not by a signal: SIGTERM makes it raise)
+    log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert "SignalException" not in log and "suspend requested over HTTP" in log, log[-3000:]

@@ -6,6 +6,10 @@
   object. The operator's permissions are exactly `RBAC_RULES` (the chart's Role is tested equal).
 - PodSecurity: in a namespace labelled `pod-security.kubernetes.io/enforce=<level>`, a pod that
   breaks the level is refused (tests/helpers/pod_security.py has the checks).
+- StatefulSet validation: an update may change only replicas, ordinals, template, updateStrategy,
+  revisionHistoryLimit, persistentVolumeClaimRetentionPolicy and minReadySeconds of its spec
+  (ValidateStatefulSetUpdate in k8s.io/kubernetes pkg/apis/apps/validation/validation.go); the
+  volumeClaimTemplates among the rest.
 
 Requests of the test's own client (kmock's, standing for the cluster's controllers and users) are
 not the operator's and pass; everything else comes from the operator's service account.
@@ -16,13 +20,13 @@ import copy
 from typing import Any, Callable
 
 import kmock
-from kmock._internal import enums, rendering
+from kmock._internal import dicts, enums, rendering
 
 from grpojob.api import GROUP, KIND, PLURAL
 from grpojob_operator import rbac
 from tests.helpers import pod_security
 
-from .kmock_shim import PODS, Emulator
+from .kmock_shim import PODS, STATEFULSETS, Emulator
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 # Owner kinds the acted-out REST mapper knows: kind -> (group, plural).
@@ -91,4 +95,30 @@ def pod_security_admission(emulator: Emulator) -> None:
             name = (request.data.get("metadata") or {}).get("name", "")
             raise kmock.KubernetesError(403, "Forbidden", f'pods "{name}" is forbidden: violates PodSecurity '
                                         f'"{level}:latest": ' + ", ".join(violations))
+    emulator.hooks.append(hook)
+
+
+STATEFULSET_MUTABLE = ("replicas", "ordinals", "template", "updateStrategy", "revisionHistoryLimit",
+                       "persistentVolumeClaimRetentionPolicy", "minReadySeconds")
+
+
+def statefulset_update_validation(emulator: Emulator) -> None:
+    """Acts out the API server's refusal of a StatefulSet update that changes a fixed spec field."""
+
+    async def hook(request: rendering.Request) -> None:
+        if request.resource != STATEFULSETS or request.action != enums.action.UPDATE or request.subresource \
+                or not isinstance(request.data, dict) or "spec" not in request.data:
+            return
+        old = emulator.get_obj(STATEFULSETS, request.namespace, request.name)
+        if old is None:
+            return
+        new = dicts.patch_dict(copy.deepcopy(old), {"spec": request.data["spec"]})  # a JSON merge patch
+        fixed = [k for k in sorted(set(old["spec"]) | set(new["spec"]))
+                 if k not in STATEFULSET_MUTABLE and old["spec"].get(k) != new["spec"].get(k)]
+        if fixed:
+            raise kmock.KubernetesError(
+                422, "Invalid", f'StatefulSet.apps "{request.name}" is invalid: spec: Forbidden: updates to '
+                "statefulset spec for fields other than 'replicas', 'ordinals', 'template', 'updateStrategy', "
+                "'revisionHistoryLimit', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are "
+                f"forbidden (changed: {', '.join(fixed)})")
     emulator.hooks.append(hook)

@@ -1,7 +1,9 @@
 """What a real cluster would do around the operator, acted out by the tests (kmock has no
 controllers): the StatefulSet and Deployment controllers (pods for the wanted replicas, and new
-pods when the pod template changes: a new revision), the kubelet (pods Running / Ready / restarted
-/ Failed, on the test's command), and the garbage collector (objects whose owner is gone are
+pods when the pod template changes: a new revision; a StatefulSet's claims from its
+volumeClaimTemplates, tests/helpers/statefulset.py), the kubelet (pods Running / Ready / restarted
+/ Failed, on the test's command; a container that exits is restarted, whatever its exit code, as
+restartPolicy Always says), and the garbage collector (objects whose owner is gone are
 deleted). Every change goes through the emulator's HTTP
 API, so kopf sees it on its watches exactly as it would see a real cluster's."""
 from __future__ import annotations
@@ -15,8 +17,9 @@ import string
 from typing import Any, Callable, Optional
 
 from grpojob_operator import names as n
+from tests.helpers import statefulset
 
-from .kmock_shim import DEPLOYMENTS, PODS, STATEFULSETS, Emulator
+from .kmock_shim import DEPLOYMENTS, PODS, PVCS, STATEFULSETS, Emulator
 
 log = logging.getLogger("tests.cluster")
 
@@ -89,7 +92,8 @@ class Cluster:
             except AssertionError as e:
                 log.debug("%s %s: %s", owner["kind"] if "kind" in owner else "", owner["metadata"]["name"], e)
 
-    def _pod(self, owner: dict[str, Any], kind: str, name: str, extra_labels: dict[str, str]) -> dict[str, Any]:
+    def _pod(self, owner: dict[str, Any], kind: str, name: str, extra_labels: dict[str, str],
+             spec: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         template = owner["spec"]["template"]
         meta = owner["metadata"]
         return {
@@ -100,7 +104,7 @@ class Cluster:
                          "annotations": dict(template["metadata"].get("annotations", {})),
                          "ownerReferences": [{"apiVersion": "apps/v1", "kind": kind, "name": meta["name"],
                                               "uid": meta["uid"], "controller": True}]},
-            "spec": template["spec"],
+            "spec": spec if spec is not None else template["spec"],
             "status": {"phase": "Pending"},
         }
 
@@ -119,8 +123,12 @@ class Cluster:
         have = {p["metadata"]["name"]: p for p in pods}
         for i in range(want):  # parallel pod management: all at once
             pod = f"{name}-{i}"
+            for claim in statefulset.claims(sts, i):  # made once, before the pod; kept when it goes
+                if self.emu.get_obj(PVCS, ns, claim["metadata"]["name"]) is None:
+                    await self._call("POST", f"/api/v1/namespaces/{ns}/persistentvolumeclaims", claim)
             if pod not in have:
-                await self._call("POST", pod_path(ns), self._pod(sts, "StatefulSet", pod, {n.POD_INDEX_LABEL: str(i)}))
+                await self._call("POST", pod_path(ns), self._pod(sts, "StatefulSet", pod, {n.POD_INDEX_LABEL: str(i)},
+                                                                 statefulset.pod_spec(sts, i)))
         for pod in have:
             if int(pod.rsplit("-", 1)[1]) >= want:
                 await self._call("DELETE", pod_path(ns, pod))
@@ -162,6 +170,31 @@ class Cluster:
         if last_exit:
             container["lastState"] = {"terminated": last_exit}
         status = {"phase": phase, "containerStatuses": [container],
+                  "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        await self._call("PATCH", pod_path(ns, name) + "/status", {"status": status})
+
+    async def container_exited(self, ns: str, name: str, exit_code: int, message: str = "") -> None:
+        """Kubelet: the pod's container ended with `exit_code` (and a termination message). A
+        StatefulSet's or Deployment's pod has restartPolicy Always, so the kubelet restarts it
+        whatever the exit code, 0 included, after a back-off: the container is first seen
+        terminated, then running again with restartCount + 1 and the ended run as its lastState
+        (https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#restart-policy,
+        https://kubernetes.io/docs/concepts/workloads/controllers/statefulset/#pod-template).
+        Acted out: the kmock emulator has no kubelet."""
+        pod = next(p for p in self.emu.live(PODS, ns) if p["metadata"]["name"] == name)
+        (old,) = pod["status"]["containerStatuses"]
+        ended = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                 **({"message": message} if message else {})}
+        restarts = int(old.get("restartCount", 0))
+        await self._patch_container(ns, name, {**old, "ready": False, "state": {"terminated": ended}}, ready=False)
+        await asyncio.sleep(self.period * 4)  # the back-off: the operator may look meanwhile
+        if not any(p["metadata"]["name"] == name for p in self.emu.live(PODS, ns)):
+            return  # deleted meanwhile (scaled down): nothing to restart
+        await self._patch_container(ns, name, {**old, "ready": True, "restartCount": restarts + 1,
+                                               "state": {"running": {}}, "lastState": {"terminated": ended}})
+
+    async def _patch_container(self, ns: str, name: str, container: dict[str, Any], ready: bool = True) -> None:
+        status = {"phase": "Running", "containerStatuses": [container],
                   "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
         await self._call("PATCH", pod_path(ns, name) + "/status", {"status": status})
 

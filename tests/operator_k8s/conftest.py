@@ -45,10 +45,12 @@ def job_path(ns: str = NS, name: str = "") -> str:
 
 @pytest.fixture
 async def emulator() -> AsyncIterator[Emulator]:
-    """The API server: kmock, completed by the shim, with two admission plugins acted out."""
+    """The API server: kmock, completed by the shim, with two admission plugins and the
+    StatefulSet update validation acted out."""
     async with Emulator() as emu, kmock.Server(emu):
         admission.owner_references_permission_enforcement(emu)
         admission.pod_security_admission(emu)
+        admission.statefulset_update_validation(emu)
         yield emu
 
 

@@ -39,6 +39,7 @@ CONFIGMAPS = kmock.resource("", "v1", "configmaps")
 EVENTS = kmock.resource("", "v1", "events")
 SECRETS = kmock.resource("", "v1", "secrets")
 NETWORKPOLICIES = kmock.resource("networking.k8s.io", "v1", "networkpolicies")
+PVCS = kmock.resource("", "v1", "persistentvolumeclaims")
 
 Hook = Callable[[rendering.Request], Awaitable[None]]
 

@@ -40,3 +40,20 @@ def test_suspended_jobs_take_every_change_and_finished_ones_say_nothing():
     eff, refused = effective(new, applied, "finished")
     assert refused == [] and eff.spec.trainer.replicas == 2
     assert effective(new, None, "active") == (new, [])
+
+
+def test_checkpoint_storage_never_changes_not_even_while_suspended():
+    """It shapes the trainer StatefulSet's volumeClaimTemplates, which the API server refuses to
+    change ("updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template',
+    'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden")."""
+    applied = job(runPolicy={"suspend": True})
+    for change in ({"size": "50Gi"}, {"storageClassName": "fast"}, {"storage": "ephemeral"}, {"volumeClaim": "c"}):
+        new = job(checkpoint=change, runPolicy={"suspend": False})
+        eff, refused = effective(new, applied, "suspended")
+        field = next(iter(change))
+        assert eff == applied and refused[0].startswith(f"spec.checkpoint.{field} cannot change after the job is "
+                                                        "created"), refused
+        assert refused[-1] == ("the rest of the edit (spec.runPolicy.suspend) is not applied either: an edit "
+                               "applies whole or not at all")
+    moved = job(checkpoint={"path": "/elsewhere"}, runPolicy={"suspend": True})  # the mount path is the pod template's: it may change
+    assert effective(moved, applied, "suspended") == (moved, [])

@@ -217,6 +217,43 @@ def test_relative_checkpoint_path_lives_in_the_run_dir_on_a_cluster():
     assert "/var/run/grpojob/checkpoints" in {m["mountPath"] for m in c["volumeMounts"]}
 
 
+def _checkpoint_volume(sts: dict) -> dict | None:
+    return next((v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == pods.CHECKPOINTS_VOLUME), None)
+
+
+def test_checkpoints_default_to_a_claim_per_trainer_pod_that_outlives_suspend():
+    """A StatefulSet's claim template (its controller makes <template>-<sts>-<ordinal> per pod and
+    adds the volume to the pod), kept on scale-down, deleted with the StatefulSet:
+    https://kubernetes.io/docs/concepts/workloads/controllers/statefulset/#persistentvolumeclaim-retention"""
+    sts = build(job_manifest("j"))[("StatefulSet", "j-trainer")]
+    (template,) = sts["spec"]["volumeClaimTemplates"]
+    assert template["metadata"]["name"] == pods.CHECKPOINTS_VOLUME
+    assert template["metadata"]["labels"][n.LABEL_JOB] == "j"
+    # no storageClassName: the cluster's default StorageClass provisions it
+    assert template["spec"] == {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "10Gi"}}}
+    assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Delete", "whenScaled": "Retain"}
+    assert _checkpoint_volume(sts) is None
+    assert {"name": pods.CHECKPOINTS_VOLUME, "mountPath": "/checkpoints"} in container(sts)["volumeMounts"]
+    sized = build(job_manifest("j", checkpoint={"size": "200Gi", "storageClassName": "fast-ssd"}))
+    assert sized[("StatefulSet", "j-trainer")]["spec"]["volumeClaimTemplates"][0]["spec"] == {
+        "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "200Gi"}}, "storageClassName": "fast-ssd"}
+    validate_all([sts, sized[("StatefulSet", "j-trainer")]])
+
+
+@pytest.mark.parametrize("checkpoint,trainer,volume", [
+    ({"volumeClaim": "ckpt"}, {}, {"name": pods.CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": "ckpt"}}),
+    ({"storage": "ephemeral"}, {}, {"name": pods.CHECKPOINTS_VOLUME, "emptyDir": {}}),
+    ({}, {"volumes": [{"name": "mine", "persistentVolumeClaim": {"claimName": "x"}}],
+          "volumeMounts": [{"name": "mine", "mountPath": "/checkpoints"}]}, None)])
+def test_other_checkpoint_storage_needs_no_claim_template(checkpoint, trainer, volume):
+    sts = build(job_manifest("j", checkpoint=checkpoint, trainer=trainer))[("StatefulSet", "j-trainer")]
+    assert "volumeClaimTemplates" not in sts["spec"] and "persistentVolumeClaimRetentionPolicy" not in sts["spec"]
+    assert _checkpoint_volume(sts) == volume
+    at_path = [m["name"] for m in container(sts)["volumeMounts"] if m["mountPath"] == "/checkpoints"]
+    assert at_path == [pods.CHECKPOINTS_VOLUME if volume else "mine"]
+    validate_all([sts])
+
+
 def test_checkpoint_weight_sync_needs_a_shared_claim_on_a_cluster():
     job = parse(job_manifest("j", weightSync={"backend": "checkpoint"}))
     errors = children.cluster_errors(job)

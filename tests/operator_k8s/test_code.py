@@ -38,10 +38,15 @@ def env_of(c: dict) -> dict:
 
 
 def test_config_map_modules_and_pip_requirements_reach_every_pod_exactly():
+    """Trainer, rollout and environment pods alike (an environment imports the job's modules too)."""
     manifest = job_manifest("j", code={"configMap": "my-plugins", "pip": PIP, "pipArgs": ["--no-index"]},
                             trainer={"class": "my_trainer:Trainer", "image": "me/trainer:2"},
-                            rollout={"image": "me/rollout:2"})
-    for role, pod in pods_of(manifest).items():
+                            rollout={"image": "me/rollout:2"},
+                            environments=[{"name": "arith", "command": ["python", "-m", "arith_env"],
+                                           "image": "me/environment:2"}])
+    rendered = pods_of(manifest)
+    assert set(rendered) == {"trainer", "rollout", "environment"}
+    for role, pod in rendered.items():
         assert restricted(pod) == [], role
         main, = pod["containers"]
         init, = pod["initContainers"]
@@ -65,7 +70,7 @@ def test_config_map_modules_and_pip_requirements_reach_every_pod_exactly():
 
 def test_a_volume_of_code_keeps_its_name_and_no_pip_means_no_init_container():
     volume = {"name": "code", "persistentVolumeClaim": {"claimName": "rl-code", "readOnly": True}}
-    manifest = job_manifest("j", code={"volume": volume})
+    manifest = job_manifest("j", code={"volume": volume}, environments=[{"name": "e", "command": ["e"]}])
     for pod in pods_of(manifest).values():
         assert "initContainers" not in pod
         assert volume in pod["volumes"]
@@ -75,7 +80,7 @@ def test_a_volume_of_code_keeps_its_name_and_no_pip_means_no_init_container():
 
 
 def test_no_code_renders_no_trace_of_it():
-    for pod in pods_of(job_manifest("j")).values():
+    for pod in pods_of(job_manifest("j", environments=[{"name": "e", "command": ["e"]}])).values():
         assert "initContainers" not in pod
         assert not {"PYTHONPATH", plan.ENV_CODE_DIR} & set(env_of(pod["containers"][0]))
         assert not any(v["name"] in (pods.CODE_VOLUME, pods.SITE_VOLUME) for v in pod["volumes"])
@@ -137,6 +142,19 @@ def test_a_plugin_that_does_not_load_fails_the_job_at_once_with_its_reason(init,
     assert d.status.restarts <= 1 <= job.spec.run_policy.backoff_limit  # not the backoff limit's doing
 
 
+def test_an_environment_pod_whose_pip_install_fails_fails_the_job_too():
+    """Environment pods run the same install-code init container (spec.code reaches them too)."""
+    job = parse(job_manifest("j", code={"pip": PIP}, environments=[{"name": "e", "command": ["e"]}]))
+    message = plugins.failure_message(plugins.INSTALL_FAILED, ["spec.code.pip: pip install failed (exit 1)"])
+    status = {"phase": "Pending", "initContainerStatuses": [{"name": "install-code", "restartCount": 1, "lastState": {
+        "terminated": {"exitCode": 1, "reason": "Error", "message": message}}}]}
+    meta = {"name": "j-env-e-abc12", "uid": "e0", "labels": {n.LABEL_JOB: "j", n.LABEL_ROLE: plan.ENVIRONMENT_ROLE}}
+    _, env_pod = pod_view(meta, status)
+    d = decide(job, initial_status(NOW), Observation(now=NOW, environment_pods=[env_pod]))
+    assert d.status.phase == "Failed" and d.status.message.startswith("j-env-e-abc12: spec.code.pip: ")
+    assert next(c for c in d.status.conditions if c.type == "Failed").reason == plugins.INSTALL_FAILED
+
+
 def test_the_trainers_status_names_the_failure_too():
     job = parse(job_manifest("j", trainer={"class": "my_trainer:Trainer"}))
     running = PodView(name="j-trainer-0", uid="u0", role="trainer", phase="Running")
@@ -152,6 +170,29 @@ def test_an_ordinary_crash_still_counts_against_the_backoff_limit():
     d = decide(job, initial_status(NOW), Observation(now=NOW, trainer_pods=[pod]))
     assert d.status.phase != "Failed" and d.status.restarts == 1
     assert pod.failure is None and "CUDA out of memory" in pod.message
+
+
+def test_a_trainers_completion_and_a_rollout_engines_failure_are_read_from_termination_messages(tmp_path,
+                                                                                                 monkeypatch):
+    """The runtime writes them (grpojob.failures), the pod view reads them: the trainer's final step
+    from state or lastState (a restarted container's), the engine's error from a rollout's."""
+    from grpojob import failures
+
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setattr(failures, "TERMINATION_LOG", log)
+    failures.report_completed(20, 20)
+    pod = _crashed_pod(log.read_text())
+    assert pod.completed_step == 20 and pod.failure is None and pod.engine_failure is None
+    meta = {"name": "j-rollout-x", "uid": "r0", "labels": {n.LABEL_JOB: "j", n.LABEL_ROLE: "rollout"}}
+    broken = plugins.failure_message(plugins.ENGINE_FAILED, ["CUDA error: out of memory"])
+    for state in ("state", "lastState"):
+        status = {"phase": "Running", "containerStatuses": [
+            {"name": "rollout", "restartCount": 1, state: {"terminated": {"exitCode": 1, "message": broken}}}]}
+        _, view = pod_view(meta, status)
+        assert view.engine_failure == "CUDA error: out of memory" and view.failure is None, state
+        assert view.completed_step is None  # a rollout's message never completes the job
+    assert plugins.parse_completion("Completed\nstep x/3") is None and plugins.parse_engine_failure("Completed") is None
 
 
 def test_the_runtime_writes_what_the_operator_reads(tmp_path, monkeypatch):

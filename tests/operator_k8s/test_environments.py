@@ -9,7 +9,6 @@ import copy
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from grpojob_operator import children
 from grpojob_operator import names as n
 from grpojob_operator.pods import CACHE_ENV
 from grpojob_operator.rbac import allows
-from tests.helpers import pod_sandbox
+from tests.helpers import pod_sandbox, statefulset
 from tests.helpers.k8s_schema import validate_all
 from tests.helpers.pod_security import restricted
 
@@ -30,6 +29,7 @@ from .cluster import eventually
 from .conftest import NS, job_manifest, job_path
 from .kmock_shim import DEPLOYMENTS, GRPOJOBS, PODS
 from .test_children import OWNER, build, container, env_of
+from .test_pod_sandbox import wait_completed
 from .test_operator import cond, kids, status, without_server_fields
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -171,14 +171,20 @@ ok, why = pod_sandbox.available()
 @pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")
 def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir, tmp_path):
     """Trainer, rollout and environment pods as rendered (read-only root, uid 10001, no
-    capabilities): the example environment reaches the rollout server and the trajectory API
-    through the addresses the plan gave it, and the trainer trains on its groups alone."""
-    models = tmp_path / "models"
+    capabilities): the example environment, brought in by spec.code (a claim; the runtime image
+    does not ship examples) and started as a module from the PYTHONPATH its pod gets, reaches the
+    rollout server and the trajectory API through the addresses the plan gave it, and the trainer
+    trains on its groups alone."""
+    models, code = tmp_path / "models", tmp_path / "code"
     shutil.copytree(tiny_dir, models / "tiny")
-    script = models / "arithmetic.py"  # the environment's code, on a read-only claim like the model
-    shutil.copy(ROOT / "examples" / "environments" / "arithmetic.py", script)
-    for p in [models, *models.rglob("*")]:
+    code.mkdir()
+    shutil.copy(ROOT / "examples" / "environments" / "arithmetic.py", code / "arithmetic.py")
+    for p in [models, code, *models.rglob("*"), *code.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
+    ckpt = tmp_path / "checkpoints"  # trainer pod 0's claim, as the kubelet hands it over under fsGroup
+    ckpt.mkdir()
+    os.chown(ckpt, 0, n.RUNTIME_UID)
+    ckpt.chmod(0o2775)
     trainer_port, rollout_port = free_port(), free_port()
     m = job_manifest("t", model={"path": "/models/tiny", "volumeClaim": "models"},
                      training={"steps": 3, "promptsPerStep": 4, "microBatchTokens": 1024},
@@ -187,7 +193,9 @@ def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir
                      rollout={"replicas": 1, "backend": "hf", "port": rollout_port, "workflow": "none",
                               "sampling": {"maxTokens": 4}},
                      checkpoint={"everySteps": 100},
-                     environments=[{"name": "arith", "command": ["python", "/models/arithmetic.py"]}])
+                     code={"volume": {"name": "envcode", "persistentVolumeClaim": {"claimName": "code",
+                                                                                   "readOnly": True}}},
+                     environments=[{"name": "arith", "command": ["python", "-m", "arithmetic"]}])
     del m["spec"]["dataset"], m["spec"]["rewards"]  # environments bring both
     kids_ = {children.key(o): o for o in children.build(parse(m), namespace="ml")}
     config = kids_[("ConfigMap", "t-config")]["data"]
@@ -198,31 +206,27 @@ def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir
                plan.ENV_OPENAI_BASE_URLS: f"http://127.0.0.1:{rollout_port}/v1",
                plan.ENV_TRAJECTORY_URL: f"http://127.0.0.1:{trainer_port}/trajectories"}
     secrets = {n.token_name("t"): {auth.TOKEN_KEY: auth.generate()}}  # what the operator puts in the Secret
+    sts = kids_[("StatefulSet", "t-trainer")]
+    claims = {"models": models, "code": code, statefulset.claims(sts, 0)[0]["metadata"]["name"]: ckpt}
     procs = {}
     for role, key in (("rollout", ("Deployment", "t-rollout")), ("trainer", ("StatefulSet", "t-trainer")),
                       ("env", ("Deployment", "t-env-arith"))):
-        pod = copy.deepcopy(kids_[key]["spec"]["template"]["spec"])
-        if role == "env":  # the example's code on the claim (the runtime image does not ship examples)
-            pod["volumes"].append({"name": "code", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}})
-            pod["containers"][0]["volumeMounts"].append({"name": "code", "mountPath": "/models", "readOnly": True})
+        pod = statefulset.pod_spec(sts, 0) if role == "trainer" else copy.deepcopy(kids_[key]["spec"]["template"]["spec"])
         work = tmp_path / role
         work.mkdir()
-        procs[role] = (pod_sandbox.start(pod, work, pod_name=f"t-{role}-0", config=config, claims={"models": models},
+        procs[role] = (pod_sandbox.start(pod, work, pod_name=f"t-{role}-0", config=config, claims=claims,
                                          overrides=network, secrets=secrets, log=work / "log"), work)
     try:
-        trainer, twork = procs["trainer"]
-        deadline = time.monotonic() + 420
-        while trainer.poll() is None and time.monotonic() < deadline:
-            assert all(p.poll() is None for r, (p, _) in procs.items() if r != "trainer"), \
-                {r: (w / "log").read_text()[-2000:] for r, (_, w) in procs.items()}
-            time.sleep(1)
-        logs = {r: (w / "log").read_text() for r, (_, w) in procs.items()}
-        assert trainer.poll() == 0, logs["trainer"][-3000:]
+        (trainer, twork), (rollout, rwork), (env, ework) = procs["trainer"], procs["rollout"], procs["env"]
+        done = wait_completed(trainer_port, secrets[n.token_name("t")][auth.TOKEN_KEY], [trainer, rollout, env],
+                              [twork / "log", rwork / "log", ework / "log"])
+        assert done["step"] == 3
     finally:
         for p, _ in procs.values():
             if p.poll() is None:
                 os.killpg(p.pid, 15)
                 p.wait(30)
+        logs = {r: (w / "log").read_text() for r, (_, w) in procs.items()}
     for text in logs.values():
         assert "Read-only file system" not in text and "Permission denied" not in text
     assert '"event": "registered"' in logs["env"] and '"event": "submitted"' in logs["env"]

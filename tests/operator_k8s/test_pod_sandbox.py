@@ -5,11 +5,13 @@ container runtime is acted out by tests/helpers/pod_sandbox.py (mount namespaces
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import signal
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
@@ -18,7 +20,7 @@ from grpojob.api import parse
 from grpojob.local.processes import free_port
 from grpojob_operator import children
 from grpojob_operator import names as n
-from tests.helpers import pod_sandbox
+from tests.helpers import pod_sandbox, statefulset
 
 from .conftest import job_manifest
 
@@ -42,15 +44,23 @@ def cluster_job(tiny_dir, tmp_path):
     kids = {o["kind"]: o for o in children.build(parse(m), namespace="ml")}
     network = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()),
                plan.ENV_SYNC_ADDR: f"127.0.0.1:{free_port()}"}
-    return kids, {"models": models}, network
+    # trainer pod 0's checkpoint claim (from the StatefulSet's claim template): an empty volume as
+    # the kubelet hands it over under the pod's fsGroup: owned by that group, setgid, group-writable
+    # (https://kubernetes.io/docs/tasks/configure-pod-container/security-context/#set-the-security-context-for-a-pod)
+    ckpt = tmp_path / "claims" / "checkpoints"
+    ckpt.mkdir(parents=True)
+    os.chown(ckpt, 0, n.RUNTIME_UID)
+    ckpt.chmod(0o2775)
+    (claim,) = statefulset.claims(kids["StatefulSet"], 0)
+    return kids, {"models": models, claim["metadata"]["name"]: ckpt}, network
 
 
 SECRETS = {n.token_name("t"): {auth.TOKEN_KEY: auth.generate()}}  # what the operator puts in the job's Secret
 
 
 def run(kids, claims, network, tmp_path, role, *, drop_mount: str = ""):
-    kind = "StatefulSet" if role == "trainer" else "Deployment"
-    pod = copy.deepcopy(kids[kind]["spec"]["template"]["spec"])
+    pod = statefulset.pod_spec(kids["StatefulSet"], 0) if role == "trainer" else \
+        copy.deepcopy(kids["Deployment"]["spec"]["template"]["spec"])
     if drop_mount:
         c = pod["containers"][0]
         c["volumeMounts"] = [m for m in c["volumeMounts"] if m["name"] != drop_mount]
@@ -71,24 +81,45 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
+def wait_completed(port: int, token: str, procs: list[subprocess.Popen], logs: list, timeout: float = 420) -> dict:
+    """The trainer's /status once it says "completed" (a completed trainer stays up until its pod
+    is stopped); fails when a process dies first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        dead = [(p, log) for p, log in zip(procs, logs) if p.poll() is not None]
+        assert not dead, f"exit {dead[0][0].poll()}:\n{dead[0][1].read_text()[-3000:]}"
+        try:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers=auth.Auth(token).headers())
+            with urllib.request.urlopen(req, timeout=5) as r:
+                doc = json.loads(r.read())
+            if doc["phase"] == "completed":
+                return doc
+        except OSError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"not completed in {timeout}s:\n{logs[0].read_text()[-3000:]}")
+
+
 def test_trainer_and_rollout_pods_train_under_the_restricted_pod_security(cluster_job, tmp_path):
     kids, claims, network = cluster_job
     rollout, rwork = run(kids, claims, network, tmp_path, "rollout")
     trainer, twork = run(kids, claims, network, tmp_path, "trainer")
+    port = json.loads(kids["ConfigMap"]["data"][plan.CONFIG_FILE])["spec"]["trainer"]["port"]
     try:
-        deadline = time.monotonic() + 420
-        while trainer.poll() is None and rollout.poll() is None and time.monotonic() < deadline:
-            time.sleep(1)
+        done = wait_completed(port, SECRETS[n.token_name("t")][auth.TOKEN_KEY], [trainer, rollout],
+                              [twork / "log", rwork / "log"])
+        assert done["step"] == 2 and done["weightsInSync"] is True
+        asked = time.monotonic()
+        stop(trainer)  # the kubelet's SIGTERM when the operator scales the job down
+        assert time.monotonic() - asked < 20, "a completed trainer stops at once"
         tlog, rlog = (twork / "log").read_text(), (rwork / "log").read_text()
-        assert rollout.poll() is None, f"the rollout pod died:\n{rlog[-3000:]}"
-        assert trainer.poll() == 0, f"trainer exit {trainer.poll()}:\n{tlog[-3000:]}"
     finally:
         stop(trainer)
         stop(rollout)
     for text in (tlog, rlog):
         assert "Read-only file system" not in text and "Permission denied" not in text
-    # It wrote where its pod lets it: checkpoints and metrics on their volumes, owned by the runtime user.
-    ckpt = twork / "volumes" / "grpojob-checkpoints"
+    # It wrote where its pod lets it: checkpoints on its claim, metrics on their volume, owned by the runtime user.
+    ckpt = claims[statefulset.claims(kids["StatefulSet"], 0)[0]["metadata"]["name"]]
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) >= ["step-000001", "step-000002"]
     metrics = twork / "volumes" / "grpojob-run" / "metrics.jsonl"
     assert len(metrics.read_text().splitlines()) == 2

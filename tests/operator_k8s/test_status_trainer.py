@@ -1,5 +1,6 @@
 """What the trainer's report (or its absence) does to a job, as pure functions: reachability,
-progress, suspending a trainer that does not answer, completion, condition times."""
+progress (never backwards), suspending a trainer that does not answer, completion (from /status or
+the termination message), rollout engine failures, condition times."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,7 +8,7 @@ from datetime import timedelta
 from grpojob.api import TrainerStatus
 from grpojob.api.status import CONDITION_TYPES, RolloutLag
 from grpojob_operator.children import Scale
-from grpojob_operator.status import Event, initial_status, transitions, with_suspend_request
+from grpojob_operator.status import Event, PodView, initial_status, transitions, with_suspend_request
 
 from .test_status import T0, cond, job, pods, running_status, step
 
@@ -134,3 +135,65 @@ def test_completion_needs_the_trainer_at_its_last_step():
     done = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
                 trainer=TrainerStatus(phase="completed", step=20, total_steps=20), ledger=d.ledger)
     assert done.status.phase == "Succeeded"
+
+
+def test_a_report_behind_the_status_is_held_back_until_the_trainer_catches_up():
+    """A restarted trainer says step 0 while it loads, then its checkpoint's step (older than its
+    last report): progress stays at the last step reported, then moves on from there."""
+    j = job()
+    d = step(j, running_status(j).status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+             trainer=TrainerStatus(phase="running", step=12, total_steps=20, reward_mean=0.7))
+    seen = []
+    for t in (TrainerStatus(phase="starting", step=0), TrainerStatus(phase="running", step=10, reward_mean=0.1),
+              TrainerStatus(phase="running", step=12, reward_mean=0.2),
+              TrainerStatus(phase="running", step=13, reward_mean=0.3)):
+        d = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=t, ledger=d.ledger)
+        seen.append((d.status.progress.step, d.status.progress.reward_mean))
+    assert seen == [(12, 0.7), (12, 0.7), (12, 0.2), (13, 0.3)]
+
+
+def test_completion_read_from_pod_zeros_termination_message():
+    j = job(runPolicy={"backoffLimit": 0})
+    d = running_status(j)  # last report: step 3 of 20
+    ended = PodView("j-trainer-0", "trainer-0", "trainer", phase="Running", restarts=1, completed_step=20,
+                    message="trainer exited 1 (Error)")
+    done = step(j, d.status, tp=[ended, *pods("trainer", 2)[1:]], rp=pods("rollout", 2), error=UNREACHABLE,
+                ledger=d.ledger)
+    assert done.status.phase == "Succeeded" and done.status.restarts == 0
+    assert done.status.progress.step == 20 and done.status.message == "trained 20/20 steps"
+    short = PodView("j-trainer-0", "trainer-0", "trainer", phase="Running", restarts=1, completed_step=19)
+    assert step(j, d.status, tp=[short], rp=pods("rollout", 2), ledger=d.ledger).status.phase != "Succeeded"
+    other = PodView("j-trainer-1", "trainer-1", "trainer", phase="Running", completed_step=20)  # not the leader
+    assert step(j, d.status, tp=[pods("trainer", 1)[0], other], rp=pods("rollout", 2)).status.phase != "Succeeded"
+
+
+def test_a_rollout_engine_failure_is_one_event_per_restart_and_no_failure():
+    j = job()
+    d = running_status(j)
+    broken = PodView("j-rollout-0", "rollout-0", "rollout", phase="Running", ready=True, restarts=1,
+                     engine_failure="CUDA error: out of memory")
+    first = step(j, d.status, tp=pods("trainer", 2), rp=[broken, pods("rollout", 2)[1]], ledger=d.ledger)
+    assert first.events == [Event("Warning", "EngineFailed", "j-rollout-0: CUDA error: out of memory")]
+    assert first.status.phase == "Running" and first.status.restarts == 0
+    again = step(j, first.status, tp=pods("trainer", 2), rp=[broken, pods("rollout", 2)[1]], ledger=first.ledger)
+    assert again.events == []
+    twice = PodView(**{**broken.__dict__, "restarts": 2})
+    assert [e.reason for e in step(j, again.status, tp=pods("trainer", 2), rp=[twice], ledger=again.ledger).events] \
+        == ["EngineFailed"]
+
+
+def test_suspending_ephemeral_checkpoints_is_refused_once_a_trainer_has_run():
+    eph = {"storage": "ephemeral"}
+    fresh = step(job(checkpoint=eph, runPolicy={"suspend": True}), initial_status(T0))
+    assert fresh.status.phase == "Suspended"  # nothing ran: nothing to lose (a queue creates jobs suspended)
+    assert [e.reason for e in fresh.events] == ["SpecWarning"]  # once per spec generation
+    d = running_status(job(checkpoint=eph))
+    refused = step(job(checkpoint=eph, runPolicy={"suspend": True}), d.status, tp=pods("trainer", 2),
+                   rp=pods("rollout", 2), trainer=TrainerStatus(phase="running", step=4), ledger=d.ledger)
+    c = cond(refused.status, "Suspended")
+    assert (c.status, c.reason) == ("False", "SuspendRefused") and "ephemeral" in c.message
+    assert refused.scale == Scale(2, 2) and not refused.request_suspend and refused.status.phase == "Running"
+    assert [e.reason for e in transitions(d.status, refused.status) if e.type == "Warning"] == ["SuspendRefused"]
+    back = step(job(checkpoint=eph), refused.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+                ledger=refused.ledger)
+    assert cond(back.status, "Suspended").reason == "NotSuspended"

@@ -55,8 +55,9 @@ def test_checkpoints_are_hf_models_keep_last_and_final_model(tiny_dir, tmp_path)
         assert r["wait_seconds"] == pytest.approx(r["stage_seconds"]["generate"], abs=1e-6)
         assert r["groups_in_flight"] == 0
         assert r["weight_sync_backend"] == "inprocess" and len(r["sample_ids"]) == 8
-    assert [r["published"] for r in records] == [True, True, False]  # no push after the last step
+    assert [r["published"] for r in records] == [True, True, True]  # the last step too: rollouts end in sync
     assert records[1]["rollouts"] == [{"replica": "in-process", "version": 2, "lag": 0}]
+    assert records[2]["rollouts"] == [{"replica": "in-process", "version": 3, "lag": 0}]
 
 
 def test_newest_complete_checkpoint_wins(tmp_path):

@@ -1,5 +1,6 @@
 """`grpojob trainer` as the plan starts it: torchrun, the env-var contract, the leader endpoint;
-suspend over HTTP and by SIGTERM (checkpoint, exit 0), resume, completion, and failure."""
+suspend over HTTP and by SIGTERM (checkpoint, exit 0), resume, completion (held until asked to
+stop), a restart after completion, and failure."""
 import json
 import os
 import signal
@@ -86,13 +87,34 @@ def test_suspend_over_http_then_sigterm_then_resume_to_completion(tiny_dir, tmp_
     assert checkpoint.latest(tmp_path / "ck").name == f"step-{len(steps):06d}"
     assert '"message": "SIGTERM' in second.log.read_text()  # structured (json) logs
 
-    # finish: a job with fewer steps left resumes and completes, writing the final model
+    # finish: a job with fewer steps left resumes and completes, writing the final model; then it
+    # stays up saying so (a StatefulSet would restart it, had it exited) until asked to stop
     short = make_job(tiny_dir, training={"steps": len(steps) + 2}, checkpoint={"everySteps": 1000})
     (tmp_path / CONFIG_FILE).write_text(render_config(short))
     third = procs(cmd, env, tmp_path / "third.log")
-    assert third.wait() == 0, third.tail()
+    done = _wait_status(port, env, third, lambda d: d["phase"] == "completed")
+    assert done["step"] == len(steps) + 2 and done["weightsInSync"] is True  # the last step pushed too
     assert [r["step"] for r in _records(tmp_path)][-2:] == [len(steps) + 1, len(steps) + 2]
     assert (tmp_path / "final-model" / "model.safetensors").is_file()
+    time.sleep(2)
+    assert third.p.poll() is None, "a completed trainer exited on its own"
+    # POST /suspend (or SIGTERM) ends it: every rank exits 0, so torchrun does too
+    urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/suspend", method="POST", data=b"",
+                                                  headers=_bearer(env)), timeout=5).close()
+    assert third.wait(30) == 0, third.tail()
+
+    # restarted anyway (the kubelet restarts a container that exits 0): completed at once, from the
+    # final checkpoint, nothing trained or saved again; SIGTERM ends it at once with exit 0
+    final = checkpoint.latest(tmp_path / "ck")
+    saved = final.stat().st_mtime_ns
+    fourth = procs([sys.executable, "-m", "grpojob", "trainer"], env, tmp_path / "fourth.log")
+    assert _wait_status(port, env, fourth, lambda d: d["phase"] == "completed")["step"] == len(steps) + 2
+    fourth.p.send_signal(signal.SIGTERM)
+    asked = time.monotonic()
+    assert fourth.wait(30) == 0, fourth.tail()
+    assert time.monotonic() - asked < 10
+    assert len(_records(tmp_path)) == len(steps) + 2
+    assert checkpoint.latest(tmp_path / "ck") == final and final.stat().st_mtime_ns == saved
 
 
 def test_bad_model_path_fails_with_the_field_named(tiny_dir, tmp_path, procs):

@@ -18,7 +18,7 @@ _BAD_WHEN_TRUE = {"Failed", "InvalidSpec"}
 _BAD_WHEN_LOST = {"TrainerReady", "RolloutReady", "WeightsInSync", "TrainerReachable"}
 # Reasons that are a warning whatever the status, and whose message is news each time it changes.
 WARNING_REASONS = {"ChildError", "OptionalChildSkipped", "Unreachable", "CheckpointTimeout", "TrainerStopped",
-                   "CheckpointRequestFailed"}
+                   "CheckpointRequestFailed", "SuspendRefused"}
 _UNKNOWN_AT_START = {"WeightsInSync", "TrainerReachable"}
 _EXPECTED_LOSS = {"ScaledDown", "NotRunning"}  # pods scaled away on purpose (suspend, cleanup)
 

@@ -6,16 +6,18 @@ outcome of its actions with `with_children` and `with_suspend_request`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional, Sequence
 
 from grpojob.api import FieldError, GRPOJob, GRPOJobStatus
+from grpojob.api.validate import warnings as spec_warnings
 
 from ..children import Scale
 from . import suspend as suspension
-from .conditions import Conditions, iso, parse_time
-from .observe import Observation, count_restarts, last_failure, leader_exited_cleanly, plugin_failure, ready_count
+from .conditions import Conditions, Event, iso, parse_time
+from .observe import (Observation, count_restarts, engine_failures, last_failure, leader_completed,
+                      leader_exited_cleanly, plugin_failure, ready_count)
 from .progress import progress, trainer_conditions
 from .readiness import readiness
 
@@ -30,6 +32,8 @@ class Decision:
     ledger: dict[str, int]
     request_suspend: bool = False  # POST /suspend to the trainer leader
     delete_job: bool = False  # ttlSecondsAfterFinished has passed
+    # Events that are no condition's transition: a rollout engine that failed, a spec's warnings.
+    events: list[Event] = field(default_factory=list)
 
 
 def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
@@ -51,26 +55,32 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
     trainer_conditions(conds, obs)
     ledger_before = dict(obs.ledger)
     delta, ledger = count_restarts(ledger_before, obs.trainer_pods)
+    broken, seen = engine_failures(ledger_before, obs.rollout_pods)  # the kubelet restarts them: no failure
+    ledger.update(seen)
+    events = [Event("Warning", "EngineFailed", message) for message in broken]
+    if generation is not None and prev.observed_generation != generation:  # once per spec generation
+        events += [Event("Warning", "SpecWarning", str(w)) for w in spec_warnings(job)]
 
     def finish(scale: Scale, **kw) -> Decision:
         readiness(conds, st, obs, scale)
         conds.set("Running", st.phase == "Running", st.phase)
         conds.write()
-        return Decision(st, scale, ensure_children=True, ledger=ledger, **kw)
+        return Decision(st, scale, ensure_children=True, ledger=ledger, events=events, **kw)
 
     # Finished jobs: keep the outcome, clean up, and go away after the TTL.
     if st.phase in TERMINAL:
         return finish(_cleanup_scale(job), delete_job=_ttl_passed(job, st, now))
 
     spec = job.spec
-    suspending = spec.run_policy.suspend or conds.is_("Suspended") or \
-        conds.is_("Suspended", "Unknown", suspension.CHECKPOINTING)
+    # A suspend that would lose the checkpoints (checkpoint.storage: ephemeral) is refused.
+    suspend = spec.run_policy.suspend and not suspension.refuse_ephemeral(conds, st, obs, job)
+    suspending = suspend or conds.is_("Suspended") or conds.is_("Suspended", "Unknown", suspension.CHECKPOINTING)
     completed = not suspending and _completed(job, st, obs, ledger_before)
     # Trainer failures count against backoffLimit, except exits asked for by a suspend.
     if not (suspending or completed):
         st.restarts += delta
 
-    if spec.run_policy.suspend:
+    if suspend:
         step = suspension.suspend(conds, st, obs, ledger_before, suspend_timeout)
         if step.done:
             st.phase, st.message = "Suspended", "suspended: resume with spec.runPolicy.suspend=false"
@@ -82,7 +92,8 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
         conds.set("Suspended", False, "Resumed", "resuming from the newest checkpoint")
         st.start_time = None  # like a Kubernetes Job, the active deadline restarts on resume
         st.phase = "Pending"
-    elif conds.get("Suspended").reason == "Pending":
+    elif conds.get("Suspended").reason == "Pending" or (
+            conds.is_("Suspended", "False", suspension.REFUSED) and not spec.run_policy.suspend):
         conds.set("Suspended", False, "NotSuspended")
 
     scale = Scale(spec.trainer.replicas, spec.rollout.replicas)
@@ -104,6 +115,7 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
         return finish(_cleanup_scale(job))
     if completed:
         st.phase, st.completion_time = "Succeeded", iso(now)
+        st.progress.step = max(st.progress.step, spec.training.steps)  # the word may come before a report of it
         st.message = f"trained {st.progress.step}/{st.progress.total_steps} steps"
         conds.set("Succeeded", True, "Completed", st.message)
         return finish(_cleanup_scale(job))
@@ -112,13 +124,16 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
 
 
 def _completed(job: GRPOJob, st: GRPOJobStatus, obs: Observation, ledger_before: dict[str, int]) -> bool:
-    """The trainer's own word that it reached training.steps: its /status says completed at the
-    last step, or pod 0 exited 0 after its last report said it was at the last step (a look
-    between polls may miss "completed": the StatefulSet restarts the container). A clean exit
-    short of the last step (a restart, a crash that exits 0) is not success."""
+    """The trainer's own word that it reached training.steps, from any of: its /status says
+    completed at the last step (a finished trainer stays up saying so until scaled down); pod 0's
+    termination message says so (however the container ended since: a look between polls sees
+    only what the kubelet kept); pod 0 exited 0 after its last report said it was at the last
+    step. A clean exit short of the last step (a restart, a crash that exits 0) is not success."""
     steps = job.spec.training.steps
     t = obs.trainer
     if t is not None and t.phase == "completed" and t.step >= steps:
+        return True
+    if leader_completed(obs.trainer_pods, steps):
         return True
     return leader_exited_cleanly(ledger_before, obs.trainer_pods) and st.progress.step >= steps
 

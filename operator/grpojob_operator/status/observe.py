@@ -13,7 +13,7 @@ class PodView:
     """The parts of a pod the operator reads (kept in kopf's in-memory index)."""
     name: str
     uid: str
-    role: str  # trainer | rollout
+    role: str  # trainer | rollout | environment
     phase: str = "Pending"
     ready: bool = False
     restarts: int = 0  # container restarts
@@ -23,6 +23,11 @@ class PodView:
     # A runtime process that could not load the job's user code: (reason, message) from its
     # termination message (grpojob.api.plugins.parse_failure), e.g. PluginImportFailed.
     failure: Optional[tuple[str, str]] = None
+    # Trainer: the final step its termination message reports (plugins.parse_completion): written
+    # when training completed, read however the container ended since.
+    completed_step: Optional[int] = None
+    # Rollout: the engine's error its last run ended with (plugins.parse_engine_failure).
+    engine_failure: Optional[str] = None
 
     @property
     def failures(self) -> int:
@@ -42,6 +47,7 @@ class Observation:
     trainer: Optional[TrainerStatus] = None  # the leader's /status, None when not read
     trainer_error: str = ""  # why /status could not be read ("" when it was not tried)
     ledger: Mapping[str, int] = field(default_factory=dict)  # pod uid -> failures already counted
+    environment_pods: Sequence[PodView] = ()  # spec.environments' pods (their spec.code install may fail)
 
     @property
     def polled(self) -> bool:
@@ -67,9 +73,26 @@ def count_restarts(ledger: Mapping[str, int], pods: Iterable[PodView]) -> tuple[
     return delta, new_ledger
 
 
+def engine_failures(ledger: Mapping[str, int], pods: Iterable[PodView]) -> tuple[list[str], dict[str, int]]:
+    """Rollout servers restarted since the ledger whose last run ended with an engine failure
+    ("<pod>: <error>", one per pod and look), and the ledger's entries for these pods. The kubelet
+    restarts them; each termination is reported once (the ledger outlives the operator)."""
+    out, new_ledger = [], {}
+    for p in pods:
+        if p.failures > ledger.get(p.uid, 0) and p.engine_failure:
+            out.append(f"{p.name}: {p.engine_failure}")
+        new_ledger[p.uid] = max(p.failures, ledger.get(p.uid, 0))
+    return out, new_ledger
+
+
 def leader_exited_cleanly(ledger: Mapping[str, int], pods: Iterable[PodView]) -> bool:
     """Trainer pod 0 ran to its end with exit code 0 since the last look (its StatefulSet restarts it)."""
     return any(p.leader and p.clean_exit and p.failures > ledger.get(p.uid, 0) for p in pods)
+
+
+def leader_completed(pods: Iterable[PodView], steps: int) -> bool:
+    """Trainer pod 0's termination message says training completed at its last step."""
+    return any(p.leader and p.completed_step is not None and p.completed_step >= steps for p in pods)
 
 
 def ready_count(pods: Sequence[PodView]) -> int:
@@ -86,15 +109,15 @@ def leader_ready(pods: Sequence[PodView]) -> bool:
 
 
 def plugin_failure(obs: Observation) -> Optional[tuple[str, str]]:
-    """(reason, message) when a trainer or rollout process said it cannot load the job's user
-    code (it fails the same way on every restart), from the leader's /status or a pod's
+    """(reason, message) when a trainer, rollout or environment process said it cannot load the
+    job's user code (it fails the same way on every restart), from the leader's /status or a pod's
     termination message; None otherwise."""
     t = obs.trainer
     if t is not None and t.phase == "failed":
         found = plugins.parse_failure(t.message)
         if found:
             return found
-    for p in (*obs.trainer_pods, *obs.rollout_pods):
+    for p in (*obs.trainer_pods, *obs.rollout_pods, *obs.environment_pods):
         if p.failure and not p.deleting:
             reason, message = p.failure
             return reason, f"{p.name}: {message}"

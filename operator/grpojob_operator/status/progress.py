@@ -12,9 +12,13 @@ from .observe import Observation, leader_ready
 
 
 def progress(prev: Progress, t: Optional[TrainerStatus], job: GRPOJob) -> Progress:
-    """The trainer's numbers when it answered, else the last ones; the step count from the spec."""
+    """The trainer's numbers when it answered, else the last ones; the step count from the spec.
+
+    Progress never goes back: a trainer that restarted reports step 0 until it has loaded its
+    checkpoint, then the checkpoint's step, which may be older than the last step it reported.
+    Such a report is held back until the trainer has caught up."""
     total = (t.total_steps if t is not None else 0) or prev.total_steps or job.spec.training.steps
-    if t is None:
+    if t is None or t.step < prev.step:
         return prev.model_copy(update={"total_steps": total})
     return Progress(step=t.step, total_steps=total, policy_version=t.policy_version, reward_mean=t.reward_mean,
                     kl=t.kl, tokens_per_second=t.tokens_per_second, last_checkpoint_step=t.last_checkpoint_step,

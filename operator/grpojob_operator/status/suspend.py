@@ -10,13 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from grpojob.api import GRPOJobStatus
+from grpojob.api import GRPOJob, GRPOJobStatus
+from grpojob.api.spec import EPHEMERAL
 
 from .conditions import Conditions, parse_time
 from .observe import Observation, leader_exited_cleanly, leader_up
 
 CHECKPOINTING = "Checkpointing"
 ASKED = "asked the trainer to checkpoint and stop"
+REFUSED = "SuspendRefused"
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,23 @@ def suspend(conds: Conditions, st: GRPOJobStatus, obs: Observation, ledger_befor
         return SuspendStep(done=False, request=t is None or t.phase != "checkpointing")
     conds.set("Suspended", True, "Suspended", "no trainer was running: nothing to checkpoint")
     return SuspendStep(done=True)
+
+
+def refuse_ephemeral(conds: Conditions, st: GRPOJobStatus, obs: Observation, job: GRPOJob) -> bool:
+    """A job whose checkpoints live in an emptyDir (spec.checkpoint.storage: ephemeral) would lose
+    them with its pods (an emptyDir is deleted with its pod): its suspend is refused, with the
+    reason, once a trainer has run (before, there is nothing to lose; a queue such as Kueue creates
+    jobs suspended). True when refused."""
+    if job.spec.checkpoint.storage != EPHEMERAL or conds.is_("Suspended") or \
+            conds.is_("Suspended", "Unknown", CHECKPOINTING):
+        return False
+    if st.start_time is None and not leader_up(obs.trainer_pods):
+        return False
+    conds.set("Suspended", False, REFUSED, "suspend refused: spec.checkpoint.storage is ephemeral, an emptyDir "
+              "deleted with the trainer pod when suspend scales it to zero, so the job would resume from step 0; "
+              "set spec.runPolicy.suspend back to false (to suspend, create the job with checkpoint.storage "
+              "persistent or checkpoint.volumeClaim)")
+    return True
 
 
 def _asking(conds: Conditions, message: str) -> None:

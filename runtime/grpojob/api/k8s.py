@@ -27,6 +27,11 @@ _TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a numbe
                "object": "an object", "array": "a list"}
 
 
+def pattern_message(pattern: str) -> str:
+    """What a value that does not match `pattern` should be (a quantity's pattern, said in words)."""
+    return _QUANTITY_HINT if "KMGTPE" in pattern else f"must match {pattern}"
+
+
 @lru_cache(maxsize=1)
 def vendored() -> dict[str, Any]:
     return json.loads(SCHEMAS_FILE.read_text())
@@ -163,7 +168,7 @@ def _messages(err: Any, root: dict[str, Any]) -> Iterator[tuple[str, str]]:
     elif kind == "anyOf":  # x-kubernetes-int-or-string
         yield path, "must be an integer or a string"
     elif kind == "pattern":
-        yield path, _QUANTITY_HINT if "KMGTPE" in expected else f"must match {expected}"
+        yield path, pattern_message(expected)
     elif kind == "enum":
         yield path, "must be one of " + ", ".join(map(str, expected))
     elif kind == "x-kubernetes-validations":

@@ -187,9 +187,36 @@ def failure_message(reason: str, errors: Iterable[str]) -> str:
     return "\n".join([reason, *errors])
 
 
-def parse_failure(text: str) -> Optional[tuple[str, str]]:
-    """(reason, message) of a termination message written by failure_message, else None."""
+def parse_message(text: str, reasons: Iterable[str]) -> Optional[tuple[str, str]]:
+    """(reason, message) of a termination message written by failure_message whose reason is one
+    of `reasons`, else None."""
     head, _, rest = (text or "").strip().partition("\n")
-    if head.strip() in FAILURE_REASONS and rest.strip():
+    if head.strip() in tuple(reasons) and rest.strip():
         return head.strip(), "; ".join(line.strip() for line in rest.splitlines() if line.strip())
     return None
+
+
+def parse_failure(text: str) -> Optional[tuple[str, str]]:
+    """(reason, message) of a plug-in failure's termination message, else None."""
+    return parse_message(text, FAILURE_REASONS)
+
+
+def parse_engine_failure(text: str) -> Optional[str]:
+    """The engine's error in a rollout server's termination message (ENGINE_FAILED), else None."""
+    found = parse_message(text, (ENGINE_FAILED,))
+    return found[1] if found else None
+
+
+_COMPLETED_STEP = re.compile(r"^step (\d+)/(\d+)$")
+
+
+def completion_message(step: int, total: int) -> str:
+    """A finished trainer's termination message: TRAINER_COMPLETED, then `step N/TOTAL`."""
+    return failure_message(TRAINER_COMPLETED, [f"step {step}/{total}"])
+
+
+def parse_completion(text: str) -> Optional[int]:
+    """The final step of a completion_message, else None."""
+    found = parse_message(text, (TRAINER_COMPLETED,))
+    m = _COMPLETED_STEP.match(found[1]) if found else None
+    return int(m.group(1)) if m else None

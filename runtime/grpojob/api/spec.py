@@ -270,17 +270,44 @@ class WeightSyncSpec(Model):
                             "(/dev/shm) need the trainer's host (grpojob run); checkpoint: rollouts "
                             "load each version from files on a shared volume.")
     bucket_size_mb: int = field(256, ge=1, description="Flat broadcast bucket size in MiB.")
-    every_steps: int = field(1, ge=1, description="Push weights every N optimizer steps.")
+    every_steps: int = field(1, ge=1, description="Push weights every N optimizer steps, and after the last "
+                             "step (the rollouts end serving the final policy).")
     timeout_seconds: int = field(600, ge=1, description="Timeout of every weight-sync collective.")
 
 
+PERSISTENT, EPHEMERAL = "persistent", "ephemeral"  # checkpoint.storage
+# A Kubernetes resource quantity (the API's own pattern for Quantity).
+QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
 class CheckpointSpec(Model):
-    volume_claim: Optional[str] = field(None, description="PersistentVolumeClaim for checkpoints, mounted at "
-                                        "path in trainer pods (and rollout pods with backend checkpoint).")
+    volume_claim: Optional[str] = field(None, description="An existing PersistentVolumeClaim for checkpoints, "
+                                        "mounted at path in trainer pods (and rollout pods with backend "
+                                        "checkpoint). Unset: storage decides.")
+    storage: Literal["persistent", "ephemeral"] = field(
+        PERSISTENT, description="Where trainer pods keep checkpoints without volumeClaim. persistent: a "
+        "PersistentVolumeClaim per trainer pod (the StatefulSet's volumeClaimTemplates: size, "
+        "storageClassName), kept while the job is suspended and deleted with the job; the cluster needs a "
+        "default StorageClass unless storageClassName names one. ephemeral: an emptyDir, deleted with its "
+        "pod: a restart keeps it, but suspend would lose it, so suspend is refused.")
+    size: str = field("10Gi", description="Size of each trainer pod's checkpoint claim (storage persistent): "
+                      "room for keepLast checkpoints of model and optimizer.", pattern=QUANTITY_PATTERN,
+                      max_length=64)
+    storage_class_name: Optional[str] = field(None, description="StorageClass of the checkpoint claims (storage "
+                                              "persistent); unset: the cluster's default StorageClass.",
+                                              pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
     path: str = field("/checkpoints", description="Checkpoint directory (locally: relative to the run dir).")
     every_steps: int = field(50, ge=1, description="Save every N steps (and always at the end).")
     keep_last: int = field(3, ge=1, description="Keep the newest K checkpoints.")
     resume: bool = field(True, description="Resume from the newest checkpoint when one exists.")
+
+    @model_validator(mode="after")
+    def _storage(self) -> "CheckpointSpec":
+        if self.volume_claim and self.storage == EPHEMERAL:
+            raise invalid("storage", "ephemeral contradicts volumeClaim (checkpoints on that claim); "
+                          "remove one of them")
+        return self
 
 
 class RunPolicy(Model):

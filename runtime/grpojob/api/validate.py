@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from . import k8s, plugins
 from .base import FIELD_ERROR
-from .spec import GRPOJob
+from .spec import EPHEMERAL, GRPOJob
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ def _message(err: dict[str, Any]) -> str:
     if kind == "string_too_long":
         return f"must be at most {ctx.get('max_length')} characters"
     if kind == "string_pattern_mismatch":
-        return f"must match {ctx.get('pattern')}"
+        return k8s.pattern_message(str(ctx.get("pattern")))
     msg = err["msg"]
     return msg.removeprefix("Value error, ")
 
@@ -157,6 +157,17 @@ def check(doc: Any, resolve_plugins: bool = False) -> tuple[Optional[GRPOJob], l
         return None, errors_of(e)
     errors = check_plugins(job) if resolve_plugins else []
     return (None if errors else job), errors
+
+
+def warnings(job: GRPOJob) -> list[FieldError]:
+    """What a valid spec asks for that it may not mean (`grpojob validate` prints these; the
+    operator records each as a Warning Event)."""
+    out = []
+    if job.spec.checkpoint.storage == EPHEMERAL:
+        out.append(FieldError("spec.checkpoint.storage", "ephemeral: checkpoints live in an emptyDir, deleted with "
+                              "the trainer pod; the operator refuses to suspend this job (it would resume from "
+                              "step 0)"))
+    return out
 
 
 def parse(doc: Any, resolve_plugins: bool = False) -> GRPOJob:

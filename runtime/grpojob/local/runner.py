@@ -22,6 +22,7 @@ from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
 from ..api.validate import check_plugins
 from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
+from .completion import TrainerCompletion
 from .processes import Child, free_port, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
 
@@ -140,6 +141,8 @@ class Run:
         self.environments = {c.name for c in self.children if c.env.get(ENV_ROLE) == ENVIRONMENT_ROLE}
         self.progress = Progress(run_dir / "metrics.jsonl", job.spec.training.steps, enabled=progress, out=out)
         self.interrupted: Optional[int] = None
+        self.completion = TrainerCompletion(_endpoints(self.children)["trainer-0"],
+                                            auth.Auth(auth.read_file(token_path(run_dir))))
 
     def _on_signal(self, signum, _frame) -> None:
         if self.interrupted is not None:  # second Ctrl-C: no more patience
@@ -168,6 +171,8 @@ class Run:
             self.progress.update()
             if self.interrupted is not None:
                 return self._interrupt()
+            if self.completion.completed():
+                return self._stop_completed()
             dead = wait_any(watched, timeout=0.5)
             if dead is None:
                 continue
@@ -183,6 +188,18 @@ class Run:
                 continue  # other trainer replicas are finishing
             raise RunError(f"{dead.name} exited with code {code} (log: {dead.log_path}); last lines:\n"
                            + _indent(dead.tail()))
+
+    def _stop_completed(self) -> int:
+        """Training completed: the trainer stays up until asked to stop (as in a pod, where the
+        operator scales it down); ask it (it exits at once, nothing left to save), SIGTERM if it
+        does not answer."""
+        if self.completion.release():
+            _wait_exit(self.trainers, 30)
+        for t in self.trainers:  # those still running
+            t.signal(signal.SIGTERM)
+        _wait_exit(self.trainers, 30)
+        self.progress.update()
+        return 0
 
     def _interrupt(self) -> int:
         print("\ninterrupted: asking the trainer to checkpoint and stop ...", file=self.out)
@@ -234,6 +251,12 @@ def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
     errors = check_plugins(job)
     if errors:
         raise InvalidSpec(errors)
+
+
+def _wait_exit(children: list[Child], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(c.poll() is None for c in children):
+        time.sleep(0.1)
 
 
 def _indent(text: str) -> str:

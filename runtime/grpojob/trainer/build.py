@@ -31,11 +31,15 @@ class TrainerRun:
     loop: Loop
     resumed_from: Optional[Path] = None
 
-    def run(self) -> str:
+    def run(self, hold: bool = False) -> str:
         """The loop to its end (completed or suspended); the rollout side and the trackers are
-        closed either way."""
+        closed either way. hold: once completed, stay up until asked to stop (Loop.hold), the rollout
+        side open so that a rollout server that restarts meanwhile still gets the final weights."""
         try:
-            return self.loop.run()
+            phase = self.loop.run()
+            if phase == "completed" and hold:
+                self.loop.hold()
+            return phase
         finally:
             self.rollouts.close()
             self.loop.callbacks.close()

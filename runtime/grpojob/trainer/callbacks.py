@@ -48,7 +48,13 @@ def check_class(cls) -> Optional[str]:
 
 
 # ---- trackers -------------------------------------------------------------------------------------
-def _need(module: str, tracker: str):
+# The package each spec.monitoring.reportTo value imports (the `trackers` extra provides them all;
+# the runtime image installs it: tests/chart/test_images.py checks both against this table).
+TRACKER_MODULES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
+
+
+def _need(tracker: str):
+    module = TRACKER_MODULES[tracker]
     try:
         return __import__(module)
     except ImportError:
@@ -60,7 +66,7 @@ class TensorBoard(Callback):
     """Scalars as TensorBoard event files in <run dir>/tensorboard."""
 
     def __init__(self, job: GRPOJob, run_dir: Path):
-        _need("tensorboard", "tensorboard")
+        _need("tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), flush_secs=10)
@@ -79,7 +85,7 @@ class WandB(Callback):
     WANDB_MODE says otherwise or WANDB_API_KEY is set; WANDB_PROJECT, WANDB_ENTITY... apply."""
 
     def __init__(self, job: GRPOJob, run_dir: Path):
-        wandb = _need("wandb", "wandb")
+        wandb = _need("wandb")
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
         (run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "grpojob"), name=job.metadata.name,
@@ -100,7 +106,7 @@ class MLflow(Callback):
     (no server, no database; MLflow 3 wants MLFLOW_ALLOW_FILE_STORE for it, set here for that default)."""
 
     def __init__(self, job: GRPOJob, run_dir: Path):
-        self.mlflow = _need("mlflow", "mlflow")
+        self.mlflow = _need("mlflow")
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
             uri = (run_dir / MLRUNS_DIR).resolve().as_uri()

@@ -10,6 +10,10 @@
 Generation runs ahead in the background (up to algorithm.maxStaleness versions), so the loop's
 wait for groups is what remains of generation on the critical path. Suspension (HTTP /suspend,
 SIGTERM) is agreed by every rank at a step boundary: checkpoint, then stop.
+
+The last step publishes too, so the rollouts end on the final policy. A finished run says so
+(/status "completed", and rank 0's termination message) and, in a pod, `hold`s until it is asked
+to stop: a StatefulSet restarts a container that exits, even with code 0.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import failures
 from ..checkpoint import CheckpointManager
 from ..rollout.engine import torch_dtype_name
 from . import dist
@@ -66,8 +71,9 @@ class Loop:
                      last_checkpoint_step=self.checkpoints.last_step)
         if tr.version > 0:  # resumed: the rollouts must serve the resumed policy first
             self.publish()
-        self.source.start()
-        self._status(phase="running")
+        if tr.step < total:  # else resumed from the final checkpoint: nothing to generate or train
+            self.source.start()
+            self._status(phase="running")
         while tr.step < total:
             if self._suspend_agreed():
                 return self._stop()
@@ -76,8 +82,18 @@ class Loop:
             self.checkpoint()
         self.save_final_model()
         self._status(phase="completed", step=tr.step, last_checkpoint_step=self.checkpoints.last_step,
-                     message="training completed")
+                     message="training completed", **self._sync_status())
+        if self.env.is_leader:
+            failures.report_completed(tr.step, total)
         return "completed"
+
+    def hold(self, poll_seconds: float = 1.0) -> None:
+        """After completion: stay up (rank 0 serving /status "completed") until any rank is asked
+        to stop (SIGTERM, POST /suspend); every rank leaves together, with nothing left to save."""
+        while True:
+            self.suspend.wait(poll_seconds)
+            if self._suspend_agreed():
+                return
 
     def train_step(self) -> StepRecord:
         spec, tr = self.spec, self.trainer
@@ -88,18 +104,15 @@ class Loop:
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
         report = None
-        if tr.step % spec.weight_sync.every_steps == 0 and tr.step < spec.training.steps:
-            report = self.publish()
+        if tr.step % spec.weight_sync.every_steps == 0 or tr.step >= spec.training.steps:
+            report = self.publish()  # the last step too: the rollouts end serving the final policy
         t3 = time.perf_counter()
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")
             self.checkpoint()
         t4 = time.perf_counter()
         seconds = t4 - t0
-        rollouts = []
-        if self.publisher is not None:
-            rollouts = [{"replica": s["replica"], "version": s["version"], "lag": tr.version - s["version"]}
-                        for s in self.publisher.servers()]
+        rollouts = self._rollouts()
         parts = {**got.environment_rewards, **prep.reward_parts}  # the spec's rewards, then environments' own
         return StepRecord(
             step=tr.step, policy_version=tr.version, **prep.stats, **stats,
@@ -116,6 +129,20 @@ class Loop:
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
                            "train": round(t2 - t1, 6), "sync": round(t3 - t2, 6), "checkpoint": round(t4 - t3, 6)},
             step_seconds=seconds)
+
+    def _rollouts(self) -> list[dict]:
+        """Every rollout server's version and lag behind the trainer (rank 0; [] elsewhere)."""
+        if self.publisher is None:
+            return []
+        return [{"replica": s["replica"], "version": s["version"], "lag": self.trainer.version - s["version"]}
+                for s in self.publisher.servers()]
+
+    def _sync_status(self) -> dict:
+        """/status's rollout fields as they are now (after the final push, or a resume's)."""
+        if not self.env.is_leader:
+            return {}
+        rollouts = self._rollouts()
+        return {"rollouts": rollouts, "weights_in_sync": _in_sync(rollouts), "policy_version": self.trainer.version}
 
     def checkpoint(self) -> None:
         """Save a checkpoint (collective), then tell the callbacks (rank 0)."""
@@ -150,7 +177,7 @@ class Loop:
         if self.board is not None:
             self.board.observe(doc)
             self._status(phase="running", last_checkpoint_step=self.checkpoints.last_step,
-                         weights_in_sync=all(r["lag"] == 0 for r in record.rollouts) if record.rollouts else None,
+                         weights_in_sync=_in_sync(record.rollouts),
                          **record.status_fields())
         log.info("step %d/%d reward %.3f loss %.4f %.0f tok/s wait %.2fs", record.step, self.spec.training.steps,
                  record.reward_mean or 0.0, record.loss, record.tokens_per_second or 0.0, record.wait_seconds,
@@ -181,3 +208,8 @@ class Loop:
             path = self.run_dir / FINAL_MODEL_DIR
             path.mkdir(parents=True, exist_ok=True)
             self.trainer.export_model(path, state)
+
+
+def _in_sync(rollouts: list[dict]) -> Optional[bool]:
+    """Every rollout server holds the trainer's version (None: no server known)."""
+    return all(r["lag"] == 0 for r in rollouts) if rollouts else None

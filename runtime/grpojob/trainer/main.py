@@ -1,6 +1,13 @@
 """`grpojob trainer`: one rank under torchrun (or a lone process). Reads the job from
 GRPOJOB_CONFIG, joins the process group, serves the leader endpoint on rank 0, trains, and exits
-0 when completed or suspended (POST /suspend or SIGTERM), non-zero on failure."""
+0 when suspended (POST /suspend or SIGTERM), non-zero on failure.
+
+A completed trainer does not exit on its own: it stays up, /status saying "completed", until
+SIGTERM (or POST /suspend), then exits 0 at once. In a pod the StatefulSet would restart a
+container that exits, even with code 0 (restartPolicy Always), so the operator, which scales the
+job down once it reads "completed", is the one to end it; `grpojob run` does the same. A
+completed trainer that is restarted anyway resumes from its final checkpoint, trains nothing,
+and says "completed" again."""
 from __future__ import annotations
 
 import argparse
@@ -49,7 +56,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
     suspend = threading.Event()
 
     def on_sigterm(signum, frame) -> None:
-        log.info("SIGTERM: finishing the step, then checkpoint and stop")
+        log.info("SIGTERM: finishing the step, then checkpoint and stop (at once when completed)")
         suspend.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -71,7 +78,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
                     listen_host=_listen_host(), board=board, suspend=suspend, auth=auth)
         if server is not None:
             server.mount_trajectories(run.trajectory_api())
-        phase = run.run()
+        phase = run.run(hold=True)
         log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True
         return 0

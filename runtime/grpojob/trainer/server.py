@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import auth as authmod
 from .. import prom
-from ..api.status import TrainerStatus
+from ..api.status import RolloutLag, TrainerStatus
 from ..metrics_names import TRAINER
 from ..plan import TRAJECTORY_PREFIX
 
@@ -45,6 +45,8 @@ class StatusBoard:
         self.suspend_requested = threading.Event()
 
     def update(self, **fields: Any) -> None:
+        if "rollouts" in fields:  # the loop's plain dicts, as the model holds them
+            fields["rollouts"] = [RolloutLag.model_validate(r) for r in fields["rollouts"]]
         with self._lock:
             self.status = self.status.model_copy(update=fields)
         self._mirror(fields)

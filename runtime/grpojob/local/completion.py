@@ -1,0 +1,37 @@
+"""Whether a local run's trainer has finished: its leader's /status says "completed".
+
+A finished trainer does not exit on its own (in a pod its StatefulSet would restart it: see
+grpojob.trainer.main); `grpojob run` reads /status and then asks it to stop with POST /suspend
+(every rank exits 0, torchrun too), where the operator scales the pods down (SIGTERM).
+"""
+from __future__ import annotations
+
+import json
+import urllib.request
+
+from ..auth import Auth
+
+
+class TrainerCompletion:
+    """Asks trainer-0 (with the run's token) whether training completed, and to stop then."""
+
+    def __init__(self, url: str, auth: Auth, timeout: float = 2.0):
+        self.url, self.auth, self.timeout = url.rstrip("/"), auth, timeout
+
+    def completed(self) -> bool:
+        req = urllib.request.Request(f"{self.url}/status", headers=self.auth.headers())
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                return json.loads(r.read()).get("phase") == "completed"
+        except (OSError, ValueError):  # not up yet, restarting, or between answers: ask again later
+            return False
+
+    def release(self) -> bool:
+        """Ask a completed trainer to stop (POST /suspend: it has nothing left to save); False when
+        it did not take the request."""
+        req = urllib.request.Request(f"{self.url}/suspend", method="POST", data=b"", headers=self.auth.headers())
+        try:
+            urllib.request.urlopen(req, timeout=self.timeout).close()
+            return True
+        except OSError:
+            return False
