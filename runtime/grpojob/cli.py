@@ -82,7 +82,7 @@ def _trainer() -> Command:
 
 
 def _rollout() -> Command:
-    from .rollout.server import main
+    from .rollout.process import main
     return main
 
 

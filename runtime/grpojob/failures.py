@@ -1,21 +1,28 @@
-"""How a runtime process that cannot load the job's user code says so, where the operator looks.
+"""How a runtime process says why it stopped, where the operator (and `grpojob run`) look.
 
 A plug-in that does not import (or pip requirements that do not install) will fail the same way on
 every restart: the process writes the reason and the field-path errors to the kubelet's
 termination message (the operator reads it from the pod's status and fails the job with that
-reason, instead of letting the pod crash-loop) and to its log, then exits 1.
+reason, instead of letting the pod crash-loop) and to its log, then exits 1. A rollout server whose
+engine broke writes plugins.ENGINE_FAILED the same way and exits 1: not the job's failure, the
+pod is restarted and the operator records the message in an Event.
+
+`grpojob run` points each process at a file of its own (GRPOJOB_TERMINATION_LOG) and reads it
+when the process exits, as the kubelet reads terminationMessagePath.
 """
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from .api import FieldError, InvalidSpec, plugins
 
 log = logging.getLogger("grpojob")
 
 TERMINATION_LOG = Path("/dev/termination-log")  # the kubelet's default terminationMessagePath
+ENV_TERMINATION_LOG = "GRPOJOB_TERMINATION_LOG"  # another path (grpojob run: one file per process)
 _MAX_BYTES = 4096  # the kubelet keeps at most 4 KiB of a termination message
 
 
@@ -29,9 +36,19 @@ def report(reason: str, errors: Sequence[FieldError | str]) -> str:
     """Log the failure and leave it as the container's termination message; returns the message."""
     text = plugins.failure_message(reason, [str(e) for e in errors])
     log.error("%s: %s", reason, "; ".join(str(e) for e in errors))
-    if TERMINATION_LOG.exists():  # in a pod (a local run has none: its errors come from `grpojob run`)
+    named = os.environ.get(ENV_TERMINATION_LOG)
+    path = Path(named) if named else TERMINATION_LOG
+    if named or path.exists():  # in a pod, or asked for (a bare process elsewhere has none)
         try:
-            TERMINATION_LOG.write_bytes(text.encode()[:_MAX_BYTES])
+            path.write_bytes(text.encode()[:_MAX_BYTES])
         except OSError as e:
-            log.warning("cannot write the termination message %s: %s", TERMINATION_LOG, e)
+            log.warning("cannot write the termination message %s: %s", path, e)
     return text
+
+
+def read(path: Path) -> Optional[tuple[str, str]]:
+    """(reason, message) of the termination message in `path`, or None."""
+    try:
+        return plugins.parse_message(path.read_text(errors="replace"))
+    except OSError:
+        return None

@@ -183,9 +183,15 @@ def failure_message(reason: str, errors: Iterable[str]) -> str:
     return "\n".join([reason, *errors])
 
 
-def parse_failure(text: str) -> Optional[tuple[str, str]]:
-    """(reason, message) of a termination message written by failure_message, else None."""
+def parse_message(text: str) -> Optional[tuple[str, str]]:
+    """(reason, message) of any termination message written by failure_message, else None."""
     head, _, rest = (text or "").strip().partition("\n")
-    if head.strip() in FAILURE_REASONS and rest.strip():
+    if head.strip() and rest.strip():
         return head.strip(), "; ".join(line.strip() for line in rest.splitlines() if line.strip())
     return None
+
+
+def parse_failure(text: str) -> Optional[tuple[str, str]]:
+    """(reason, message) of a termination message that fails the job (FAILURE_REASONS), else None."""
+    found = parse_message(text)
+    return found if found and found[0] in FAILURE_REASONS else None
