@@ -71,7 +71,10 @@ class Loop:
         while tr.step < total:
             if self._suspend_agreed():
                 return self._stop()
-            self.emit(self.train_step())
+            record = self.train_step()
+            if record is None:  # suspended while waiting for the step's groups
+                return self._stop()
+            self.emit(record)
         if self.checkpoints.last_step != tr.step:
             self.checkpoint()
         self.save_final_model()
@@ -79,10 +82,14 @@ class Loop:
                      message="training completed")
         return "completed"
 
-    def train_step(self) -> StepRecord:
+    def train_step(self) -> Optional[StepRecord]:
+        """One step; None when a suspend came while its groups were not all there (generation
+        stalled: a suspend must not wait for it)."""
         spec, tr = self.spec, self.trainer
         t0 = time.perf_counter()
-        got = self.source.next_step()
+        got = self.source.next_step(self.suspend)
+        if got is None:
+            return None
         t1 = time.perf_counter()
         prep, stats = tr.step_training(got.groups)
         extra = stats.pop("extra", {})

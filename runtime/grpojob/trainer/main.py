@@ -1,6 +1,8 @@
 """`grpojob trainer`: one rank under torchrun (or a lone process). Reads the job from
 GRPOJOB_CONFIG, joins the process group, serves the leader endpoint on rank 0, trains, and exits
-0 when completed or suspended (POST /suspend or SIGTERM), non-zero on failure."""
+0 when completed or suspended (POST /suspend, SIGTERM, or its parent's death: grpojob.lifeline),
+non-zero on failure. A suspend does not wait for a stalled generation: the step waiting for its
+groups is given up and the last finished step is checkpointed."""
 from __future__ import annotations
 
 import argparse
@@ -16,6 +18,8 @@ from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT, bind_host
 log = logging.getLogger("grpojob.trainer")
 
 PET_MASTER_ADDR = "PET_MASTER_ADDR"  # torchrun's rendezvous host, set by the plan
+# After its parent (torchrun) died, a rank checkpoints and stops, and is ended this long after anyway.
+PARENT_GONE_GRACE_SECONDS = 30.0
 
 
 def setup_logging(rank: int) -> None:
@@ -33,7 +37,7 @@ ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
 
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
-    from .. import config, failures
+    from .. import config, failures, lifeline
     from ..auth import Auth
     from . import dist
     from .build import build
@@ -53,6 +57,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         suspend.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    lifeline.watch_parent(suspend.set, grace=PARENT_GONE_GRACE_SECONDS)
     board: Optional[StatusBoard] = None
     server: Optional[LeaderServer] = None
     env = None
