@@ -380,11 +380,12 @@ class RolloutManager:
                 if self._error is not None:
                     err, self._error = self._error, None
                     raise err
-                self._waiting = self._wait.describe(
-                    self.environments.waiting_for(owed, need - len(taken), self.workflow is not None))
+                what = self.environments.waiting_for(owed, need - len(taken), self.workflow is not None)
+                self._waiting = self._wait.describe(what)
                 try:
                     await asyncio.wait_for(self._changed.wait(), WAIT_CHECK_SECONDS)
                 except asyncio.TimeoutError:
+                    self._waiting = self._wait.describe(what)  # the servers' health now
                     self._wait.waited(self.taken + 1, time.monotonic() - since, self._waiting)
 
     async def _register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
