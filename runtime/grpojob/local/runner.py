@@ -19,6 +19,7 @@ import shutil
 import signal
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Optional
 
@@ -213,15 +214,29 @@ class Run:
               file=self.out)
         for t in self.trainers:
             t.signal(signal.SIGTERM)
+        others = [c for c in self.children if c not in self.trainers]
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and any(t.poll() is None for t in self.trainers):
-            if self.interrupted is None:
-                break
+            if others and self._trainer_phase() in ("suspended", "completed", "failed"):
+                for c in others:  # checkpointed: the rest stops while the trainer's processes exit
+                    c.signal(signal.SIGTERM)
+                others = []
             time.sleep(0.2)
         ckpt = newest_checkpoint(Path(self.job.spec.checkpoint.path))
         where = f"checkpoint {ckpt}" if ckpt else "no checkpoint was written"
         print(f"stopped: {where}; run the same command again to resume", file=self.out)
         return EXIT_INTERRUPTED
+
+    def _trainer_phase(self) -> Optional[str]:
+        """The trainer leader's /status phase, None when it does not answer."""
+        token = auth.read_file(token_path(self.run_dir))
+        req = urllib.request.Request(_endpoints(self.children)["trainer-0"] + "/status",
+                                     headers=auth.Auth(token).headers())
+        try:
+            with urllib.request.urlopen(req, timeout=1) as r:
+                return json.loads(r.read()).get("phase")
+        except (OSError, ValueError):
+            return None
 
     def _finish(self) -> None:
         records = read_records(self.run_dir / "metrics.jsonl")

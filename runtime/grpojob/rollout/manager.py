@@ -142,6 +142,9 @@ class RolloutManager:
                 return fut.result(min(0.25, max(0.0, end - time.monotonic())))
             except concurrent.futures.TimeoutError:
                 pass
+            except Exception:  # noqa: BLE001 - the servers stopping with us is no failure of a suspend
+                if stop is None or not stop.is_set():
+                    raise
             given_up = stop is not None and stop.is_set()
             if given_up or time.monotonic() >= end:
                 waiting = self._waiting  # before the cancelled step clears it

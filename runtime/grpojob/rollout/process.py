@@ -48,7 +48,7 @@ ENGINE_CHECK_SECONDS = 0.5  # how often the server looks at its engine's health
 # After the engine broke: not ready, answering 503 with the engine's error (what the trainer logs),
 # for this long before the port closes.
 FAILED_LINGER_SECONDS = 1.0
-HTTP_DRAIN_SECONDS = 2.0  # requests in flight at shutdown get this long, then are cancelled
+HTTP_DRAIN_SECONDS = 1.0  # requests in flight at shutdown get this long, then are cancelled
 SHUTDOWN_SECONDS = 15.0  # the process ends this long after it began to exit, whatever still runs
 
 
@@ -69,9 +69,16 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def stop_for(why: str) -> None:
+        if not stop.is_set():
+            log.info("rollout server %s: stopping (%s)", replica, why)
+            stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    lifeline.watch_parent(lambda: loop.call_soon_threadsafe(stop.set), grace=SHUTDOWN_SECONDS)
+        loop.add_signal_handler(sig, stop_for, signal.Signals(sig).name)
+    lifeline.watch_parent(lambda: loop.call_soon_threadsafe(stop_for, "the parent process is gone"),
+                          grace=SHUTDOWN_SECONDS)
     code = 1
     try:
         code = await _run(server, stop, sync_addr=sync_addr, url=url, checkpoint_dir=checkpoint_dir)
@@ -120,20 +127,23 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
 
 
 async def _shut_down(server: Server, runner: web.AppRunner) -> None:
-    """Each step within its own time limit; a step that overruns is logged and left behind (the
-    exit deadline ends the process)."""
-    steps = []
+    """The weight-sync agent, the HTTP server and the engine stop side by side (closing the engine
+    answers the requests in flight, which lets the HTTP server drain), each within its own time
+    limit; one that overruns is logged and left behind (the exit deadline ends the process)."""
+    steps = [("the HTTP server", runner.cleanup(), HTTP_DRAIN_SECONDS + 3.0),
+             ("the engine", server.engine.close(), 5.0)]
     if server.agent:
-        steps.append(("the weight-sync agent", asyncio.to_thread(server.agent.stop), 5.0))
-    steps += [("the HTTP server", runner.cleanup(), HTTP_DRAIN_SECONDS + 3.0),
-              ("the engine", server.engine.close(), 5.0)]
-    for what, step, seconds in steps:
+        steps.append(("the weight-sync agent", asyncio.to_thread(server.agent.stop, 2.0), 3.0))
+
+    async def bounded(what: str, step, seconds: float) -> None:
         try:
             await asyncio.wait_for(step, seconds)
         except asyncio.TimeoutError:
             log.warning("rollout server %s: stopping %s took over %.0f s; going on", server.replica, what, seconds)
-        except Exception:  # noqa: BLE001 - the next steps still run
+        except Exception:  # noqa: BLE001 - the other steps still run
             log.exception("rollout server %s: stopping %s failed", server.replica, what)
+
+    await asyncio.gather(*(bounded(*step) for step in steps))
 
 
 def main(args: Optional[argparse.Namespace] = None) -> int:

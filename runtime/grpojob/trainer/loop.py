@@ -95,7 +95,9 @@ class Loop:
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
         report = None
-        if tr.step % spec.weight_sync.every_steps == 0 and tr.step < spec.training.steps:
+        # Not when suspending: the rollout servers may be stopping too (a resume pushes first).
+        if tr.step % spec.weight_sync.every_steps == 0 and tr.step < spec.training.steps \
+                and not self._suspend_agreed():
             report = self.publish()
         t3 = time.perf_counter()
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
