@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -174,8 +175,11 @@ class Child:
         return line if len(line) <= 400 else line[:400] + " ..."
 
 
+_GLOG_ERROR = re.compile(r"^E\d{4} ")  # torchrun's own errors (a rank that died), glog style
+
+
 def _is_error(line: str) -> bool:
-    return '"level": "ERROR"' in line or " ERROR " in line
+    return '"level": "ERROR"' in line or " ERROR " in line or bool(_GLOG_ERROR.match(line))
 
 
 def _readable(line: str) -> str:
