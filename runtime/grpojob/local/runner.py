@@ -215,10 +215,13 @@ class Run:
         for t in self.trainers:
             t.signal(signal.SIGTERM)
         others = [c for c in self.children if c not in self.trainers]
+        answered = False
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and any(t.poll() is None for t in self.trainers):
-            if others and self._trainer_phase() in ("suspended", "completed", "failed"):
-                for c in others:  # checkpointed: the rest stops while the trainer's processes exit
+            phase = self._trainer_phase() if others else None
+            answered = answered or phase is not None
+            if others and (phase in ("suspended", "completed", "failed") or (answered and phase is None)):
+                for c in others:  # checkpointed (its endpoint closes last): the rest stops while it exits
                     c.signal(signal.SIGTERM)
                 others = []
             time.sleep(0.2)
