@@ -197,7 +197,7 @@ class Run:
         if dead in self.trainers and code == 0:  # completed (or other trainer replicas are finishing)
             return all(t.poll() == 0 for t in self.trainers)
         why = dead.termination()
-        said = f"{dead.name} exited with code {code}" + (f" ({signal.Signals(-code).name})" if code < 0 else "")
+        said = f"{dead.name} exited with code {code}" + (f" ({signal.strsignal(-code)})" if code < 0 else "")
         said += f": {why[0]}: {why[1]}" if why else (f"; its last error: {err}" if (err := dead.last_error()) else "")
         if why and why[0] in plugins.FAILURE_REASONS:  # it would fail the same way at every start
             raise RunError(f"{said} (log: {dead.log_path})")
