@@ -20,6 +20,7 @@ log = logging.getLogger("grpojob.trainer")
 PET_MASTER_ADDR = "PET_MASTER_ADDR"  # torchrun's rendezvous host, set by the plan
 # After its parent (torchrun) died, a rank checkpoints and stops, and is ended this long after anyway.
 PARENT_GONE_GRACE_SECONDS = 30.0
+EXIT_SECONDS = 30.0  # the process ends this long after its work ended, whatever is still running
 
 
 def setup_logging(rank: int) -> None:
@@ -98,6 +99,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             board.update(phase="failed", message=msg)
         return 1
     finally:
+        lifeline.exit_within(EXIT_SECONDS, 0 if clean else 1)  # whatever hangs below (a peer gone mid-collective)
         if env is not None:
             dist.shutdown(env, clean=clean)
         if server is not None:
