@@ -84,7 +84,7 @@ def _trainer() -> Command:
 
 
 def _rollout() -> Command:
-    from .rollout.server import main
+    from .rollout.process import main
     return main
 
 
@@ -127,6 +127,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--run-dir", help="run directory (default: runs/<job name>)")
     sp.add_argument("--backend", choices=["hf", "vllm"], help="rollout engine override")
     sp.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
+    sp.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                    help="restart a process that died (with back-off, as its pod would be) at most N times "
+                         "in a row, then stop the run with its error (default 3; 0: stop at the first death)")
     sp.set_defaults(fn=_lazy(_run))
 
     sp = sub.add_parser("render", help="print the Kubernetes objects the operator creates for a job")

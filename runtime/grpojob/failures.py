@@ -1,22 +1,29 @@
-"""How a runtime process says why it ended, where the operator looks: the kubelet's termination
-message (user code that cannot load; a trainer that finished).
+"""How a runtime process says why it ended, where the operator (and `grpojob run`) look: the
+kubelet's termination message (user code that cannot load; a broken engine; a trainer that finished).
 
 A plug-in that does not import (or pip requirements that do not install) will fail the same way on
 every restart: the process writes the reason and the field-path errors to the kubelet's
 termination message (the operator reads it from the pod's status and fails the job with that
-reason, instead of letting the pod crash-loop) and to its log, then exits 1.
+reason, instead of letting the pod crash-loop) and to its log, then exits 1. A rollout server whose
+engine broke writes plugins.ENGINE_FAILED the same way and exits 1: not the job's failure, the
+pod is restarted and the operator records the message in an Event.
+
+`grpojob run` points each process at a file of its own (GRPOJOB_TERMINATION_LOG) and reads it
+when the process exits, as the kubelet reads terminationMessagePath.
 """
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 from .api import FieldError, InvalidSpec, plugins
 
 log = logging.getLogger("grpojob")
 
 TERMINATION_LOG = Path("/dev/termination-log")  # the kubelet's default terminationMessagePath
+ENV_TERMINATION_LOG = "GRPOJOB_TERMINATION_LOG"  # another path (grpojob run: one file per process)
 _MAX_BYTES = 4096  # the kubelet keeps at most 4 KiB of a termination message
 
 
@@ -44,9 +51,20 @@ def report_completed(step: int, total: int) -> str:
 
 
 def write_termination_message(text: str) -> None:
-    """`text` as the container's termination message (in a pod; a local run has no such file)."""
-    if TERMINATION_LOG.exists():
+    """`text` as the container's termination message: in a pod, or where GRPOJOB_TERMINATION_LOG
+    says (`grpojob run` gives each child one); a bare process elsewhere has none."""
+    named = os.environ.get(ENV_TERMINATION_LOG)
+    path = Path(named) if named else TERMINATION_LOG
+    if named or path.exists():
         try:
-            TERMINATION_LOG.write_bytes(text.encode()[:_MAX_BYTES])
+            path.write_bytes(text.encode()[:_MAX_BYTES])
         except OSError as e:
-            log.warning("cannot write the termination message %s: %s", TERMINATION_LOG, e)
+            log.warning("cannot write the termination message %s: %s", path, e)
+
+
+def read(path: Path) -> Optional[tuple[str, str]]:
+    """(reason, message) of the termination message in `path`, or None."""
+    try:
+        return plugins.parse_message(path.read_text(errors="replace"))
+    except OSError:
+        return None

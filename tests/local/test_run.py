@@ -12,6 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -22,12 +23,13 @@ EXAMPLE = ROOT / "examples" / "tiny-local.yaml"
 pytestmark = pytest.mark.slow
 
 
-def grpojob_run(run_dir: Path, *sets: str, cwd: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "grpojob", "run", str(EXAMPLE), "--run-dir", str(run_dir), "--no-progress"]
+def grpojob_run(run_dir: Path, *sets: str, cwd: Path, args: tuple[str, ...] = (),
+                env: Optional[dict[str, str]] = None) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "grpojob", "run", str(EXAMPLE), "--run-dir", str(run_dir), "--no-progress", *args]
     for s in sets:
         argv += ["--set", s]
     return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, env={**os.environ, **(env or {})})
 
 
 def processes_of(run_dir: Path) -> list[int]:
@@ -174,9 +176,10 @@ def _stream_rows(workdir: Path, run_dir: Path, n: int) -> list[int]:
     return [s.index for s in stream.take(n)]
 
 
-def test_a_dead_child_takes_the_run_down_cleanly(workdir):
+def test_a_dead_child_takes_the_run_down_cleanly_without_restarts(workdir):
+    """--max-restarts 0: the first death stops the run (tests/local/test_failures.py: restarts)."""
     run_dir = workdir / "run"
-    proc = grpojob_run(run_dir, "training.steps=200", cwd=workdir)
+    proc = grpojob_run(run_dir, "training.steps=200", cwd=workdir, args=("--max-restarts", "0"))
     wait_steps(run_dir, 1, proc)
     rollout = [p for p in processes_of(run_dir)
                if b"GRPOJOB_ROLE=rollout" in Path(f"/proc/{p}/environ").read_bytes().split(b"\0")]
@@ -184,7 +187,7 @@ def test_a_dead_child_takes_the_run_down_cleanly(workdir):
     os.kill(min(rollout), signal.SIGKILL)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 1, out
-    assert "rollout-0 exited with code -9" in out and "last lines" in out, out
+    assert "rollout-0 exited with code -9 (Killed)" in out and "last lines" in out, out
     deadline = time.monotonic() + 15
     while processes_of(run_dir) and time.monotonic() < deadline:
         time.sleep(0.2)

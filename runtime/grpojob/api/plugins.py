@@ -187,11 +187,11 @@ def failure_message(reason: str, errors: Iterable[str]) -> str:
     return "\n".join([reason, *errors])
 
 
-def parse_message(text: str, reasons: Iterable[str]) -> Optional[tuple[str, str]]:
+def parse_message(text: str, reasons: Optional[Iterable[str]] = None) -> Optional[tuple[str, str]]:
     """(reason, message) of a termination message written by failure_message whose reason is one
-    of `reasons`, else None."""
+    of `reasons` (any reason when None), else None."""
     head, _, rest = (text or "").strip().partition("\n")
-    if head.strip() in tuple(reasons) and rest.strip():
+    if head.strip() and (reasons is None or head.strip() in tuple(reasons)) and rest.strip():
         return head.strip(), "; ".join(line.strip() for line in rest.splitlines() if line.strip())
     return None
 

@@ -1,4 +1,5 @@
-"""Whether a local run's trainer has finished: its leader's /status says "completed".
+"""A local run's trainer leader, asked over HTTP: its /status phase (has it finished? has it
+checkpointed after Ctrl-C?), and to stop once finished.
 
 A finished trainer does not exit on its own (in a pod its StatefulSet would restart it: see
 grpojob.trainer.main); `grpojob run` reads /status and then asks it to stop with POST /suspend
@@ -8,23 +9,28 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from typing import Optional
 
 from ..auth import Auth
 
 
 class TrainerCompletion:
-    """Asks trainer-0 (with the run's token) whether training completed, and to stop then."""
+    """Asks trainer-0 (with the run's token) for its phase, and to stop once completed."""
 
     def __init__(self, url: str, auth: Auth, timeout: float = 2.0):
         self.url, self.auth, self.timeout = url.rstrip("/"), auth, timeout
 
-    def completed(self) -> bool:
+    def phase(self, timeout: Optional[float] = None) -> Optional[str]:
+        """The leader's /status phase; None when it does not answer (not up yet, restarting, gone)."""
         req = urllib.request.Request(f"{self.url}/status", headers=self.auth.headers())
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                return json.loads(r.read()).get("phase") == "completed"
-        except (OSError, ValueError):  # not up yet, restarting, or between answers: ask again later
-            return False
+            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
+                return json.loads(r.read()).get("phase")
+        except (OSError, ValueError):
+            return None
+
+    def completed(self) -> bool:
+        return self.phase() == "completed"
 
     def release(self) -> bool:
         """Ask a completed trainer to stop (POST /suspend: it has nothing left to save); False when

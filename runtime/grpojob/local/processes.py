@@ -1,17 +1,24 @@
 """Child processes of a local run: started in their own process groups (so a whole torchrun tree
-can be signalled), logs to files, and a tail of those logs for error messages."""
+can be signalled) through grpojob.lifeline (they get SIGTERM when the runner dies, even by
+SIGKILL), logs to files, a tail of those logs and the termination message (grpojob.failures) for
+error messages."""
 from __future__ import annotations
 
+import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+
+from .. import failures
 
 
 def descendants(pid: int) -> list[int]:
@@ -80,13 +87,29 @@ class Child:
     env: dict[str, str]
     log_path: Path
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
+    started_at: float = 0.0  # time.monotonic() of the last start
+
+    @property
+    def termination_log(self) -> Path:
+        """Where the process leaves its termination message (the kubelet's terminationMessagePath)."""
+        return self.log_path.with_suffix(".termination")
 
     def start(self) -> None:
+        """Start (or start again: the log is appended to). Call it from the main thread only: the
+        parent-death signal fires when the thread that forked the child ends."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.termination_log.unlink(missing_ok=True)
+        env = {**self.env, failures.ENV_TERMINATION_LOG: str(self.termination_log)}
+        argv = [sys.executable, "-m", "grpojob.lifeline", str(os.getpid()), "--", *self.argv]
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         log.close()
+        self.started_at = time.monotonic()
+
+    def termination(self) -> Optional[tuple[str, str]]:
+        """(reason, message) the process wrote before it exited, or None."""
+        return failures.read(self.termination_log)
 
     @property
     def pid(self) -> int:
@@ -103,17 +126,6 @@ class Child:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
                 pass
-
-    def stop(self, grace: float = 10.0) -> Optional[int]:
-        """SIGTERM, then SIGKILL after `grace` seconds; reap the group's leader."""
-        if not self.proc:
-            return None
-        self.signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            return self.proc.wait(timeout=10)
 
     def kill(self) -> None:
         """SIGKILL the child, its process group and every descendant (ranks in other sessions)."""
@@ -139,11 +151,65 @@ class Child:
         except OSError:
             return "(no log)"
         all_lines = text.rstrip().splitlines()
-        errors = [ln for ln in all_lines if '"level": "ERROR"' in ln or " ERROR " in ln]
+        errors = [ln for ln in all_lines if _is_error(ln)]
         last = list(deque(all_lines, maxlen=lines))
         if errors and errors[-1] not in last:
-            last = [errors[-1][:2000], "...", *last]
-        return "\n".join(last)
+            last = [errors[-1], "...", *last]
+        return "\n".join(_readable(ln)[:2000] for ln in last)
+
+    def last_error(self) -> Optional[str]:
+        """The last error the process logged, in one line (a JSON log line's message), or None."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
+                lines = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return None
+        line = next((ln for ln in reversed(lines) if _is_error(ln)), None)
+        if line is None:
+            return None
+        try:
+            line = json.loads(line)["message"]
+        except (ValueError, KeyError, TypeError):
+            pass
+        return line if len(line) <= 400 else line[:400] + " ..."
+
+
+_GLOG_ERROR = re.compile(r"^E\d{4} ")  # torchrun's own errors (a rank that died), glog style
+
+
+def _is_error(line: str) -> bool:
+    return '"level": "ERROR"' in line or " ERROR " in line or bool(_GLOG_ERROR.match(line))
+
+
+def _readable(line: str) -> str:
+    """A JSON log line (grpojob.logs) as text, a traceback by its last line."""
+    if not line.startswith("{"):
+        return line
+    try:
+        doc = json.loads(line)
+        text = f"{doc['time']} {doc['level']} {doc['logger']}: {doc['message']}"
+    except (ValueError, KeyError, TypeError):
+        return line
+    if doc.get("exception"):
+        text += f" [{str(doc['exception']).strip().splitlines()[-1]}]"
+    return text
+
+
+def stop_all(children: list[Child], grace: float) -> None:
+    """SIGTERM every child at once, then SIGKILL (with their trees) those still running after
+    `grace` seconds."""
+    for c in children:
+        c.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for c in children:
+        if c.proc is None:
+            continue
+        try:
+            c.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.kill()
+            c.proc.wait(timeout=10)
 
 
 def wait_any(children: list[Child], timeout: float) -> Optional[Child]:

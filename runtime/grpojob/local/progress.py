@@ -11,15 +11,21 @@ _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines of metrics.jsonl (a line being written is skipped)."""
+    """Complete JSON lines of metrics.jsonl (a line being written is skipped). A step recorded
+    again (a trainer that crashed and resumed from an earlier checkpoint) replaces the records
+    from that step on."""
     if not path.exists():
         return []
-    out = []
+    out: list[dict[str, Any]] = []
     for line in path.read_text().splitlines():
         try:
-            out.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError:
             continue
+        step = record.get("step")
+        while out and step is not None and out[-1].get("step") is not None and out[-1]["step"] >= step:
+            out.pop()
+        out.append(record)
     return out
 
 
@@ -81,6 +87,13 @@ class Progress:
                 print(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in _fmt(record).items()),
                       file=self.out, flush=True)
             self.last_step = step
+
+    def note(self, text: str) -> None:
+        """A message for the user, above the bar when there is one."""
+        if self.bar is not None:
+            self.bar.write(text, file=self.out)
+        elif self.out is not None:
+            print(text, file=self.out, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -3,6 +3,11 @@
 Everything comes from `grpojob.plan.roles`, like on the cluster; the only local decisions are
 where files go (the run directory, which holds the job's token in `token`, mode 0600, made once
 and kept when the run resumes) and which ports are free.
+
+A child that dies is restarted with back-off, as its pod would be (local.restarts), and the run
+stops with its error and last log lines once it died too often in a row; a child whose
+termination message says it will fail the same way every time (a plug-in that does not import)
+stops the run at once. Killing `grpojob run`, even with SIGKILL, stops every child (lifeline).
 """
 from __future__ import annotations
 
@@ -18,13 +23,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .. import auth
-from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
+from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
 from ..api.validate import check_plugins
 from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
 from .completion import TrainerCompletion
-from .processes import Child, free_port, wait_any
+from .processes import Child, free_port, stop_all, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
+from .restarts import RestartPolicy, Restarts
 
 log = logging.getLogger("grpojob.local")
 
@@ -134,12 +140,14 @@ def _per_replica(role: Role, index: int, host: str) -> dict[str, str]:
 
 
 class Run:
-    def __init__(self, job: GRPOJob, run_dir: Path, backend: Optional[str], progress: bool, out=sys.stderr):
+    def __init__(self, job: GRPOJob, run_dir: Path, backend: Optional[str], progress: bool, out=sys.stderr,
+                 restarts: RestartPolicy = RestartPolicy()):
         self.job, self.run_dir, self.out = job, run_dir, out
         self.children = _children(job, run_dir, backend)
         self.trainers = [c for c in self.children if c.name.startswith("trainer")]
         self.environments = {c.name for c in self.children if c.env.get(ENV_ROLE) == ENVIRONMENT_ROLE}
         self.progress = Progress(run_dir / "metrics.jsonl", job.spec.training.steps, enabled=progress, out=out)
+        self.restarts = Restarts(restarts)
         self.interrupted: Optional[int] = None
         self.completion = TrainerCompletion(_endpoints(self.children)["trainer-0"],
                                             auth.Auth(auth.read_file(token_path(run_dir))))
@@ -158,36 +166,52 @@ class Run:
                 c.start()
             return self._watch()
         finally:
-            for c in self.children:
-                c.stop(grace=5)
+            stop_all(self.children, grace=5)
             for s, h in old.items():
                 signal.signal(s, h)
             self.progress.close()
             self._finish()
 
     def _watch(self) -> int:
-        watched = list(self.children)
+        live = list(self.children)
         while True:
             self.progress.update()
             if self.interrupted is not None:
                 return self._interrupt()
             if self.completion.completed():
                 return self._stop_completed()
-            dead = wait_any(watched, timeout=0.5)
+            for c in self.restarts.ready():
+                c.start()
+                live.append(c)
+            dead = wait_any(live, timeout=0.5)
             if dead is None:
                 continue
-            code = dead.poll()
-            if dead.name in self.environments and code == 0:  # an environment may finish its own work
-                print(f"{dead.name} exited (code 0); the trainer goes on with the other sources", file=self.out)
-                watched.remove(dead)
-                continue
-            if dead in self.trainers and code == 0 and all(t.poll() == 0 for t in self.trainers):
+            live.remove(dead)
+            if self._exited(dead):
                 self.progress.update()
                 return 0
-            if dead in self.trainers and code == 0:
-                continue  # other trainer replicas are finishing
-            raise RunError(f"{dead.name} exited with code {code} (log: {dead.log_path}); last lines:\n"
-                           + _indent(dead.tail()))
+
+    def _exited(self, dead: Child) -> bool:
+        """Decide about a child that exited: True when the run is done; restarts it later, or
+        raises RunError with why and its last log lines."""
+        code = dead.poll()
+        if dead.name in self.environments and code == 0:  # an environment may finish its own work
+            self.progress.note(f"{dead.name} exited (code 0); the trainer goes on with the other sources")
+            return False
+        if dead in self.trainers and code == 0:  # completed (or other trainer replicas are finishing)
+            return all(t.poll() == 0 for t in self.trainers)
+        why = dead.termination()
+        said = f"{dead.name} exited with code {code}" + (f" ({signal.strsignal(-code)})" if code < 0 else "")
+        said += f": {why[0]}: {why[1]}" if why else (f"; its last error: {err}" if (err := dead.last_error()) else "")
+        if why and why[0] in plugins.FAILURE_REASONS:  # it would fail the same way at every start
+            raise RunError(f"{said} (log: {dead.log_path})")
+        delay = self.restarts.schedule(dead)
+        if delay is None:
+            raise RunError(f"{said}\nit was restarted {self.restarts.policy.max_restarts} times in a row "
+                           f"(--max-restarts); log: {dead.log_path}; last lines:\n" + _indent(dead.tail()))
+        self.progress.note(f"{said}\n  restarting it in {delay:.0f} s (restart {self.restarts.count[dead.name]} of "
+                           f"{self.restarts.policy.max_restarts}; log: {dead.log_path})")
+        return False
 
     def _stop_completed(self) -> int:
         """Training completed: the trainer stays up until asked to stop (as in a pod, where the
@@ -202,13 +226,20 @@ class Run:
         return 0
 
     def _interrupt(self) -> int:
-        print("\ninterrupted: asking the trainer to checkpoint and stop ...", file=self.out)
+        print("\ninterrupted: asking the trainer to checkpoint and stop (Ctrl-C again: stop at once) ...",
+              file=self.out)
         for t in self.trainers:
             t.signal(signal.SIGTERM)
+        others = [c for c in self.children if c not in self.trainers]
+        answered = False
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and any(t.poll() is None for t in self.trainers):
-            if self.interrupted is None:
-                break
+            phase = self.completion.phase(timeout=1) if others else None
+            answered = answered or phase is not None
+            if others and (phase in ("suspended", "completed", "failed") or (answered and phase is None)):
+                for c in others:  # checkpointed (its endpoint closes last): the rest stops while it exits
+                    c.signal(signal.SIGTERM)
+                others = []
             time.sleep(0.2)
         ckpt = newest_checkpoint(Path(self.job.spec.checkpoint.path))
         where = f"checkpoint {ckpt}" if ckpt else "no checkpoint was written"
@@ -301,7 +332,8 @@ def main(args: argparse.Namespace) -> int:
               + "".join(f", environment {e.name} x {e.replicas}" for e in job.spec.environments) + ")"
               + (f", resuming after step {done}" if done else ""),
               file=out)
-        code = Run(job, run_dir, args.backend, progress=not args.no_progress, out=out).run()
+        code = Run(job, run_dir, args.backend, progress=not args.no_progress, out=out,
+                   restarts=RestartPolicy(max_restarts=args.max_restarts)).run()
     except InvalidSpec as e:
         print(f"{args.file}: invalid GRPOJob", file=out)
         for err in e.errors:

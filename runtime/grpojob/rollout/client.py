@@ -14,6 +14,9 @@
 - Timeouts: `request_timeout` per HTTP request, `timeout` for the whole call (then RolloutError
   with the last error of every server tried); with no server registered it waits up to
   `timeout` for one.
+- Health: a server that starts failing (or fails differently) is logged once, with its error (a
+  broken engine answers 503 with the engine's error), and once more when it answers again;
+  `health()` says in words which servers fail and why, for the trainer's logs and /status.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ class RolloutClient:
         self._inflight: dict[str, int] = {}
         self._served: dict[str, int] = {}
         self._cool_until: dict[str, float] = {}
+        self._failing: dict[str, str] = {}  # server -> its last error, until it answers again
         self._session: Optional[aiohttp.ClientSession] = None
         self._session_loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -103,12 +107,14 @@ class RolloutClient:
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                 errors[url] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 self._cool_until[url] = time.monotonic() + self.cooldown
-                log.warning("rollout server %s failed (%s); trying another server", url, errors[url])
+                self._failed(url, errors[url])
                 continue
             finally:
                 self._inflight[url] -= n
             if status == 200:
                 self._served[url] = self._served.get(url, 0) + 1
+                if self._failing.pop(url, None) is not None:
+                    log.info("rollout server %s answers again", url)
                 return [Completion(prompt_ids=list(prompt_ids), **c) for c in body["completions"]]
             if status == 401:
                 raise RolloutError(f"rollout server {url} refused this job's token (HTTP 401): it does not "
@@ -119,7 +125,23 @@ class RolloutClient:
             errors[url] = f"HTTP {status}: {message}"
             if status != 409:
                 self._cool_until[url] = time.monotonic() + self.cooldown
-                log.warning("rollout server %s answered %s; trying another server", url, errors[url])
+                self._failed(url, errors[url])
+
+    def _failed(self, url: str, error: str) -> None:
+        if self._failing.get(url) != error:  # once per server and error, not once per request
+            log.warning("rollout server %s fails: %s (requests go to the other servers meanwhile)", url, error)
+        self._failing[url] = error
+
+    def health(self) -> Optional[str]:
+        """Which rollout servers fail and why (None when every registered server answers). A server
+        that left the list (the trainer dropped it) is still named until one answers again."""
+        listed = self.servers()
+        failing = "; ".join(f"{u}: {e}" for u, e in self._failing.items())
+        if not listed:
+            return "no rollout server is registered" + (f" (last errors: {failing})" if failing else "")
+        if failing:
+            return f"rollout servers failing: {failing}"
+        return None
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:

@@ -80,6 +80,7 @@ class HFEngine:
         self._cond = threading.Condition()
         self._queue: list[_Request] = []
         self._swaps: list[_Swap] = []
+        self._admitting: list[list[Row]] = []  # taken from the queue, not yet among the decoder's rows
         self._closed = False
         self._thread: Optional[threading.Thread] = None
         self._noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
@@ -170,7 +171,9 @@ class HFEngine:
                     continue
                 self._finish(self._decoder.drop(lambda r: not r.request.cancelled()))
                 if admit:
+                    self._admitting = admit
                     self._admit(admit)
+                    self._admitting = []
                 self._finish(self._decoder.step(self.version))
         except Exception as e:  # the model broke: every caller hears it, the server reports it
             log.exception("hf engine: the scheduler failed")
@@ -236,10 +239,11 @@ class HFEngine:
             self._cond.notify_all()
 
     def _fail(self, why: str) -> None:
+        """Every request waiting, being admitted (a prefill that raised) or being generated hears why."""
         with self._cond:
             self._error = why
-            pending = self._queue + [r.request for r in self._decoder.rows]
-            self._queue = []
+            pending = self._queue + [r.request for r in self._decoder.rows] + [g[0].request for g in self._admitting]
+            self._queue, self._admitting = [], []
             for s in self._swaps:
                 s.error = RuntimeError(why)
                 s.applied.set()

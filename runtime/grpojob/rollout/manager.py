@@ -36,6 +36,10 @@ promptsPerStep + prompt index) and the attempt, so a run with maxStaleness 0 is 
 
 The manager runs an asyncio loop in a background thread: workflows (up to `max_concurrency`)
 and reward scoring run there, concurrently with training.
+
+A step waiting for its groups says what for, and which rollout servers fail and why (pipeline.
+WaitReport). `next_step(stop)` gives the step up when `stop` is set (a suspend while generation is
+stalled): its groups go back, nothing is lost.
 """
 from __future__ import annotations
 
@@ -46,19 +50,18 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from ..rewards.shaping import shaped_rewards, zero_variance
 from ..trajectories.queue import EnvironmentQueue, Queued, Refused
 from .client import RolloutError
-from .pipeline import Pipeline, SampleClient, StepGroups, derive_seed, group_version
+from .pipeline import WAIT_CHECK_SECONDS, Pipeline, SampleClient, StepGroups, WaitReport, derive_seed, group_version
 from .types import Generator, Group, Sample, Workflow
 
 __all__ = ["Pipeline", "RolloutManager", "StepGroups", "derive_seed", "group_version"]
 
 log = logging.getLogger("grpojob.rollout.manager")
 
-WAIT_LOG_SECONDS = 30.0  # a step still waiting for groups says what for this often
 
 
 class Scorer(Protocol):
@@ -90,8 +93,12 @@ class RolloutManager:
 
     def __init__(self, generator: Optional[Generator], workflow: Optional[Workflow], scorer: Optional[Scorer],
                  prompts: Optional[Prompts], pipeline: Pipeline, *, published: int = 0, taken: int = 0,
-                 environments: Optional[EnvironmentQueue] = None):
+                 environments: Optional[EnvironmentQueue] = None,
+                 health: Optional[Callable[[], Optional[str]]] = None,
+                 on_wait: Optional[Callable[[str], None]] = None):
+        """health, on_wait: see pipeline.WaitReport."""
         self.generator, self.workflow, self.scorer, self.prompts = generator, workflow, scorer, prompts
+        self._wait = WaitReport(health, on_wait)
         self.pipeline = pipeline
         self.environments = environments or EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit)
         # Groups per step the environments' commitments held when the step being taken began (None
@@ -126,8 +133,26 @@ class RolloutManager:
         """Begin generating (after load_state_dict, when resuming)."""
         self._loop.call_soon_threadsafe(self._begin)
 
-    def next_step(self) -> StepGroups:
-        return self.run(self._take(), timeout=self.pipeline.timeout)
+    def next_step(self, stop: Optional[threading.Event] = None) -> Optional[StepGroups]:
+        """The next step's groups; None when `stop` was set before they were all there."""
+        fut = asyncio.run_coroutine_threadsafe(self._take(), self._loop)
+        end = time.monotonic() + self.pipeline.timeout
+        while True:
+            try:
+                return fut.result(min(0.25, max(0.0, end - time.monotonic())))
+            except concurrent.futures.TimeoutError:
+                pass
+            except Exception:  # noqa: BLE001 - the servers stopping with us is no failure of a suspend
+                if stop is None or not stop.is_set():
+                    raise
+            given_up = stop is not None and stop.is_set()
+            if given_up or time.monotonic() >= end:
+                waiting = self._waiting  # before the cancelled step clears it
+                fut.cancel()  # _take puts back what it took
+                if not given_up:
+                    raise self._timed_out(self.pipeline.timeout, waiting)
+                log.info("step %d given up while waiting for its groups (stop requested)", self.taken + 1)
+                return None
 
     def ahead(self) -> tuple[int, int]:
         """(samples being generated, groups ready) now, for progress and benchmarks."""
@@ -151,9 +176,12 @@ class RolloutManager:
         except concurrent.futures.TimeoutError:
             waiting = self._waiting  # before the cancelled step clears it
             fut.cancel()
-            raise RolloutError(f"rollouts did not produce the step's groups within {timeout:.0f} s "
-                               f"({len(self._inflight)} generating, {len(self._ready)} ready"
-                               + (f"; waiting for {waiting}" if waiting else "") + ")") from None
+            raise self._timed_out(timeout, waiting) from None
+
+    def _timed_out(self, timeout: float, waiting: str) -> RolloutError:
+        return RolloutError(f"rollouts did not produce the step's groups within {timeout:.0f} s "
+                            f"({len(self._inflight)} generating, {len(self._ready)} ready"
+                            + (f"; waiting for {waiting}" if waiting else "") + ")")
 
     # ---- environments (the trajectory API's handlers, any thread) -----------------------------------
     def register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
@@ -314,6 +342,7 @@ class RolloutManager:
         finally:
             self._considered = self._extra = 0
             self._waiting, self._step_reserved = "", None
+            self._wait.done()
         self.taken += 1
         now = time.monotonic()
         if self._idle_since is not None:
@@ -354,12 +383,13 @@ class RolloutManager:
                 if self._error is not None:
                     err, self._error = self._error, None
                     raise err
-                self._waiting = self.environments.waiting_for(owed, need - len(taken), self.workflow is not None)
+                what = self.environments.waiting_for(owed, need - len(taken), self.workflow is not None)
+                self._waiting = self._wait.describe(what)
                 try:
-                    await asyncio.wait_for(self._changed.wait(), WAIT_LOG_SECONDS)
+                    await asyncio.wait_for(self._changed.wait(), WAIT_CHECK_SECONDS)
                 except asyncio.TimeoutError:
-                    log.warning("step %d has waited %.0f s for its groups: %s", self.taken + 1,
-                                time.monotonic() - since, self._waiting)
+                    self._waiting = self._wait.describe(what)  # the servers' health now
+                    self._wait.waited(self.taken + 1, time.monotonic() - since, self._waiting)
 
     async def _register(self, name: str, groups_per_step: Optional[int]) -> dict[str, Any]:
         reg = self.environments.register(name, groups_per_step)

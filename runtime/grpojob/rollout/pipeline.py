@@ -1,14 +1,20 @@
 """The rollout pipeline's settings (from the spec), the per-step result handed to the trainer, and
 the small rules the RolloutManager applies: derived seeds, group versions, the version floor every
-generate call asks for."""
+generate call asks for, what a waiting step says."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..api.spec import GRPOJobSpec, OverlongSpec
 from .types import Completion, Generator, Group, SamplingParams, derive_seed
+
+log = logging.getLogger("grpojob.rollout.manager")
+
+WAIT_LOG_SECONDS = 30.0  # a step still waiting for groups says what for this often
+WAIT_CHECK_SECONDS = 5.0  # ... and looks this often whether that changed (a server began to fail)
 
 
 @dataclass(frozen=True)
@@ -93,3 +99,30 @@ class SampleClient:
             sampling = dataclasses.replace(sampling, seed=derive_seed(self.seed, self.calls))
         self.calls += 1
         return await self.generator.generate(prompt_ids, n, sampling, min_version=self.floor())
+
+
+class WaitReport:
+    """What a step waiting for its groups says: the log (at once when what it waits for changed,
+    else every WAIT_LOG_SECONDS) and `on_wait` (the trainer's /status message; "" once the step
+    has its groups). `health`: the generator's trouble in words (RolloutClient.health)."""
+
+    def __init__(self, health: Optional[Callable[[], Optional[str]]], on_wait: Optional[Callable[[str], None]]):
+        self.health, self.on_wait = health, on_wait
+        self._said: Optional[tuple[str, float]] = None  # the last text reported, seconds into the wait
+
+    def describe(self, waiting: str) -> str:
+        trouble = self.health() if self.health is not None else None
+        return waiting + (f"; {trouble}" if trouble else "")
+
+    def waited(self, step: int, seconds: float, text: str) -> None:
+        if self._said is not None and self._said[0] == text and seconds - self._said[1] < WAIT_LOG_SECONDS:
+            return
+        self._said = (text, seconds)
+        log.warning("step %d has waited %.0f s for its groups: %s", step, seconds, text)
+        if self.on_wait is not None:
+            self.on_wait(f"step {step} waits for its groups: {text}")
+
+    def done(self) -> None:
+        if self._said is not None and self.on_wait is not None:
+            self.on_wait("")
+        self._said = None

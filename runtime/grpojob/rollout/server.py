@@ -1,15 +1,10 @@
-"""The rollout server process: `grpojob rollout` (one per rollout pod / local replica).
-
-Reads everything from the environment (see `grpojob.plan`): GRPOJOB_CONFIG (the job),
-GRPOJOB_ROLLOUT_PORT, GRPOJOB_ROLLOUT_BACKEND (hf|vllm; overrides spec.rollout.backend),
-GRPOJOB_SYNC_ADDR (the trainer's weight-sync store), GRPOJOB_ADVERTISE_HOST (registered address,
-default 127.0.0.1; the server binds 127.0.0.1 for a loopback address, else 0.0.0.0),
-GRPOJOB_REPLICA_ID (name in logs and errors), GRPOJOB_CHECKPOINT_DIR (backend checkpoint).
+"""The rollout server's HTTP API, in front of one engine (the process: grpojob.rollout.process).
 
 HTTP API (JSON). Every path but /healthz, /readyz (and /metrics, unless GRPOJOB_METRICS_AUTH) needs
 the job's token as `Authorization: Bearer <token>` (grpojob.auth; GRPOJOB_TOKEN_FILE names it): the
 OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
-- GET /healthz: 200 as soon as the process serves HTTP (500 once the engine died).
+- GET /healthz: 200 as soon as the process serves HTTP (500 once the engine died; the process
+  then exits 1, see grpojob.rollout.process).
 - GET /readyz: 200 once the engine is up AND it holds the trainer's current weights; 503 with
   the reason otherwise. The engine starts from spec.model.path, which is version 0: a server
   already serves it (/generate works) while it waits for the trainer, but it is ready only once
@@ -21,19 +16,16 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
   "max_tokens", "seed"} (absent: the job's rollout.sampling), "min_version": null} ->
   {"policy_version", "replica", "completions": [{"completion_ids", "logprobs", "policy_version",
   "finish_reason", "text"}]}. 400 for bad input (the message names the field), 409 when the
-  server holds a version older than min_version, 503 while the engine loads.
+  server holds a version older than min_version, 503 while the engine loads and once it broke
+  (the message is the engine's error).
 - POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
-import signal
-import socket
-import sys
 import time
 from dataclasses import asdict
 from typing import Optional
@@ -41,14 +33,9 @@ from typing import Optional
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .. import config as job_config
-from .. import failures, logs
-from ..api import plugins
-from ..auth import Auth, TokenError, app_key, middleware
+from ..auth import Auth, app_key, middleware
 from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
-from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
-                    ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, bind_host)
 from . import engine as engines
 from . import openai_api as oai
 from .types import SamplingParams
@@ -181,12 +168,17 @@ class Server:
             err = (f"prompt ({len(prompt_ids)} tokens) + max_tokens ({sampling.max_tokens}) exceeds the "
                    f"context length {limit}")
         if err:
-            raise _BadRequest(err)
+            raise _Refused(400, err, "bad_request")
         start = time.perf_counter()
         try:
             out = await self.engine.generate(prompt_ids, n, sampling)
         except ValueError as e:  # the engine refused these parameters
-            raise _BadRequest(str(e)) from None
+            raise _Refused(400, str(e), "bad_request") from None
+        except Exception:
+            dead = self.engine.errored()
+            if dead:  # the engine broke under this request: 503 with why (the trainer logs it)
+                raise _Refused(503, dead, "error") from None
+            raise
         tokens = sum(len(c.completion_ids) for c in out)
         self.metrics["grpojob_rollout_generated_tokens_total"].inc(tokens)
         self.metrics["grpojob_rollout_tokens_per_second"].set(tokens / max(time.perf_counter() - start, 1e-9))
@@ -207,8 +199,8 @@ class Server:
             SamplingParams(s.temperature, s.top_p, s.top_k, s.max_tokens, s.seed)
         try:
             out = await self._run(body.prompt_ids, body.n, sampling)
-        except _BadRequest as e:
-            return self._error(400, str(e), "bad_request")
+        except _Refused as e:
+            return self._error(e.status, str(e), e.result)
         self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
         return web.json_response({
             "replica": self.replica, "policy_version": min(c.policy_version for c in out),
@@ -234,8 +226,8 @@ class Server:
         sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
         try:
             results = await asyncio.gather(*(self._run(p, body.n, sampling) for p in prompts))
-        except _BadRequest as e:
-            return self._error(400, str(e), "bad_request", openai=True)
+        except _Refused as e:
+            return self._error(e.status, str(e), e.result, openai=True)
         self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
         return web.json_response(oai.completion_response(body, prompts, results, self.engine.tokenizer,
                                                          self.model_name))
@@ -250,100 +242,16 @@ class Server:
             return self._error(400, f"messages: cannot apply the chat template: {e}", "bad_request", openai=True)
         try:
             group = await self._run(prompt, body.n, body.sampling(self.spec.rollout.sampling.max_tokens))
-        except _BadRequest as e:
-            return self._error(400, str(e), "bad_request", openai=True)
+        except _Refused as e:
+            return self._error(e.status, str(e), e.result, openai=True)
         self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
         return web.json_response(oai.chat_response(body, prompt, group, self.engine.tokenizer,
                                                    self.model_name))
 
 
-class _BadRequest(ValueError):
-    pass
+class _Refused(Exception):
+    """A request answered with an error: 400 (its own fault) or 503 (the engine broke)."""
 
-
-# ---- process ----------------------------------------------------------------------------------
-def setup_logging(fmt: str = "text") -> None:
-    logs.setup(fmt)  # the root logger: vLLM's own logs come out in the same format
-
-
-async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, replica: str,
-                sync_addr: Optional[str], checkpoint_dir: Optional[str], auth: Auth) -> int:
-    engine = engines.build(backend, spec)
-    server = Server(spec, engine, replica=replica, auth=auth)
-    runner = web.AppRunner(server.app(), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, bind_host(advertise), port)
-    await site.start()
-    if port == 0:  # an ephemeral port (tests): advertise the one the OS picked
-        port = runner.addresses[0][1]
-    url = f"http://{advertise}:{port}"
-    log.info("rollout server %s (%s) listening on %s", replica, backend, url)
-
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    code = 0
-    try:
-        try:
-            await engine.start()
-        except Exception as e:
-            server.start_error = f"{type(e).__name__}: {e}"
-            log.exception("rollout server %s: the %s engine failed to start", replica, backend)
-            return 1
-        server.started = True
-        if sync_addr:
-            from ..sync.agent import SyncAgent
-
-            server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=spec.model.path,
-                                     checkpoint_dir=checkpoint_dir, token=auth.token).start()
-        log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)
-        while not stop.is_set():
-            dead = engine.errored()
-            if dead:
-                log.error("rollout server %s: %s; exiting", replica, dead)
-                code = 1
-                break
-            try:
-                await asyncio.wait_for(stop.wait(), 1.0)
-            except asyncio.TimeoutError:
-                pass
-    finally:
-        if server.agent:
-            await asyncio.to_thread(server.agent.stop)
-        await runner.cleanup()
-        await engine.close()
-    return code
-
-
-def main(args: Optional[argparse.Namespace] = None) -> int:
-    setup_logging(os.environ.get(ENV_LOG_FORMAT, "text"))
-    try:
-        job = job_config.load()
-    except failures.PluginError as e:
-        failures.report(e.reason, e.errors)
-        return 1
-    spec = job.spec
-    backend = os.environ.get(ENV_BACKEND) or spec.rollout.backend
-    err = plugins.check_name("engine", backend)
-    if err:
-        print(f"grpojob rollout: {ENV_BACKEND}={backend!r}: {err}", file=sys.stderr)
-        return 2
-    port_text = os.environ.get(ENV_ROLLOUT_PORT) or str(spec.rollout.port)
-    if not port_text.isdigit():
-        print(f"grpojob rollout: {ENV_ROLLOUT_PORT}={port_text!r} is not a port number", file=sys.stderr)
-        return 2
-    replica = os.environ.get(ENV_REPLICA_ID) or f"rollout-{socket.gethostname()}-{os.getpid()}"
-    try:
-        auth = Auth.from_env()
-    except TokenError as e:
-        print(f"grpojob rollout: {e}", file=sys.stderr)
-        return 2
-    return asyncio.run(serve(spec, backend=backend, port=int(port_text), auth=auth,
-                             advertise=os.environ.get(ENV_ADVERTISE_HOST) or "127.0.0.1", replica=replica,
-                             sync_addr=os.environ.get(ENV_SYNC_ADDR) or None,
-                             checkpoint_dir=os.environ.get(ENV_CHECKPOINT_DIR) or None))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    def __init__(self, status: int, message: str, result: str):
+        super().__init__(message)
+        self.status, self.result = status, result

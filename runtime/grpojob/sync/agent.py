@@ -80,9 +80,10 @@ class SyncAgent:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop; wait up to `timeout` s for the thread (a daemon: one blocked in a store call is left)."""
         self._stop.set()
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=timeout)
 
     def ready(self) -> bool:
         return self.not_ready_reason() is None

@@ -74,7 +74,7 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
     found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
                    dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root),
-                   auth=auth)
+                   auth=auth, on_wait=(lambda text: board.update(message=text)) if board is not None else None)
     if board is not None and side.publisher is not None:  # rollout server count and lag, read at each scrape
         board.watch_rollouts(side.publisher.servers)
     try:

@@ -77,7 +77,10 @@ class Loop:
         while tr.step < total:
             if self._suspend_agreed():
                 return self._stop()
-            self.emit(self.train_step())
+            record = self.train_step()
+            if record is None:  # suspended while waiting for the step's groups
+                return self._stop()
+            self.emit(record)
         if self.checkpoints.last_step != tr.step:
             self.checkpoint()
         self.save_final_model()
@@ -95,17 +98,24 @@ class Loop:
             if self._suspend_agreed():
                 return
 
-    def train_step(self) -> StepRecord:
+    def train_step(self) -> Optional[StepRecord]:
+        """One step; None when a suspend came while its groups were not all there (generation
+        stalled: a suspend must not wait for it)."""
         spec, tr = self.spec, self.trainer
         t0 = time.perf_counter()
-        got = self.source.next_step()
+        got = self.source.next_step(self.suspend)
+        if got is None:
+            return None
         t1 = time.perf_counter()
         prep, stats = tr.step_training(got.groups)
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
         report = None
-        if tr.step % spec.weight_sync.every_steps == 0 or tr.step >= spec.training.steps:
-            report = self.publish()  # the last step too: the rollouts end serving the final policy
+        # The last step too (the rollouts end serving the final policy); not when suspending: the
+        # rollout servers may be stopping too (a resume pushes first).
+        if (tr.step % spec.weight_sync.every_steps == 0 or tr.step >= spec.training.steps) \
+                and not self._suspend_agreed():
+            report = self.publish()
         t3 = time.perf_counter()
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")

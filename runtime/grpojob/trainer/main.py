@@ -1,6 +1,8 @@
 """`grpojob trainer`: one rank under torchrun (or a lone process). Reads the job from
 GRPOJOB_CONFIG, joins the process group, serves the leader endpoint on rank 0, trains, and exits
-0 when suspended (POST /suspend or SIGTERM), non-zero on failure.
+0 when suspended (POST /suspend, SIGTERM, or its parent's death: grpojob.lifeline), non-zero on
+failure. A suspend does not wait for a stalled generation: the step waiting for its groups is
+given up and the last finished step is checkpointed.
 
 A completed trainer does not exit on its own: it stays up, /status saying "completed", until
 SIGTERM (or POST /suspend), then exits 0 at once. In a pod the StatefulSet would restart a
@@ -23,6 +25,9 @@ from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT, bind_host
 log = logging.getLogger("grpojob.trainer")
 
 PET_MASTER_ADDR = "PET_MASTER_ADDR"  # torchrun's rendezvous host, set by the plan
+# After its parent (torchrun) died, a rank checkpoints and stops, and is ended this long after anyway.
+PARENT_GONE_GRACE_SECONDS = 30.0
+EXIT_SECONDS = 30.0  # the process ends this long after its work ended, whatever is still running
 
 
 def setup_logging(rank: int) -> None:
@@ -40,7 +45,7 @@ ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
 
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
-    from .. import config, failures
+    from .. import config, failures, lifeline
     from ..auth import Auth
     from . import dist
     from .build import build
@@ -60,6 +65,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         suspend.set()
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    lifeline.watch_parent(suspend.set, grace=PARENT_GONE_GRACE_SECONDS)
     board: Optional[StatusBoard] = None
     server: Optional[LeaderServer] = None
     env = None
@@ -100,6 +106,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             board.update(phase="failed", message=msg)
         return 1
     finally:
+        lifeline.exit_within(EXIT_SECONDS, 0 if clean else 1)  # whatever hangs below (a peer gone mid-collective)
         if env is not None:
             dist.shutdown(env, clean=clean)
         if server is not None:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Protocol
+from typing import Any, Callable, Iterable, Optional, Protocol
 
 import torch
 
@@ -66,15 +67,17 @@ class GroupSource:
         if self.manager is not None:
             self.manager.start()
 
-    def next_step(self) -> StepGroups:
+    def next_step(self, stop: Optional[threading.Event] = None) -> Optional[StepGroups]:
         """This rank's share of the step's groups (round-robin in stream order), with the step's
-        pipeline figures (the same on every rank)."""
-        step = self.manager.next_step() if self.manager is not None else None
+        pipeline figures (the same on every rank). None on every rank when rank 0's `stop` was set
+        while the groups were not all there (the step is given up, nothing is lost)."""
+        step = self.manager.next_step(stop) if self.manager is not None else None
         if self.env.world == 1:
             return step
         shares = None
-        if step is not None:
-            shares = [dataclasses.replace(step, groups=step.groups[r::self.env.world]) for r in range(self.env.world)]
+        if self.manager is not None:
+            shares = [None if step is None else dataclasses.replace(step, groups=step.groups[r::self.env.world])
+                      for r in range(self.env.world)]
         return dist.scatter_objects(shares, self.env)
 
     def set_published(self, version: int) -> None:
@@ -143,11 +146,12 @@ class EnginePublisher:
 
 def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote", listen_host: str = "127.0.0.1",
             resumed: bool = False, dynamic_sampling: bool = False, checkpoint_dir: str = "",
-            auth: Optional[Auth] = None) -> Rollouts:
+            auth: Optional[Auth] = None, on_wait: Optional[Callable[[str], None]] = None) -> Rollouts:
     """The rollout side of this rank. Rank 0 builds the manager (and hosts the weight-sync store for
     kind remote); other ranks only take their shares. dynamic_sampling: as the algorithm resolved
     it (DAPO turns it on whatever the spec says). auth: the job's token (kind remote: the rollout
-    servers register and generate with it)."""
+    servers register and generate with it). on_wait: told what a step waits for, and which rollout
+    servers fail and why (the leader's /status message; pipeline.WaitReport)."""
     if kind not in KINDS:
         raise ValueError(f"rollout source '{kind}': use one of {', '.join(KINDS)}")
     if not env.is_leader:
@@ -164,7 +168,8 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
                   scorer=RewardScorer(spec, tokenizer) if workflow is not None else None,
                   prompts=PromptStream(spec, tokenizer) if workflow is not None else None,
                   environments=EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit,
-                                                [e.name for e in spec.environments]))
+                                                [e.name for e in spec.environments]),
+                  on_wait=on_wait)
     if kind == "inprocess":
         from ..rollout.hf_engine import HFEngine
 
@@ -183,5 +188,5 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
                                 checkpoint_dir=checkpoint_dir, token=auth.token)
     client = RolloutClient(publisher.rollout_addresses, token=auth.token,
                            timeout=float(spec.weight_sync.timeout_seconds) * 3)
-    manager = RolloutManager(client, **pieces)
+    manager = RolloutManager(client, health=client.health, **pieces)
     return Rollouts(GroupSource(env, manager), publisher, engine_close=client.close)
