@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from pathlib import Path
 from typing import Optional
 
-from ..auth import Auth
+from ..auth import Auth, read_file
 
 
 class TrainerCompletion:
-    """Asks trainer-0 (with the run's token) for its phase, and to stop once completed."""
+    """Asks trainer-0 (with the run's token, read when asking: the file is made after the run is
+    planned) for its phase, and to stop once completed."""
 
-    def __init__(self, url: str, auth: Auth, timeout: float = 2.0):
-        self.url, self.auth, self.timeout = url.rstrip("/"), auth, timeout
+    def __init__(self, url: str, token_file: Path, timeout: float = 2.0):
+        self.url, self.token_file, self.timeout = url.rstrip("/"), token_file, timeout
+
+    def _headers(self) -> dict[str, str]:
+        return Auth(read_file(self.token_file)).headers()
 
     def phase(self, timeout: Optional[float] = None) -> Optional[str]:
         """The leader's /status phase; None when it does not answer (not up yet, restarting, gone)."""
-        req = urllib.request.Request(f"{self.url}/status", headers=self.auth.headers())
+        req = urllib.request.Request(f"{self.url}/status", headers=self._headers())
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
                 return json.loads(r.read()).get("phase")
@@ -35,7 +40,7 @@ class TrainerCompletion:
     def release(self) -> bool:
         """Ask a completed trainer to stop (POST /suspend: it has nothing left to save); False when
         it did not take the request."""
-        req = urllib.request.Request(f"{self.url}/suspend", method="POST", data=b"", headers=self.auth.headers())
+        req = urllib.request.Request(f"{self.url}/suspend", method="POST", data=b"", headers=self._headers())
         try:
             urllib.request.urlopen(req, timeout=self.timeout).close()
             return True

@@ -149,8 +149,7 @@ class Run:
         self.progress = Progress(run_dir / "metrics.jsonl", job.spec.training.steps, enabled=progress, out=out)
         self.restarts = Restarts(restarts)
         self.interrupted: Optional[int] = None
-        self.completion = TrainerCompletion(_endpoints(self.children)["trainer-0"],
-                                            auth.Auth(auth.read_file(token_path(run_dir))))
+        self.completion = TrainerCompletion(_endpoints(self.children)["trainer-0"], token_path(run_dir))
 
     def _on_signal(self, signum, _frame) -> None:
         if self.interrupted is not None:  # second Ctrl-C: no more patience
