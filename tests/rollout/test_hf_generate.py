@@ -28,13 +28,16 @@ def test_generate_equals_transformers_greedy_batched(tiny_dir, tokenizer, monkey
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     assert len({len(p) for p in prompts}) > 1
     # 4 prompts x 3 completions in 5 slots: rows wait, join and leave; n > 1 copies a prompt's KV
-    out = hf_generate.generate(load_model(tiny_dir), prompts, 3, _greedy(14), eos_token_id=tokenizer.eos_token_id,
-                               max_batch=5)
+    model = load_model(tiny_dir)
+    out = hf_generate.generate(model, prompts, 3, _greedy(14), eos_token_id=tokenizer.eos_token_id, max_batch=5)
     for p, group in zip(prompts, out):
         ids, logprobs = greedy(reference, tokenizer, p, 14)
         for c in group:
             assert c.prompt_ids == p and c.completion_ids == ids
             assert c.logprobs == pytest.approx(logprobs, abs=1e-5)
+    # the decoder's attention left the model's ordinary forwards (transformers' generate) as they were
+    (ids, logprobs), (ref_ids, ref_logprobs) = (greedy(m, tokenizer, prompts[2], 14) for m in (model, reference))
+    assert ids == ref_ids and logprobs == pytest.approx(ref_logprobs, abs=1e-6)
 
 
 def test_generate_samples_a_seeded_prompt_the_same_alone_and_amid_others(tiny_dir, tokenizer):
@@ -105,7 +108,7 @@ def test_sliding_window_layers_see_only_their_window():
 def _transformers_greedy(model, prompt, max_tokens):
     ids = torch.tensor([prompt])
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False, min_new_tokens=max_tokens,
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=max_tokens, output_logits=True, return_dict_in_generate=True,
                              pad_token_id=0, eos_token_id=None)
     new = out.sequences[0, len(prompt):]

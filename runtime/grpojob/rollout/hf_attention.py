@@ -61,7 +61,7 @@ class Step:
     mask: Tensor
     slot: Optional[Tensor] = None
     kv_len: int = 0
-    _windowed: dict = field(default_factory=dict)
+    _windowed: dict = field(default_factory=dict, init=False, repr=False)
 
     def mask_for(self, window: Optional[int]) -> Tensor:
         """The mask of a layer that sees only the last `window` positions (transformers: a query
