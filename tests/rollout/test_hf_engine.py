@@ -238,28 +238,3 @@ async def test_engine_on_cuda_equals_transformers_greedy_and_seeds_are_device_in
         await gpu.close()
         await cpu.close()
 
-
-def test_decoding_on_cpu_reads_the_grouped_kv_heads_without_copying_them(tiny_dir, monkeypatch):
-    """The tiny model groups 2 query heads per KV head. transformers' sdpa repeats the KV cache into
-    a full copy at every decode step when a mask is given; the decoder's attention (hf_attention)
-    does not, and samples the same tokens with the same log-probs."""
-    import transformers.integrations.sdpa_attention as sdpa
-
-    from grpojob.rollout import hf_attention
-
-    repeats = []
-    inner = sdpa.repeat_kv
-    monkeypatch.setattr(sdpa, "repeat_kv", lambda x, n: repeats.append(n) or inner(x, n))
-    prompts, sampling = [[5, 6, 7, 8], [9, 10, 11]], SamplingParams(temperature=1.0, max_tokens=12, seed=3)
-    stock = load_model(tiny_dir)
-    assert stock.config.num_attention_heads > stock.config.num_key_value_heads
-    with monkeypatch.context() as m:
-        m.setattr(hf_attention, "install", lambda model: None)  # transformers' sdpa as loaded
-        want = hf_generate.generate(stock, prompts, 3, sampling, eos_token_id=None)
-    assert repeats, "the stock path repeats the KV heads"
-    repeats.clear()
-    ours = load_model(tiny_dir)
-    got = hf_generate.generate(ours, prompts, 3, sampling, eos_token_id=None)
-    assert ours.config._attn_implementation == hf_attention.NAME and repeats == []
-    assert [[c.completion_ids for c in g] for g in got] == [[c.completion_ids for c in g] for g in want]
-    assert [[c.logprobs for c in g] for g in got] == [[c.logprobs for c in g] for g in want]

@@ -1,12 +1,13 @@
 """Sampling with a transformers causal LM, continuously batched: completions with their log-probs.
 
-`Decoder` keeps a static KV cache of `slots` rows (`SlotCache`); each row is one completion at
-its own position, so rows join and leave between decode steps and no row is ever left-padded.
-New prompts are prefilled together in one packed row (a block-diagonal causal mask), each prompt
-once for all n completions of its request (its KV is copied to the other n-1 slots). A decode
-step feeds every active row's last token at its own position and attends over the row's
-cached keys only (a [rows, 1, 1, kv] mask). Used by the `hf` rollout engine (hf_engine) and by
-`generate` below (in-process sampling: the trainer's InProcessSource, tests).
+`Decoder` keeps a static KV cache of `slots` rows (hf_attention.Slots, outside transformers: the
+model gets no cache, its attention function writes and reads the slots); each row is one
+completion at its own position, so rows join and leave between decode steps and no row is ever
+left-padded. New prompts are prefilled together in one packed row (a block-diagonal causal
+mask), each prompt once for all n completions of its request (its KV is copied to the other n-1
+slots). A decode step feeds every active row's last token at its own position and attends over
+the row's cached keys only (a [rows, 1, 1, kv] mask). Used by the `hf` rollout engine
+(hf_engine) and by `generate` below (in-process sampling: tests).
 
 Log-probs follow the Completion contract: log softmax(raw logits / temperature) of each sampled
 token over the full vocabulary. Sampling noise is per row (hf_sampling): completion i of a
@@ -25,49 +26,6 @@ from .types import Completion, SamplingParams
 
 PREFILL_TOKENS = 4096  # prompt tokens prefilled together at most (the packed mask is O(tokens^2))
 KV_BUCKET = 64  # decode attends over the cache up to the longest row, rounded up to this
-
-
-class SlotCache:
-    """Per-layer KV buffers [slots, kv_heads, max_len, head_dim], written through the transformers
-    Cache `update` call that every attention layer makes. Before each forward the decoder says
-    where the new keys go: `prefill` (a packed row: token t to slot[t], position pos[t]; attention
-    then runs over the packed row itself) or `decode` (row a to slot a at position pos[a];
-    attention runs over slots 0..rows-1 up to kv_len)."""
-
-    def __init__(self, config, slots: int, max_len: int, device: torch.device, dtype: torch.dtype):
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        shape = (slots, kv_heads, max_len, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
-        self.slots, self.max_len = slots, max_len
-        self._where: tuple = ("prefill", None, None)
-
-    def prefill(self, slot: Tensor, pos: Tensor) -> None:
-        self._where = ("prefill", slot, pos)
-
-    def decode(self, pos: Tensor, kv_len: int) -> None:
-        self._where = ("decode", pos, kv_len)
-
-    def update(self, key: Tensor, value: Tensor, layer_idx: int, cache_kwargs: Optional[dict] = None):
-        mode, a, b = self._where
-        if mode == "prefill":  # key [1, H, T, D]
-            self.k[layer_idx][a, :, b] = key[0].transpose(0, 1)
-            self.v[layer_idx][a, :, b] = value[0].transpose(0, 1)
-            return key, value
-        rows = key.shape[0]  # key [rows, H, 1, D]
-        idx = torch.arange(rows, device=key.device)
-        self.k[layer_idx][idx, :, a] = key[:, :, 0]
-        self.v[layer_idx][idx, :, a] = value[:, :, 0]
-        return self.k[layer_idx][:rows, :, :b], self.v[layer_idx][:rows, :, :b]
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:  # transformers asks only without position ids
-        return 0
-
-    def copy(self, src: int, dst: Sequence[int], length: int) -> None:
-        for buf in (*self.k, *self.v):
-            buf[list(dst), :, :length] = buf[src, :, :length]
 
 
 @dataclass
@@ -111,15 +69,29 @@ class Decoder:
     """Active rows live in slots 0..len(rows)-1 (a finished row's slot is taken by the last row)."""
 
     def __init__(self, model, *, slots: int, max_len: int, eos_token_id: Optional[int]):
-        hf_attention.install(model)  # grouped KV heads without a copy per decode step (CPU)
+        hf_attention.install(model)
         self.model = model
         self.decoder = model.base_model
         self.head = model.get_output_embeddings()
-        p = next(model.parameters())
-        self.device = p.device
-        self.cache = SlotCache(model.config, slots, max_len, p.device, p.dtype)
+        self.device = next(model.parameters()).device
+        self.cache = hf_attention.Slots(slots, max_len)
         self.eos = eos_token_id
         self.rows: list[Row] = []
+        self._first_prefill(model)
+
+    def _first_prefill(self, model) -> None:
+        """Prefill one token into slot 0 (taken over by the first row admitted): allocates every
+        layer's slots now, and refuses here, at load, a model this decoder cannot run right."""
+        name = f"{type(model).__name__} ({model.config.name_or_path or model.config.model_type})"
+        try:
+            with torch.no_grad():
+                self._prefill([[0]], [0])
+        except hf_attention.Unsupported as e:
+            raise ValueError(f"the hf engine cannot run {name}: {e}") from None
+        layers = model.config.get_text_config().num_hidden_layers
+        if len(self.cache.kv) < layers:  # recurrent or linear-attention layers keep a state of their own
+            raise ValueError(f"the hf engine cannot run {name}: {layers - len(self.cache.kv)} of its {layers} "
+                             f"layers do not attend through transformers' attention interface")
 
     @property
     def free(self) -> int:
@@ -138,9 +110,9 @@ class Decoder:
         slot = torch.repeat_interleave(torch.tensor(slots, device=dev), torch.tensor(lengths, device=dev))
         q = torch.arange(total, device=dev)
         mask = (seg[:, None] == seg[None, :]) & (q[:, None] >= q[None, :])
-        self.cache.prefill(slot, pos)
-        out = self.decoder(input_ids=ids, position_ids=pos[None], attention_mask=mask[None, None],
-                           past_key_values=self.cache, use_cache=True)
+        step = hf_attention.Step(self.cache, pos, mask[None, None], slot=slot)
+        out = self.decoder(input_ids=ids, position_ids=pos[None], attention_mask=step.mask, use_cache=False,
+                           **{hf_attention.KWARG: step})
         last = torch.tensor(lengths, device=dev).cumsum(0) - 1
         return out.last_hidden_state[0, last]
 
@@ -195,9 +167,9 @@ class Decoder:
         kv_len = min(self.cache.max_len, -(-(int(pos.max()) + 1) // KV_BUCKET) * KV_BUCKET)
         ids = torch.tensor([r.tokens[-1] for r in self.rows], device=dev)[:, None]
         mask = torch.arange(kv_len, device=dev)[None, :] <= pos[:, None]
-        self.cache.decode(pos, kv_len)
-        out = self.decoder(input_ids=ids, position_ids=pos[:, None], attention_mask=mask[:, None, None],
-                           past_key_values=self.cache, use_cache=True)
+        step = hf_attention.Step(self.cache, pos, mask[:, None, None], kv_len=kv_len)
+        out = self.decoder(input_ids=ids, position_ids=pos[:, None], attention_mask=step.mask, use_cache=False,
+                           **{hf_attention.KWARG: step})
         self._sample(self.rows, self._logits(out.last_hidden_state[:, 0]), version)
         return self._retire()
 
