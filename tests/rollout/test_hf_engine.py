@@ -16,6 +16,8 @@ from grpojob.rollout.types import SamplingParams
 
 from .harness import PROMPTS, greedy, load_model, make_job, perturb
 
+pytestmark = pytest.mark.contract  # what we use of transformers: every CI dependency set runs it
+
 LONG = 120  # tokens of a request that is still running when a swap is asked for
 
 

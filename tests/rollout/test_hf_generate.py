@@ -11,6 +11,8 @@ from grpojob.rollout.types import SamplingParams
 
 from .harness import PROMPTS, greedy, load_model
 
+pytestmark = pytest.mark.contract  # what we use of transformers: every CI dependency set runs it
+
 
 def _greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.0, max_tokens=max_tokens)

@@ -10,6 +10,8 @@ from grpojob.sync.publisher import WeightPublisher
 from .harness import (PROMPTS, TOKEN, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb,
                       write_config)
 
+pytestmark = pytest.mark.contract  # what we use of transformers: every CI dependency set runs it
+
 MAX_TOKENS = 12
 
 

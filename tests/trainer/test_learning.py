@@ -6,6 +6,8 @@ from grpojob.trainer.build import build
 
 from .conftest import make_job
 
+pytestmark = pytest.mark.contract  # what we use of transformers: every CI dependency set runs it
+
 MAX_STEPS = 150
 
 
