@@ -2,8 +2,10 @@
 
     groups  = source.next_step()                 # GroupSource: rank 0's manager, shared out
     update  = trainer.step_training(groups)      # GRPOTrainer: advantages, packed updates
-    report  = publisher.publish(weights, v)      # every weightSync.everySteps steps (rank 0)
-    path    = checkpoints.save()                 # every checkpoint.everySteps steps
+    report  = publisher.publish(stream, v)       # every weightSync.everySteps steps: rank 0 pushes the
+                                                 # weights as every rank gathers them, tensor by tensor
+    checkpoints.save()                           # every checkpoint.everySteps steps: each rank stages
+                                                 # its shards, written in the background
     record  -> metrics.jsonl, /status, Prometheus, trackers and callbacks (the StepRecord is their
                one source)
 
@@ -22,7 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..checkpoint import CheckpointManager
+from ..checkpoint.manager import CheckpointManager
 from ..rollout.engine import torch_dtype_name
 from . import dist
 from .callbacks import Callbacks
@@ -72,8 +74,9 @@ class Loop:
             if self._suspend_agreed():
                 return self._stop()
             self.emit(self.train_step())
-        if self.checkpoints.last_step != tr.step:
+        if not self.checkpoints.covers(tr.step):
             self.checkpoint()
+        self.wait_checkpoint()
         self.save_final_model()
         self._status(phase="completed", step=tr.step, last_checkpoint_step=self.checkpoints.last_step,
                      message="training completed")
@@ -118,21 +121,32 @@ class Loop:
             step_seconds=seconds)
 
     def checkpoint(self) -> None:
-        """Save a checkpoint (collective), then tell the callbacks (rank 0)."""
-        path = self.checkpoints.save()
-        if path is not None and self.env.is_leader:
-            self.callbacks.on_checkpoint(self.trainer.step, path)
+        """Start a checkpoint (collective; written in the background, after the previous one)."""
+        self.checkpoints.save()
+        self._announce_checkpoints()
+
+    def wait_checkpoint(self) -> None:
+        """Until the last checkpoint is committed (collective)."""
+        self.checkpoints.wait()
+        self._announce_checkpoints()
+
+    def _announce_checkpoints(self) -> None:
+        """Tell the callbacks (rank 0, this thread) of the checkpoints committed since."""
+        for step, path in self.checkpoints.committed():
+            if self.env.is_leader:
+                self.callbacks.on_checkpoint(step, path)
 
     def publish(self) -> Optional[PushReport]:
-        """The full weights to the rollouts as the trainer's current version (collective gather;
-        rank 0 pushes), then the version floor moves."""
+        """The weights to the rollouts as the trainer's current version, then the version floor
+        moves. Collective: every rank gathers each tensor as rank 0's push takes it."""
         tr = self.trainer
-        state, _ = tr.full_state()
         # The rollouts' dtype (rollout.engine's rule; they run where the trainer does: GPU or CPU),
         # so fp32 master weights under bf16 autocast go out as the bf16 the engines serve.
-        serve = getattr(torch, torch_dtype_name(self.spec, tr.env.device.type == "cuda"))
-        state = {k: v.to(serve) if v.is_floating_point() else v for k, v in state.items()}
-        report = self.publisher.publish(state.items(), tr.version) if self.publisher is not None else None
+        stream = tr.weight_stream(getattr(torch, torch_dtype_name(self.spec, tr.env.device.type == "cuda")))
+        try:
+            report = self.publisher.publish(stream, tr.version) if self.publisher is not None else None
+        finally:
+            stream.drain()  # ranks without a publisher walk it alongside; rank 0 after a failed push
         if report is not None:
             self.backend = report.backend
         self.published = tr.version
@@ -147,6 +161,7 @@ class Loop:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with open(self.run_dir / METRICS_FILE, "a") as f:
                 f.write(json.dumps(doc) + "\n")
+        self._announce_checkpoints()
         if self.board is not None:
             self.board.observe(doc)
             self._status(phase="running", last_checkpoint_step=self.checkpoints.last_step,
@@ -167,17 +182,16 @@ class Loop:
     def _stop(self) -> str:
         tr = self.trainer
         self._status(phase="checkpointing", message="suspending")
-        if self.checkpoints.last_step != tr.step:
+        if not self.checkpoints.covers(tr.step):
             self.checkpoint()
+        self.wait_checkpoint()
         self._status(phase="suspended", last_checkpoint_step=self.checkpoints.last_step,
                      message=f"suspended after step {tr.step}")
         log.info("suspended", extra={"step": tr.step})
         return "suspended"
 
     def save_final_model(self) -> None:
-        """HF model + tokenizer in the run directory's final-model/ (collective; rank 0 writes)."""
-        state, _ = self.trainer.full_state()
-        if self.env.is_leader and self.run_dir is not None:
-            path = self.run_dir / FINAL_MODEL_DIR
-            path.mkdir(parents=True, exist_ok=True)
-            self.trainer.export_model(path, state)
+        """HF model + tokenizer in the run directory's final-model/ (collective, streamed tensor by
+        tensor; rank 0 writes)."""
+        if self.run_dir is not None:  # the same on every rank
+            self.trainer.export_model(self.run_dir / FINAL_MODEL_DIR)
