@@ -14,6 +14,7 @@ import torch
 
 from grpojob import checkpoint
 from grpojob.trainer.build import build
+from grpojob.trainer.memory import reset_host_peak
 
 from .conftest import make_job
 from .procs import ROOT
@@ -68,6 +69,10 @@ def test_checkpoints_are_sharded_committed_kept_last_and_exported(tiny_dir, tmp_
                 "policy_staleness", "grad_norm"):
         assert records[-1][key] is not None, key
     assert set(records[-1]["stage_seconds"]) == {"generate", "score", "train", "sync", "checkpoint"}
+    if reset_host_peak():  # peak memory per stage where the loop runs it (score overlaps generate)
+        assert set(records[-1]["stage_host_peak_bytes"]) == {"generate", "train", "sync", "checkpoint"}
+        assert all(v > 10 * 2**20 for r in records for v in r["stage_host_peak_bytes"].values())
+    assert records[-1]["stage_device_peak_bytes"] == {}  # no GPU here
     assert records[-1]["rewards"].keys() == {"toy"}
     assert records[-1]["kl"] is None and tr.ref is None  # beta 0: no reference model
     # the pipeline's own figures, every step

@@ -28,6 +28,7 @@ from ..checkpoint.manager import CheckpointManager
 from ..rollout.engine import torch_dtype_name
 from . import dist
 from .callbacks import Callbacks
+from .memory import StageMemory
 from .record import StepRecord
 from .rollouts import GroupSource, PushReport, WeightPublisher
 from .server import StatusBoard
@@ -51,6 +52,7 @@ class Loop:
         self.suspend = suspend or threading.Event()
         self.published: Optional[int] = None
         self.backend: Optional[str] = None
+        self.memory = StageMemory(trainer.env.device)
 
     def request_suspend(self) -> None:
         """Finish the current step, checkpoint, stop."""
@@ -85,19 +87,25 @@ class Loop:
     def train_step(self) -> StepRecord:
         spec, tr = self.spec, self.trainer
         t0 = time.perf_counter()
+        self.memory.mark(None)
         got = self.source.next_step()
         t1 = time.perf_counter()
+        self.memory.mark("generate")
         prep, stats = tr.step_training(got.groups)
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
+        self.memory.mark("train")
         report = None
         if tr.step % spec.weight_sync.every_steps == 0 and tr.step < spec.training.steps:
             report = self.publish()
         t3 = time.perf_counter()
+        self.memory.mark("sync")
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")
             self.checkpoint()
         t4 = time.perf_counter()
+        self.memory.mark("checkpoint")
+        host_peaks, device_peaks = self.memory.take()
         seconds = t4 - t0
         rollouts = []
         if self.publisher is not None:
@@ -118,7 +126,7 @@ class Loop:
             environments=got.environments, extra={**prep.extra, **extra},
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
                            "train": round(t2 - t1, 6), "sync": round(t3 - t2, 6), "checkpoint": round(t4 - t3, 6)},
-            step_seconds=seconds)
+            stage_host_peak_bytes=host_peaks, stage_device_peak_bytes=device_peaks, step_seconds=seconds)
 
     def checkpoint(self) -> None:
         """Start a checkpoint (collective; written in the background, after the previous one)."""
