@@ -4,7 +4,7 @@ Each rank writes its own shards of the policy and optimizer state with torch.dis
 (`dcp.async_save`: the shards are copied to host memory, then written on a background thread while
 training goes on; its collectives run on a gloo group of their own, off the training group).
 Replicated tensors (DDP, or the optimizer's step counters under FSDP2) are spread over the ranks
-so each is staged and written once. Rank 0 adds a small state file: step, policy version, world
+but rank 0 (which has the most else to hold), so each is staged and written once. Rank 0 adds a small state file: step, policy version, world
 size, LR schedule, every rank's RNG, and the group source's data position and rollout buffer
 (prompts issued but not trained are generated again after a resume, so none is skipped or
 trained twice). Once every rank's shards are written, rank 0 commits (layout.commit: rename,
@@ -67,7 +67,9 @@ def find_latest(root: str | Path, env) -> Optional[Path]:
 def own_part(state: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """The part of a sharded state dict this rank saves: its DTensor shards and non-tensor values,
     and the replicated (plain) tensors assigned to it, largest first to the least-loaded rank (the
-    same assignment on every rank: their replicated tensors are the same)."""
+    same assignment on every rank: their replicated tensors are the same). Rank 0 gets none: it
+    also runs the rollout manager, the weight publisher and the leader endpoint, and an
+    asynchronous save stages a copy of what it writes."""
     if world == 1:
         return state
     sizes: list[tuple[tuple[str, ...], int]] = []
@@ -79,10 +81,10 @@ def own_part(state: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             elif isinstance(v, torch.Tensor) and not isinstance(v, DTensor):
                 sizes.append((path + (str(k),), v.numel() * v.element_size()))
     walk(state, ())
-    load, owner = [0] * world, {}
+    load, owner = [0] * (world - 1), {}
     for path, n in sorted(sizes, key=lambda x: (-x[1], x[0])):
         r = load.index(min(load))
-        owner[path] = r
+        owner[path] = r + 1
         load[r] += n
 
     def keep(d: dict, path: tuple[str, ...]) -> dict:
