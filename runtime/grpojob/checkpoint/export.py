@@ -42,9 +42,11 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
                 continue  # the loader ties it to the input embeddings again
             specs.append((name, tuple(md.size), md.properties.dtype))
 
+    by_name = {name: (shape, dtype) for name, shape, dtype in specs}
+
     def fetch(name: str) -> torch.Tensor:
-        spec = next(s for s in specs if s[0] == name)
-        box = {WEIGHTS_PREFIX + name: torch.empty(spec[1], dtype=spec[2])}
+        shape, dtype = by_name[name]
+        box = {WEIGHTS_PREFIX + name: torch.empty(shape, dtype=dtype)}
         load(box, storage_reader=FileSystemReader(shards), no_dist=True)
         return box[WEIGHTS_PREFIX + name]
 
