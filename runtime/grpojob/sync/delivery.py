@@ -132,7 +132,7 @@ class Delivery:
     def push(self, targets: list[Member], stream: Optional[TensorStream], *, main: bool) -> Outcome:
         """Bring `targets` to the retained version. `stream`: the weights being pushed (None for
         a catch-up from the retained buffers); `main`: keep its groups for the next push. The
-        stream is exhausted when this returns or raises a WeightSyncError."""
+        stream is exhausted when this returns (every bucket packed, whatever the targets did)."""
         r = self.retained
         assert r is not None
         if self.checkpoint_dir:

@@ -120,8 +120,9 @@ class WeightPublisher:
 
     def push(self, weights: TensorStream | Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
         """Send a full state dict as `version` to every registered server; see the module doc.
-        `weights`: a TensorStream (produced tensor by tensor, e.g. gathered from shards; it is
-        exhausted when push returns or raises) or named tensors already in memory."""
+        `weights`: a TensorStream (produced tensor by tensor, e.g. gathered from shards: it is
+        exhausted when push returns; after an error the caller drains it, so that the trainer's
+        other ranks finish their gathers) or named tensors already in memory."""
         start = time.perf_counter()
         stream = weights if isinstance(weights, TensorStream) else TensorStream.of(weights)
         wid = weights_id(self.run, version)
