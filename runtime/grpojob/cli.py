@@ -83,6 +83,11 @@ def _trainer() -> Command:
     return main
 
 
+def _export() -> Command:
+    from .checkpoint.export import main
+    return main
+
+
 def _rollout() -> Command:
     from .rollout.process import main
     return main
@@ -137,6 +142,11 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--namespace", default=None, help="namespace (default: the manifest's, else default)")
     sp.add_argument("--image", default=None, help="runtime image (default: the operator's default)")
     sp.set_defaults(fn=_lazy(_render))
+
+    sp = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (safetensors)")
+    sp.add_argument("checkpoint", help="a checkpoint (step-NNNNNN) or a checkpoint directory (its newest)")
+    sp.add_argument("output", help="the model directory to write")
+    sp.set_defaults(fn=_lazy(_export))
 
     sp = sub.add_parser("trainer", help="(in pods) the trainer; started by torchrun")
     sp.set_defaults(fn=_lazy(_trainer))

@@ -82,6 +82,10 @@ TRAINER = (
     MetricDef("grpojob_stage_seconds", "histogram", "Time per step stage "
               "(generate, score, train, sync, checkpoint).", ("stage",), _STAGE_BUCKETS),
     MetricDef("grpojob_step_seconds", "histogram", "Wall time per step.", (), _STAGE_BUCKETS),
+    MetricDef("grpojob_stage_host_memory_peak_bytes", "gauge", "Peak resident host memory of trainer rank 0's "
+              "process during each stage of the last step (generate, train, sync, checkpoint).", ("stage",)),
+    MetricDef("grpojob_stage_device_memory_peak_bytes", "gauge", "Peak allocated GPU memory of trainer rank 0 "
+              "during each stage of the last step; no sample on CPU.", ("stage",)),
     MetricDef("grpojob_weight_sync_seconds", "histogram", "Duration of a weight push to all rollout servers.",
               (), _STAGE_BUCKETS),
     MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group; no sample "

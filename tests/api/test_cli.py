@@ -82,6 +82,11 @@ def test_checkpoint_storage_choices_are_checked_and_ephemeral_warns():
     assert "warning: spec.checkpoint.storage: ephemeral: checkpoints live in an emptyDir" in r.stderr
     assert "refuses to suspend" in r.stderr
     assert "warning" not in grpojob("validate", tiny).stderr  # the default (a claim per trainer pod) is quiet
+    # Sharded checkpoints from several trainer pods need one shared claim (the trainer refuses to start otherwise).
+    r = grpojob("validate", tiny, "--set", "trainer.replicas=2")
+    assert r.returncode == 0 and "warning: spec.checkpoint.volumeClaim: unset with trainer.replicas 2" in r.stderr
+    assert "warning" not in grpojob("validate", tiny, "--set", "trainer.replicas=2",
+                                    "--set", "checkpoint.volumeClaim=ckpt").stderr
     r = grpojob("validate", tiny, "--set", "checkpoint.storage=ephemeral", "--set", "checkpoint.volumeClaim=ckpt")
     assert r.returncode == 1 and "spec.checkpoint.storage: ephemeral contradicts volumeClaim" in r.stderr
     r = grpojob("validate", tiny, "--set", "checkpoint.size=lots")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 # Not measured in the scene's job (examples/tiny-local.yaml), by design: no sample, no data.
 NOT_MEASURED = {
     "grpojob_kl": "algorithm.klBeta is 0: no reference model is loaded and KL is not computed",
+    "grpojob_stage_device_memory_peak_bytes": "the scene's trainer runs on the CPU: no device memory",
 }
 
 # Named in metrics_names but not set on this path yet. When the trainer starts setting one, the
@@ -61,6 +62,7 @@ PANELS = {
     "Tokens per second": COUNT,
     "Step time by stage": COUNT,
     "Step time": POSITIVE,
+    "Peak memory by stage": POSITIVE,  # host bytes (no GPU in the scene)
     "Sample staleness": COUNT,
     "Trainer wait and generation pauses": COUNT,
     "Rollout idle fraction": FRACTION,

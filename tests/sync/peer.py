@@ -77,7 +77,7 @@ def _die_in_transfer(sig: int) -> None:
 def _die_in_send() -> None:
     init, pack = group.Transfer.__init__, group.bk.pack
 
-    def dying_init(self, pg, layout, buffers, *, tensors=None):
+    def dying_init(self, pg, layout, buffers, *, ready=None):
         time.sleep(1.0)  # the receivers poll for commands every 5 ms: they are receiving now
         packed = [0]
 
@@ -88,7 +88,7 @@ def _die_in_send() -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             return pack(*a)
         group.bk.pack = dying_pack
-        init(self, pg, layout, buffers, tensors=tensors)
+        init(self, pg, layout, buffers, ready=ready)
     group.Transfer.__init__ = dying_init
 
 

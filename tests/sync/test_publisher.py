@@ -254,3 +254,50 @@ def test_a_full_dev_shm_fails_the_push_clearly_and_the_servers_go_on(sync, agent
         monkeypatch.setattr(handoff.ShmSegment, "__init__", real)
         assert pub.push(weights(2).items(), version=2)["servers"] == 1
         assert a.held[0] == 2 and _equal(a.sink, weights(2)) and a.ready()
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm", "checkpoint"])
+def test_a_stream_is_pushed_bucket_by_bucket_without_holding_the_weights(sync, agents, tmp_path, backend):
+    """What a trainer pushes: a TensorStream whose every tensor is a fresh copy made when it is
+    asked for (as DTensor.full_tensor() gathers one from the shards). The publisher packs them
+    bucket by bucket, in the stream's order, and drops each bucket's tensors once packed: the
+    stream's own count of live produced tensors never exceeds one bucket (plus one tensor)."""
+    from grpojob.sync.stream import TensorStream
+
+    one = sync.model_copy(update={"backend": backend})
+    kw = {"checkpoint_dir": str(tmp_path)} if backend == "checkpoint" else {}
+    with publisher(one, heartbeat_timeout=3, **kw) as pub:
+        a = agents(f"127.0.0.1:{pub.port}", "a", **kw)
+        wait_for(a.ready, 20, "registration")
+        for version in (1, 2):
+            w = weights(version)
+            asked = []
+
+            def fetch(name, w=w, asked=asked):
+                asked.append(name)
+                return w[name].clone()
+            stream = TensorStream([(n, t.shape, t.dtype) for n, t in w.items()], fetch)
+            stats = pub.push(stream, version=version)
+            assert stats["servers"] == 1 and stream.exhausted and asked == list(w)
+            assert _equal(a.sink, w) and a.held[0] == version
+            bucket = 2**20  # sync's bucketSizeMb; 16 tensors of 256 KiB: 4 buckets of 4
+            tensor = 256 * 256 * 4
+            assert stats["buckets"] == 4 and stats["bytes"] == 16 * tensor
+            assert stats["gathered_peak_bytes"] <= bucket + tensor, stats
+            assert 1 <= stats["gathered_peak_tensors"] <= 5
+            assert stream.live_tensors == 0 and stream.live_bytes == 0
+
+
+def test_a_stream_is_announced_and_taken_in_dtype_groups():
+    """Mixed dtypes: the stream orders its specs by dtype (first appearance), the order the
+    layout's buckets take, and refuses to be taken out of that order."""
+    from grpojob.sync import buckets as bk
+    from grpojob.sync.stream import TensorStream
+
+    named = {"a": torch.zeros(4), "step": torch.zeros((), dtype=torch.int64), "b": torch.ones(4)}
+    stream = TensorStream.of(named.items())
+    assert [n for n, _, _ in stream.specs] == ["a", "b", "step"]
+    assert bk.plan(stream.specs, 1 << 20).names == ["a", "b", "step"]
+    with pytest.raises(RuntimeError, match="asked for 'b', next is a"):
+        stream.take("b")
+    assert [n for n, _ in stream] == ["a", "b", "step"] and stream.exhausted

@@ -59,3 +59,18 @@ def test_operator_scale():
     out = run("operator_scale", "--jobs", "2", "--steady", "1")
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
     assert rows and float(rows[-1][1]) > 0 and float(rows[-1][2]) > 0, out[-2000:]
+
+
+def test_checkpoint():
+    out = run("checkpoint", "--shape", "tiny", "--rounds", "1", "--ranks", "2", "--device", "cpu")
+    for line in ("rank-0 peak during push, streamed / full", "rank-0 peak during save, sharded / full"):
+        assert re.search(rf"^{line}: {NUMBER}$", out, re.M), out[-2000:]  # at a toy size a rise may round to 0
+    assert re.fullmatch(rf"rank-0 peak during save, sharded / full: {NUMBER}", out.strip().splitlines()[-1])
+    doc = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    assert doc["ranks"] == 2 and doc["strategy"] == "fsdp"
+    for kind in ("full", "sharded"):
+        for key in ("save_blocking", "save_total", "load", "push"):
+            assert doc[f"{kind}_{key}"] > 0, (kind, key)
+    # the sharded save is committed after it returned; the stream held at most the whole (tiny) model
+    assert doc["sharded_save_total"] >= doc["sharded_save_blocking"]
+    assert 0 < doc["sharded_push_gathered"] <= doc["sharded_push_bytes"]

@@ -1,6 +1,12 @@
-"""Checkpoints: Hugging Face format, keep-last, atomic newest, and resume equivalence."""
+"""Checkpoints: sharded (torch.distributed.checkpoint), written in the background, committed
+atomically (a kill mid-save keeps the previous one), keep-last, the full-state layout of before,
+Hugging Face exports, and resume equivalence."""
 import json
 import os
+import signal
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -8,8 +14,10 @@ import torch
 
 from grpojob import checkpoint
 from grpojob.trainer.build import build
+from grpojob.trainer.memory import reset_host_peak
 
 from .conftest import make_job
+from .procs import ROOT
 
 
 def _params(model):
@@ -22,7 +30,14 @@ def _assert_same(a, b, atol=0.0):
         torch.testing.assert_close(a[k], b[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
 
 
-def test_checkpoints_are_hf_models_keep_last_and_final_model(tiny_dir, tmp_path):
+def _export(ckpt, out) -> Path:
+    from grpojob.cli import main
+
+    assert main(["export", str(ckpt), str(out)]) == 0
+    return out
+
+
+def test_checkpoints_are_sharded_committed_kept_last_and_exported(tiny_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     job = make_job(tiny_dir, training={"steps": 3}, checkpoint={"everySteps": 1, "keepLast": 2})
@@ -30,15 +45,22 @@ def test_checkpoints_are_hf_models_keep_last_and_final_model(tiny_dir, tmp_path)
     tr = run.trainer
     before = _params(tr.model)
     assert run.run() == "completed"
-    assert [s for s, _ in checkpoint.list_checkpoints(tmp_path / "ck")] == [2, 3]
-    newest = checkpoint.latest(tmp_path / "ck")
-    loaded = AutoModelForCausalLM.from_pretrained(newest / "model")
-    _assert_same(_params(loaded), _params(tr.model))
-    assert any(not torch.equal(before[k], v) for k, v in _params(loaded).items()), "training changed nothing"
-    assert AutoTokenizer.from_pretrained(newest / "model").eos_token_id == tr.tokenizer.eos_token_id
-    assert (newest / "model" / "model.safetensors").is_file()
+    ck = tmp_path / "ck"
+    assert [s for s, _ in checkpoint.list_checkpoints(ck)] == [2, 3]
+    newest = checkpoint.latest(ck)
+    assert (ck / checkpoint.LATEST).read_text().strip() == newest.name == "step-000003"
+    assert sorted(p.name for p in ck.iterdir()) == ["latest", "step-000002", "step-000003"]  # no leftovers
+    assert (newest / checkpoint.SHARDS / ".metadata").is_file() and not (newest / "model").exists()
+    assert run.checkpoints.last_step == 3 and run.checkpoints.pending is None
+    # the Hugging Face model: the final one, and any checkpoint on request (grpojob export)
     final = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "final-model")
     _assert_same(_params(final), _params(tr.model))
+    assert any(not torch.equal(before[k], v) for k, v in _params(final).items()), "training changed nothing"
+    exported = _export(newest, tmp_path / "exported")
+    _assert_same(_params(AutoModelForCausalLM.from_pretrained(exported)), _params(tr.model))
+    assert AutoTokenizer.from_pretrained(exported).eos_token_id == tr.tokenizer.eos_token_id
+    step2 = AutoModelForCausalLM.from_pretrained(_export(ck / "step-000002", tmp_path / "step2"))
+    assert any(not torch.equal(a, b) for a, b in zip(_params(step2).values(), _params(final).values()))
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     for key in ("reward_mean", "reward_std", "rewards", "advantage_mean", "loss", "entropy", "clip_fraction",
@@ -47,6 +69,10 @@ def test_checkpoints_are_hf_models_keep_last_and_final_model(tiny_dir, tmp_path)
                 "policy_staleness", "grad_norm"):
         assert records[-1][key] is not None, key
     assert set(records[-1]["stage_seconds"]) == {"generate", "score", "train", "sync", "checkpoint"}
+    if reset_host_peak():  # peak memory per stage where the loop runs it (score overlaps generate)
+        assert set(records[-1]["stage_host_peak_bytes"]) == {"generate", "train", "sync", "checkpoint"}
+        assert all(v > 10 * 2**20 for r in records for v in r["stage_host_peak_bytes"].values())
+    assert records[-1]["stage_device_peak_bytes"] == {}  # no GPU here
     assert records[-1]["rewards"].keys() == {"toy"}
     assert records[-1]["kl"] is None and tr.ref is None  # beta 0: no reference model
     # the pipeline's own figures, every step
@@ -61,15 +87,112 @@ def test_checkpoints_are_hf_models_keep_last_and_final_model(tiny_dir, tmp_path)
 
 
 def test_newest_complete_checkpoint_wins(tmp_path):
-    (tmp_path / "step-000003" / "model").mkdir(parents=True)
+    def sharded(name):
+        (tmp_path / name / checkpoint.SHARDS).mkdir(parents=True)
+        (tmp_path / name / checkpoint.SHARDS / ".metadata").write_bytes(b"x")
+        (tmp_path / name / checkpoint.STATE_FILE).write_bytes(b"x")
+
+    (tmp_path / "step-000003" / "model").mkdir(parents=True)  # the full-state layout still counts
     (tmp_path / "step-000003" / "model" / "config.json").write_text("{}")
     (tmp_path / "step-000003" / checkpoint.STATE_FILE).write_bytes(b"x")
-    (tmp_path / ".tmp-step-000009-1" / "model").mkdir(parents=True)  # a kill mid-save
-    (tmp_path / "step-000010").mkdir()  # incomplete: no state, no model
-    assert checkpoint.latest(tmp_path) == tmp_path / "step-000003"
+    sharded("step-000004")
+    sharded(".tmp-step-000009-1")  # a kill before the commit
+    (tmp_path / "step-000010" / checkpoint.SHARDS).mkdir(parents=True)  # incomplete: no metadata, no state
+    assert checkpoint.latest(tmp_path) == tmp_path / "step-000004"
     removed = checkpoint.prune(tmp_path, keep_last=1)
-    assert removed == [tmp_path / ".tmp-step-000009-1"]
+    assert removed == [tmp_path / "step-000003", tmp_path / ".tmp-step-000009-1"]
     assert checkpoint.latest(tmp_path / "missing") is None
+
+
+def test_a_save_is_written_while_training_goes_on_and_waited_for(tiny_dir, tmp_path, monkeypatch):
+    """The shards are written on a background thread: save() returns while the writer is held
+    back, nothing is committed until it finishes, and the next save waits for it."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    release = threading.Event()
+    write = FileSystemWriter.write_data
+
+    def held_write(self, plan, planner):
+        assert release.wait(30)
+        return write(self, plan, planner)
+    monkeypatch.setattr(FileSystemWriter, "write_data", held_write)
+    run = build(make_job(tiny_dir, training={"steps": 2}), checkpoint_dir=str(tmp_path / "ck"))
+    tr, mgr = run.trainer, run.checkpoints
+    start = time.monotonic()
+    mgr.save()
+    assert time.monotonic() - start < 20 and mgr.pending is not None and mgr.covers(0)
+    assert checkpoint.latest(tmp_path / "ck") is None and mgr.last_step is None
+    before = _params(tr.model)
+    with torch.no_grad():  # training goes on: the staged copy is what gets written
+        for p in tr.model.parameters():
+            p.add_(1.0)
+    release.set()
+    mgr.wait()
+    assert mgr.last_step == 0 and checkpoint.latest(tmp_path / "ck").name == "step-000000"
+    assert mgr.committed() == [(0, tmp_path / "ck" / "step-000000")] and mgr.committed() == []
+    assert mgr.last_save.total_seconds >= mgr.last_save.blocking_seconds
+    again = build(make_job(tiny_dir, training={"steps": 2}), checkpoint_dir=str(tmp_path / "ck"))
+    _assert_same(_params(again.trainer.model), before)
+    run.rollouts.close()
+    again.rollouts.close()
+
+
+def test_a_save_killed_mid_write_leaves_the_previous_checkpoint(tiny_dir, tmp_path, procs):
+    """A real SIGKILL while the shards of step 2 are being written: step 1 stays the newest
+    checkpoint, `latest` names it, and a new trainer resumes from it and trains to the end."""
+    ck = tmp_path / "ck"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "runtime")]), "OMP_NUM_THREADS": "1"}
+    proc = procs([sys.executable, "-m", "tests.trainer.ckpt_worker", str(tiny_dir), str(ck), "2"], env,
+                 tmp_path / "worker.log")
+    assert proc.wait(300) == -signal.SIGKILL, proc.tail()
+    assert "killing myself while writing the checkpoint of step 2" in proc.tail()
+    assert [s for s, _ in checkpoint.list_checkpoints(ck)] == [1]
+    assert (ck / checkpoint.LATEST).read_text().strip() == "step-000001"
+    assert [p.name[:len(".tmp-step-000002")] for p in ck.glob(".tmp-*")] == [".tmp-step-000002"]
+    run = build(make_job(tiny_dir, training={"steps": 4}, checkpoint={"everySteps": 1, "keepLast": 2}),
+                checkpoint_dir=str(ck))
+    assert run.resumed_from == ck / "step-000001" and run.trainer.step == 1 and run.trainer.version == 1
+    assert run.run() == "completed"
+    assert [s for s, _ in checkpoint.list_checkpoints(ck)] == [3, 4] and not list(ck.glob(".tmp-*"))
+
+
+def _write_full_state_checkpoint(run, saved: Path, path: Path) -> None:
+    """A checkpoint as the trainer wrote them before they were sharded (the layout `legacy`
+    loads): rank 0's gathered Hugging Face model in model/ and trainer_state.pt with the full
+    optimizer state (torch's full state dicts, as that writer took them); the data position and
+    RNG from the sharded checkpoint `saved` of the same step."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    from grpojob.checkpoint.legacy import read_state
+
+    tr = run.trainer
+    tr.model.save_pretrained(path / "model", safe_serialization=True)
+    tr.tokenizer.save_pretrained(path / "model")
+    osd = get_optimizer_state_dict(tr.policy, tr.optimizer, options=StateDictOptions(full_state_dict=True))
+    state = read_state(saved)
+    torch.save({"step": tr.step, "policy_version": tr.version, "optimizer": osd,
+                "scheduler": tr.scheduler.state_dict(), "ranks": state["ranks"], "world": 1,
+                "data": state["data"]}, path / checkpoint.STATE_FILE)
+
+
+def test_a_full_state_checkpoint_of_the_earlier_layout_still_resumes(tiny_dir, tmp_path):
+    job = make_job(tiny_dir, training={"steps": 3, "lrSchedule": "linear"})
+    first = build(job, checkpoint_dir=str(tmp_path / "a"), on_step=lambda r: r.step == 2 and first.request_suspend())
+    assert first.run() == "suspended" and first.trainer.step == 2
+    _write_full_state_checkpoint(first, tmp_path / "a" / "step-000002", tmp_path / "old" / "step-000002")
+    assert checkpoint.latest(tmp_path / "old") == tmp_path / "old" / "step-000002"
+    second = build(job, checkpoint_dir=str(tmp_path / "old"))
+    tr = second.trainer
+    assert tr.step == 2 and tr.version == 2
+    _assert_same(_params(tr.model), _params(first.trainer.model))
+    a, b = first.trainer.optimizer.state_dict()["state"], tr.optimizer.state_dict()["state"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k]["exp_avg_sq"], b[k]["exp_avg_sq"]) for k in a)
+    assert tr.scheduler.get_last_lr() == first.trainer.scheduler.get_last_lr()
+    assert second.run() == "completed" and tr.step == 3
+    assert checkpoint.latest(tmp_path / "old").name == "step-000003"  # the next save is sharded
+    assert (tmp_path / "old" / "step-000003" / checkpoint.SHARDS / ".metadata").is_file()
+    exported = _export(tmp_path / "old" / "step-000002", tmp_path / "exported")  # export reads it too
+    assert (exported / "model.safetensors").is_file()
 
 
 def test_tied_embeddings_checkpoint_round_trip(tiny_tied_dir, tmp_path):
@@ -79,9 +202,10 @@ def test_tied_embeddings_checkpoint_round_trip(tiny_tied_dir, tmp_path):
     run = build(job, checkpoint_dir=str(tmp_path / "ck"), run_dir=str(tmp_path / "run"))
     tr = run.trainer
     run.run()
-    loaded = AutoModelForCausalLM.from_pretrained(checkpoint.latest(tmp_path / "ck") / "model")
-    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
-    _assert_same(_params(loaded), _params(tr.model))
+    for path in (tmp_path / "run" / "final-model", _export(tmp_path / "ck", tmp_path / "exported")):
+        loaded = AutoModelForCausalLM.from_pretrained(path)
+        assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+        _assert_same(_params(loaded), _params(tr.model))
 
 
 @pytest.mark.slow
@@ -123,7 +247,7 @@ def test_vllm_serves_the_trained_checkpoint(tiny_dir, tmp_path, procs):
 
     job = make_job(tiny_dir, training={"steps": 3, "learningRate": 0.01})
     build(job, checkpoint_dir=str(tmp_path / "ck")).run()
-    model_dir = checkpoint.latest(tmp_path / "ck") / "model"
+    model_dir = _export(tmp_path / "ck", tmp_path / "exported")
     prompts = [[40, 41, 42], [100, 7, 250, 9], [300], [12, 13, 14, 15, 16]]
 
     def hf_greedy(path):

@@ -105,3 +105,35 @@ def test_a_job_may_lock_its_metrics_too():
         assert _get(base + "/healthz", headers={})[0] == 200
     finally:
         server.stop()
+
+
+def test_peak_memory_per_stage_in_status_and_metrics(served):
+    """The step record's peaks per stage: /status stageMemory and the two gauges, labelled by
+    stage; a stage the next step did not measure (no GPU: no device peaks) has no sample."""
+    from grpojob.trainer.record import StepRecord
+
+    board, base = served
+    gib = 2**30
+    first = StepRecord(step=1, policy_version=1, learning_rate=1e-3,
+                       stage_host_peak_bytes={"generate": 2 * gib, "train": 3 * gib, "checkpoint": 4 * gib},
+                       stage_device_peak_bytes={"train": 5 * gib})
+    board.observe(first.to_json())
+    board.update(phase="running", **first.status_fields())
+    doc = json.loads(_get(base + "/status")[1])
+    assert doc["stageMemory"]["train"] == {"hostPeakBytes": 3 * gib, "devicePeakBytes": 5 * gib}
+    assert doc["stageMemory"]["checkpoint"] == {"hostPeakBytes": 4 * gib}
+    assert _memory_samples(_get(base + "/metrics")[1]) == {
+        ("grpojob_stage_host_memory_peak_bytes", "generate"): 2 * gib,
+        ("grpojob_stage_host_memory_peak_bytes", "train"): 3 * gib,
+        ("grpojob_stage_host_memory_peak_bytes", "checkpoint"): 4 * gib,
+        ("grpojob_stage_device_memory_peak_bytes", "train"): 5 * gib}
+    second = StepRecord(step=2, policy_version=2, learning_rate=1e-3, stage_host_peak_bytes={"train": gib})
+    board.observe(second.to_json())
+    assert _memory_samples(_get(base + "/metrics")[1]) == {("grpojob_stage_host_memory_peak_bytes", "train"): gib}
+
+
+def _memory_samples(text: str) -> dict[tuple[str, str], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, s.labels["stage"]): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if "memory_peak" in s.name}

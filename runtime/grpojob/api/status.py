@@ -69,6 +69,12 @@ class GRPOJobStatus(Model):
     restarts: int = field(0, description="Trainer restarts counted against runPolicy.backoffLimit.")
 
 
+class StageMemory(Model):
+    """Peak memory of the trainer leader's process during one step stage."""
+    host_peak_bytes: Optional[int] = field(None, description="Peak resident host memory (bytes).")
+    device_peak_bytes: Optional[int] = field(None, description="Peak allocated GPU memory (bytes); CUDA only.")
+
+
 class TrainerStatus(Model):
     """JSON served at the trainer leader's /status."""
     phase: Literal["starting", "running", "checkpointing", "completed", "failed", "suspended"] = field(
@@ -83,4 +89,7 @@ class TrainerStatus(Model):
     weights_in_sync: Optional[bool] = field(None, description="Every rollout serves policyVersion.")
     rollouts: list[RolloutLag] = field(default_factory=list, description="Policy lag of each rollout server.")
     weight_sync_backend: Optional[str] = field(None, description="Weight-sync path in use.")
+    stage_memory: dict[str, StageMemory] = field(
+        default_factory=dict, description="Peak memory per stage of the last step (generate, train, sync, "
+        "checkpoint), rank 0's process.")
     message: str = field("", description="Detail (the error on failure).")

@@ -167,6 +167,14 @@ def warnings(job: GRPOJob) -> list[FieldError]:
         out.append(FieldError("spec.checkpoint.storage", "ephemeral: checkpoints live in an emptyDir, deleted with "
                               "the trainer pod; the operator refuses to suspend this job (it would resume from "
                               "step 0)"))
+    replicas = job.spec.trainer.replicas
+    if replicas > 1 and not job.spec.checkpoint.volume_claim:
+        # Every rank writes its own shards (torch.distributed.checkpoint) into one directory: a claim
+        # per pod would hold only that pod's shards, and the trainer refuses to start so.
+        out.append(FieldError("spec.checkpoint.volumeClaim", f"unset with trainer.replicas {replicas}: every "
+                              "trainer pod writes its shards of each checkpoint into one directory, so they need "
+                              "one shared (ReadWriteMany) PersistentVolumeClaim; the trainer stops at start "
+                              "without it"))
     return out
 
 

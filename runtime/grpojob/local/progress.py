@@ -3,11 +3,10 @@ reward/KL curves drawn at the end."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Optional
 
-_STEP_DIR = re.compile(r"^step-(\d+)$")
+from ..checkpoint import layout
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -30,10 +29,8 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def newest_checkpoint(directory: Path) -> Optional[Path]:
-    if not directory.is_dir():
-        return None
-    steps = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
-    return max(steps)[1] if steps else None
+    """The newest complete checkpoint (what a resume starts from)."""
+    return layout.latest(directory)
 
 
 def _fmt(record: dict[str, Any]) -> dict[str, str]:
@@ -50,6 +47,10 @@ def _fmt(record: dict[str, Any]) -> dict[str, str]:
     stages = record.get("stage_seconds") or {}
     if stages:
         out["stages"] = " ".join(f"{k[:3]}={v:.2f}s" for k, v in stages.items())
+    for key, label in (("stage_host_peak_bytes", "host"), ("stage_device_peak_bytes", "gpu")):
+        peaks = record.get(key) or {}  # peak memory per stage, in GiB
+        if peaks:
+            out[label] = " ".join(f"{k[:3]}={v / 2**30:.2f}G" for k, v in peaks.items())
     return out
 
 

@@ -10,8 +10,9 @@ Buckets go over the wire as raw bytes (uint8 views), so every dtype works on glo
 from __future__ import annotations
 
 import contextlib
+import threading
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
@@ -162,3 +163,58 @@ def dedup_tied(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, tor
         seen.add(key)
         out.append((name, t))
     return out
+
+
+class Packer:
+    """Packs a TensorStream into the buckets of one or more media, bucket by bucket (the caller's
+    thread: a trainer's stream gathers collectively there). A bucket's tensors are taken from the
+    stream, packed into every medium and dropped, so the gathered weights held at once are one
+    bucket (plus the tensor being gathered).
+    `ready(i)` (for the sending thread) blocks until bucket i is packed everywhere."""
+
+    def __init__(self, layout: Layout, stream, media: dict[str, Sequence[torch.Tensor]],
+                 on_done: Optional[Callable[[], None]] = None):
+        """`media`: name -> the medium's bucket buffers; `on_done`: called once all are packed."""
+        self.layout, self.stream, self.media, self.on_done = layout, stream, media, on_done
+        self.packed = 0
+        self.error: Optional[BaseException] = None
+        self._cond = threading.Condition()
+
+    @property
+    def done(self) -> bool:
+        return self.packed >= len(self.layout.buckets)
+
+    def finish(self) -> None:
+        """Pack every bucket left (the stream is exhausted afterwards, also when a medium failed)."""
+        try:
+            while not self.done:
+                i = self.packed
+                bufs = [m[i] for m in self.media.values()]
+                bucket = self.layout.buckets[i]
+                tensors = {e.name: self.stream.take(e.name) for e in bucket.entries}
+                with host_copies(bufs):
+                    for buf in bufs:
+                        pack(bucket, tensors, buf)
+                del tensors
+                for dev in {b.device for b in bufs if b.is_cuda}:
+                    torch.cuda.current_stream(dev).synchronize()  # the sender's stream reads it next
+                with self._cond:
+                    self.packed += 1
+                    self._cond.notify_all()
+                if self.done and self.on_done is not None:
+                    self.on_done()
+        except BaseException as e:
+            self.abort(e)
+            raise
+
+    def abort(self, error: BaseException) -> None:
+        with self._cond:
+            self.error = error
+            self._cond.notify_all()
+
+    def ready(self, i: int) -> None:
+        with self._cond:
+            while self.packed <= i and self.error is None:
+                self._cond.wait()
+            if self.packed <= i:
+                raise RuntimeError(f"packing bucket {i + 1} failed: {self.error}") from self.error

@@ -5,11 +5,13 @@ plan -> pack -> send -> acknowledge:
   collective path (nccl, gloo) gets a process group: the publisher is rank 0, that path's
   endpoints follow, and the group is kept for the next push to the same endpoints. A handoff
   path (cuda-ipc, shm) gets the handles of the publisher's buffers.
-- pack: the state dict goes into flat dtype-grouped buckets (`buckets`) in the media the paths
-  read: GPU buffers on the trainer's device (nccl, cuda-ipc), host buffers (gloo), one /dev/shm
-  segment (shm). Only media in use are allocated. A medium that a handoff reads is filled before
-  the command is published; one only a collective reads is filled bucket by bucket while the
-  earlier buckets are on the wire.
+- pack: the weights arrive as a stream (`stream.TensorStream`: a trainer gathers each tensor from
+  its shards only when it is packed) and go into flat dtype-grouped buckets (`buckets`) in the
+  media the paths read: GPU buffers on the trainer's device (nccl, cuda-ipc), host buffers (gloo),
+  one /dev/shm segment (shm). Only media in use are allocated. Packing runs in the caller's thread
+  (a trainer's gathers are collective) and each bucket goes on the wire of the collective paths as
+  soon as it is packed; a handoff reads whole buffers, so with a handoff path every bucket is
+  packed before the command is published.
 - send: one command names every target with the route of each endpoint; the collectives run
   while the handoff receivers copy.
 - acknowledge: every server acknowledges once it loaded the version. A server that dies, hangs
@@ -39,6 +41,7 @@ from .membership import Member, Membership
 from .placement import COLLECTIVES, SHM_DIR
 from .credentials import Credentials, Forged
 from .protocol import Deadline, WeightSyncError, short_error
+from .stream import TensorStream
 
 log = logging.getLogger("grpojob.sync")
 
@@ -96,9 +99,10 @@ class Delivery:
         self._ids = itertools.count(1)
 
     # ---- the retained version -------------------------------------------------------------------
-    def retain(self, named: list[tuple[str, torch.Tensor]], version: int, wid: str) -> Retained:
-        """Make `version` the retained one (its buffers are filled on delivery or by `keep`)."""
-        layout = bk.plan([(n, tuple(t.shape), t.dtype) for n, t in named], self.bucket_bytes)
+    def retain(self, stream: TensorStream, version: int, wid: str) -> Retained:
+        """Make `version` the retained one (its buffers are filled on delivery or by `keep`;
+        backend checkpoint: written to files here, which takes the whole stream)."""
+        layout = bk.plan(stream.specs, self.bucket_bytes)
         r = self.retained
         if r is None or r.layout != layout:
             if r is not None:
@@ -110,13 +114,13 @@ class Delivery:
         # which only goes when the storage does.
         r.media.pop("device", None)
         if self.checkpoint_dir:
-            r.path = files.save(self.checkpoint_dir, version, named)
+            r.path = files.save(self.checkpoint_dir, version, stream)
         return r
 
-    def keep(self, tensors: dict[str, torch.Tensor]) -> None:
+    def keep(self, stream: TensorStream) -> None:
         """Pack the retained version for servers that come later (the trainer's device keeps it)."""
-        if not self.checkpoint_dir:
-            self._fill("device" if self.device.type == "cuda" else "host", tensors)
+        if not self.checkpoint_dir and not stream.exhausted:
+            self._packer(["device" if self.device.type == "cuda" else "host"], stream).finish()
 
     def close(self) -> None:
         self._groups.clear()
@@ -125,16 +129,20 @@ class Delivery:
         self.store = None  # the publisher's store shuts down with its last reference
 
     # ---- commands ---------------------------------------------------------------------------------
-    def push(self, targets: list[Member], tensors: Optional[dict], *, main: bool) -> Outcome:
-        """Bring `targets` to the retained version. `tensors`: the state dict being pushed (None
-        for a catch-up from the retained buffers); `main`: keep its groups for the next push."""
+    def push(self, targets: list[Member], stream: Optional[TensorStream], *, main: bool) -> Outcome:
+        """Bring `targets` to the retained version. `stream`: the weights being pushed (None for
+        a catch-up from the retained buffers); `main`: keep its groups for the next push. The
+        stream is exhausted when this returns (every bucket packed, whatever the targets did)."""
         r = self.retained
         assert r is not None
         if self.checkpoint_dir:
             return self._attempts(targets, r, lambda seq, ts: self._load_cmd(seq, ts, r.version, r.weights, r.path))
-        out = self._attempts(targets, r, lambda seq, ts: self._push_cmd(seq, ts, tensors, main))
-        if tensors is not None and not r.filled:  # nobody took it: still keep it for later servers
-            self.keep(tensors)
+        packer = None
+        if stream is not None and not stream.exhausted:
+            packer = self._packer(sorted({MEDIUM[p] for m in targets for p in m.routes}), stream)
+        out = self._attempts(targets, r, lambda seq, ts: self._push_cmd(seq, ts, packer, main))
+        if packer is not None:
+            packer.finish()  # every target dropped before packing began: still keep it for later servers
         return out
 
     def load(self, targets: list[Member], version: int, wid: str, path: Optional[str]) -> Outcome:
@@ -187,15 +195,17 @@ class Delivery:
             dropped.append(m)
         return Outcome([], dropped)
 
-    def _push_cmd(self, seq: int, targets: list[Member], tensors: Optional[dict], main: bool) -> dict:
+    def _push_cmd(self, seq: int, targets: list[Member], packer: Optional[bk.Packer], main: bool) -> dict:
         r = self.retained
         by_path: dict[str, list[tuple[Member, int]]] = {}
         for m in targets:
             for i, p in enumerate(m.routes):
                 by_path.setdefault(p, []).append((m, i))
-        for p in by_path:  # handoffs read whole buffers: fill them before anyone is told to read
-            if p in HANDOFF or (tensors is None and MEDIUM[p] not in r.filled):
-                self._fill(MEDIUM[p], tensors)
+        if packer is not None and any(p in HANDOFF for p in by_path):
+            packer.finish()  # handoffs read whole buffers: fill them before anyone is told to read
+        for p in by_path:  # a medium this version is not (being) packed into: copied from a filled one
+            if MEDIUM[p] not in r.filled and (packer is None or MEDIUM[p] not in packer.media):
+                self._copy_into(MEDIUM[p])
         cmd = {"seq": seq, "kind": "push", "version": r.version, "weights": r.weights,
                "layout": r.layout.to_json(), "timeout": self.timeout,
                "targets": [m.instance for m in targets], "routes": {m.instance: list(m.routes) for m in targets},
@@ -234,17 +244,23 @@ class Delivery:
                 used.append((p, pg))
                 if main:
                     self._groups[p] = (gid, eps, pg)
-                medium = MEDIUM[p]
-                lazy = tensors if medium not in r.filled else None
-                transfers.append((p, poll, grp.Transfer(pg, r.layout, self._buffers(medium), tensors=lazy)))
+                gate = packer.ready if packer is not None and not packer.done else None
+                transfers.append((p, poll, grp.Transfer(pg, r.layout, self._buffers(MEDIUM[p]), ready=gate)))
+            if packer is not None:
+                packer.finish()  # each bucket goes on the wire as soon as it is packed
             for p, poll, t in transfers:
                 t.wait(poll, deadline, f"{what} over {p}")
-                r.filled.add(MEDIUM[p])
             return self._acks(seq, targets, self._liveness(targets), deadline, what)
         except WeightSyncError:
             for p, pg in used:
                 grp.abandon(pg, self.timeout)
                 self._groups.pop(p, None)
+            if packer is not None:
+                packer.finish()  # the retry (and late servers) read the retained buffers
+            raise
+        except BaseException as e:
+            if packer is not None:
+                packer.abort(e)  # a transfer waiting for a bucket gives up
             raise
 
     def _form(self, path: str, g: dict, targets: list[Member], poll, deadline: Deadline, what: str):
@@ -279,22 +295,21 @@ class Delivery:
                 r.media[medium] = [bk.allocate(b, device) for b in r.layout.buckets]
         return r.media[medium]
 
-    def _fill(self, medium: str, tensors: Optional[dict]) -> None:
-        """Put the retained version into `medium`: from the tensors, or from a filled medium."""
+    def _packer(self, media: list[str], stream: TensorStream) -> bk.Packer:
+        """Packs `stream` into `media`, which count as filled once every bucket is packed."""
+        r = self.retained
+        return bk.Packer(r.layout, stream, {m: self._buffers(m) for m in media}, on_done=lambda: r.filled.update(media))
+
+    def _copy_into(self, medium: str) -> None:
+        """Put the retained version into `medium` from a medium that holds it."""
         r = self.retained
         if medium in r.filled:
             return
-        bufs = self._buffers(medium)
-        if tensors is not None:
-            with bk.host_copies(bufs):
-                for b, buf in zip(r.layout.buckets, bufs):
-                    bk.pack(b, tensors, buf)
-        else:
-            if not r.filled:
-                raise WeightSyncError(f"weights version {r.version} are not retained anywhere")
-            src = r.media[next(iter(r.filled))]
-            for s, d in zip(src, bufs):
-                d.copy_(s)
+        if not r.filled:
+            raise WeightSyncError(f"weights version {r.version} are not retained anywhere")
+        src = r.media[next(iter(r.filled))]
+        for s, d in zip(src, self._buffers(medium)):
+            d.copy_(s)
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
         r.filled.add(medium)

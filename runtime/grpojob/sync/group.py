@@ -70,12 +70,13 @@ def abandon(pg, seconds: float) -> None:
 
 class Transfer:
     """Broadcast every bucket from rank 0 (send) or into `buffers` (receive), queued on a thread.
-    Sending with `tensors` packs each bucket just before its broadcast is queued, so packing
-    bucket i+1 overlaps sending bucket i."""
+    Sending with `ready`: bucket i is broadcast once `ready(i)` returns (it blocks until the
+    publisher packed the bucket; it raises when packing failed), so packing bucket i+1 overlaps
+    sending bucket i."""
 
     def __init__(self, pg, layout: bk.Layout, buffers: Sequence[torch.Tensor], *,
-                 tensors: Optional[dict] = None):
-        self.pg, self.layout, self.buffers, self.tensors = pg, layout, list(buffers), tensors
+                 ready: Optional[Callable[[int], None]] = None):
+        self.pg, self.layout, self.buffers, self.ready = pg, layout, list(buffers), ready
         self.works: list = []
         self.error: Optional[BaseException] = None
         self._queued = threading.Event()
@@ -85,13 +86,10 @@ class Transfer:
         opts = BroadcastOptions()
         opts.rootRank = 0
         try:
-            with bk.host_copies(self.buffers if self.tensors is not None else []):
-                for b, buf in zip(self.layout.buckets, self.buffers):
-                    if self.tensors is not None:
-                        bk.pack(b, self.tensors, buf)
-                        if buf.is_cuda:
-                            torch.cuda.current_stream(buf.device).synchronize()
-                    self.works.append(self.pg.broadcast([bk.wire(buf)], opts))
+            for i, buf in enumerate(self.buffers):
+                if self.ready is not None:
+                    self.ready(i)
+                self.works.append(self.pg.broadcast([bk.wire(buf)], opts))
         except BaseException as e:  # noqa: BLE001 - reported by wait(), in the caller's thread
             self.error = e
         finally:

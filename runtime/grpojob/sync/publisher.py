@@ -3,7 +3,7 @@
     pub = WeightPublisher(spec.weight_sync, host="0.0.0.0", port=SYNC_STORE_PORT, device=env.device,
                           token=auth.token)
     pub.rollout_addresses()        # http URLs of the servers that hold the current version
-    stats = pub.push(model.state_dict().items(), version=step)
+    stats = pub.push(model.state_dict().items(), version=step)   # or a TensorStream
     pub.backend_in_use()           # "cuda-ipc", "gloo,nccl", ...: /status weightSyncBackend
     pub.close()
 
@@ -15,9 +15,12 @@
   (`placement`): NCCL between GPUs, CUDA IPC on the trainer's own GPU, gloo with a CPU on either
   side, or what weightSync.backend forces (refused, naming the server, where it cannot work).
 - `push` takes the full HF-named state dict (tensors on any device; tied duplicates are sent
-  once) and brings every registered server to it over its route (`delivery`), then returns
-  stats: version, seconds, bytes, buckets, servers (that acknowledged), dropped (replicas removed
-  because they died or failed), paths ({path: [replica]}) and backend (the paths, in words). A
+  once), as a `stream.TensorStream` whose tensors are produced one by one while the buckets fill
+  (a trainer gathers each from its shards then) or as named tensors in memory, and brings every
+  registered server to it over its route (`delivery`), then returns stats: version, seconds,
+  bytes, buckets, servers (that acknowledged), dropped (replicas removed because they died or
+  failed), paths ({path: [replica]}), backend (the paths, in words) and gathered_peak_bytes /
+  gathered_peak_tensors (the most of a stream's produced tensors alive at once). A
   server that dies mid-push is named in the log and dropped; the push is retried on the
   survivors, so the trainer's step goes on. With no server registered, `push` keeps the weights.
 - A server that registers later (new, restarted, or re-joining after the trainer restarted) is
@@ -49,6 +52,7 @@ from .delivery import Delivery, Outcome
 from .credentials import Credentials
 from .membership import Membership
 from .protocol import DISK, WeightSyncError, door, weights_id
+from .stream import TensorStream
 
 log = logging.getLogger("grpojob.sync")
 
@@ -114,26 +118,29 @@ class WeightPublisher:
         paths = sorted({p for m in self.members.live() for p in m.routes})
         return ",".join(paths) or None
 
-    def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
-        """Send a full state dict as `version` to every registered server; see the module doc."""
+    def push(self, weights: TensorStream | Iterable[tuple[str, torch.Tensor]], version: int) -> dict:
+        """Send a full state dict as `version` to every registered server; see the module doc.
+        `weights`: a TensorStream (produced tensor by tensor, e.g. gathered from shards: it is
+        exhausted when push returns; after an error the caller drains it, so that the trainer's
+        other ranks finish their gathers) or named tensors already in memory."""
         start = time.perf_counter()
-        named = bk.dedup_tied(named_tensors)
+        stream = weights if isinstance(weights, TensorStream) else TensorStream.of(weights)
         wid = weights_id(self.run, version)
         with self._lock:
-            retained = self.delivery.retain(named, version, wid)
+            retained = self.delivery.retain(stream, version, wid)
             targets = self.members.live()
-            tensors = dict(named)
             if targets:
-                out = self.delivery.push(targets, tensors, main=True)
+                out = self.delivery.push(targets, stream, main=True)
             else:
-                self.delivery.keep(tensors)
+                self.delivery.keep(stream)
                 out = Outcome([], [])
             self._set_current(version, wid)
         paths = out.paths
         stats = {"version": version, "seconds": time.perf_counter() - start, "bytes": retained.layout.nbytes,
                  "buckets": len(retained.layout.buckets), "servers": len(out.ok),
                  "dropped": [m.replica for m in out.dropped], "paths": paths, "paused_seconds": out.paused_seconds,
-                 "backend": placement.describe(paths) if paths else None}
+                 "backend": placement.describe(paths) if paths else None,
+                 "gathered_peak_bytes": stream.peak_bytes, "gathered_peak_tensors": stream.peak_tensors}
         if targets:
             log.info("pushed weights version %d to %d server(s) via %s in %.3f s (%.1f MiB)%s", version,
                      len(out.ok), stats["backend"] or "no path", stats["seconds"], stats["bytes"] / 2**20,

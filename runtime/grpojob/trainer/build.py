@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
-from .. import checkpoint
+from ..checkpoint.manager import CheckpointManager, find_latest
 from ..api import GRPOJob
 from ..auth import Auth
 from ..plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
@@ -27,7 +27,7 @@ from .trainer import GRPOTrainer
 class TrainerRun:
     trainer: GRPOTrainer
     rollouts: Rollouts
-    checkpoints: checkpoint.CheckpointManager
+    checkpoints: CheckpointManager
     loop: Loop
     resumed_from: Optional[Path] = None
 
@@ -71,14 +71,14 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
     spec = job.spec
     trainer = trainer_class(spec)(job, env)  # spec.trainer.class, default GRPOTrainer
     root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
-    found = checkpoint.find_latest(root, env) if spec.checkpoint.resume else None
+    found = find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
                    dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root),
                    auth=auth, on_wait=(lambda text: board.update(message=text)) if board is not None else None)
     if board is not None and side.publisher is not None:  # rollout server count and lag, read at each scrape
         board.watch_rollouts(side.publisher.servers)
     try:
-        checkpoints = checkpoint.CheckpointManager(root, trainer, side.source, spec.checkpoint.keep_last)
+        checkpoints = CheckpointManager(root, trainer, side.source, spec.checkpoint.keep_last)
         if found is not None:
             checkpoints.load(found)
         run_dir = run_dir or os.environ.get(ENV_RUN_DIR)

@@ -32,7 +32,9 @@ class Callback:
         """After each step; `record` is the StepRecord (record.scalars() flattens its numbers)."""
 
     def on_checkpoint(self, step: int, path: Path) -> None:
-        """After the checkpoint of `step` was written to `path` (a Hugging Face model directory)."""
+        """After the checkpoint of `step` was committed at `path` (a torch.distributed.checkpoint
+        directory; `grpojob export PATH OUT` makes a Hugging Face model of it). Saves are written
+        in the background: this comes on the loop's thread at the first step boundary after."""
 
     def close(self) -> None:
         """The run ended (completed, suspended or failed)."""

@@ -166,27 +166,28 @@ def gather_objects(obj: Any, env: DistEnv) -> Optional[list[Any]]:
     return out
 
 
-def full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], env: DistEnv,
-               everywhere: bool = False) -> tuple[dict[str, torch.Tensor], Optional[dict]]:
-    """Unsharded model (and optimizer) state keyed by parameter names (the same for any world
-    size and wrapper, so a checkpoint resumes under another strategy). Collective. Rank 0 always
-    gets it; other ranks only when `everywhere` (else {})."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
-    multi = env.initialized and env.world > 1
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=multi and not everywhere)
-    msd = get_model_state_dict(model, options=opts)
-    osd = None
-    if optimizer is not None:
-        osd = get_optimizer_state_dict(model, optimizer,
-                                       options=StateDictOptions(full_state_dict=True, cpu_offload=multi))
-    return msd, osd
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """This rank's shards of the model and optimizer state ({"model", "optimizer"}), keyed by
+    parameter names (the same for any world size and wrapper: DDP's `module.` is dropped), for
+    torch.distributed.checkpoint. An optimizer without state gets it first (zero step), so the
+    dict is also the skeleton a checkpoint loads into. Collective."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizer)
+    return {"model": msd, "optimizer": osd}
+
+
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Load a `sharded_state` dict (filled in place by torch.distributed.checkpoint.load). Collective."""
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def load_full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], env: DistEnv,
                     msd: Optional[dict], osd: Optional[dict]) -> None:
     """Load a full state (needed on rank 0 only; broadcast from there) into the wrapped model and
-    optimizer. Collective."""
+    optimizer: checkpoints of the full-state layout. Collective."""
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                          set_optimizer_state_dict)
     multi = env.initialized and env.world > 1

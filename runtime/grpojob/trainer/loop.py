@@ -2,8 +2,10 @@
 
     groups  = source.next_step()                 # GroupSource: rank 0's manager, shared out
     update  = trainer.step_training(groups)      # GRPOTrainer: advantages, packed updates
-    report  = publisher.publish(weights, v)      # every weightSync.everySteps steps (rank 0)
-    path    = checkpoints.save()                 # every checkpoint.everySteps steps
+    report  = publisher.publish(stream, v)       # every weightSync.everySteps steps: rank 0 pushes the
+                                                 # weights as every rank gathers them, tensor by tensor
+    checkpoints.save()                           # every checkpoint.everySteps steps: each rank stages
+                                                 # its shards, written in the background
     record  -> metrics.jsonl, /status, Prometheus, trackers and callbacks (the StepRecord is their
                one source)
 
@@ -27,10 +29,11 @@ from typing import Callable, Optional
 import torch
 
 from .. import failures
-from ..checkpoint import CheckpointManager
+from ..checkpoint.manager import CheckpointManager
 from ..rollout.engine import torch_dtype_name
 from . import dist
 from .callbacks import Callbacks
+from .memory import StageMemory
 from .record import StepRecord
 from .rollouts import GroupSource, PushReport, WeightPublisher
 from .server import StatusBoard
@@ -54,6 +57,7 @@ class Loop:
         self.suspend = suspend or threading.Event()
         self.published: Optional[int] = None
         self.backend: Optional[str] = None
+        self.memory = StageMemory(trainer.env.device)
 
     def request_suspend(self) -> None:
         """Finish the current step, checkpoint, stop."""
@@ -81,8 +85,9 @@ class Loop:
             if record is None:  # suspended while waiting for the step's groups
                 return self._stop()
             self.emit(record)
-        if self.checkpoints.last_step != tr.step:
+        if not self.checkpoints.covers(tr.step):
             self.checkpoint()
+        self.wait_checkpoint()
         self.save_final_model()
         self._status(phase="completed", step=tr.step, last_checkpoint_step=self.checkpoints.last_step,
                      message="training completed", **self._sync_status())
@@ -103,13 +108,16 @@ class Loop:
         stalled: a suspend must not wait for it)."""
         spec, tr = self.spec, self.trainer
         t0 = time.perf_counter()
+        self.memory.mark(None)
         got = self.source.next_step(self.suspend)
         if got is None:
             return None
         t1 = time.perf_counter()
+        self.memory.mark("generate")
         prep, stats = tr.step_training(got.groups)
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
+        self.memory.mark("train")
         report = None
         # The last step too (the rollouts end serving the final policy); not when suspending: the
         # rollout servers may be stopping too (a resume pushes first).
@@ -117,10 +125,13 @@ class Loop:
                 and not self._suspend_agreed():
             report = self.publish()
         t3 = time.perf_counter()
+        self.memory.mark("sync")
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")
             self.checkpoint()
         t4 = time.perf_counter()
+        self.memory.mark("checkpoint")
+        host_peaks, device_peaks = self.memory.take()
         seconds = t4 - t0
         rollouts = self._rollouts()
         parts = {**got.environment_rewards, **prep.reward_parts}  # the spec's rewards, then environments' own
@@ -138,7 +149,7 @@ class Loop:
             environments=got.environments, extra={**prep.extra, **extra},
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
                            "train": round(t2 - t1, 6), "sync": round(t3 - t2, 6), "checkpoint": round(t4 - t3, 6)},
-            step_seconds=seconds)
+            stage_host_peak_bytes=host_peaks, stage_device_peak_bytes=device_peaks, step_seconds=seconds)
 
     def _rollouts(self) -> list[dict]:
         """Every rollout server's version and lag behind the trainer (rank 0; [] elsewhere)."""
@@ -155,21 +166,32 @@ class Loop:
         return {"rollouts": rollouts, "weights_in_sync": _in_sync(rollouts), "policy_version": self.trainer.version}
 
     def checkpoint(self) -> None:
-        """Save a checkpoint (collective), then tell the callbacks (rank 0)."""
-        path = self.checkpoints.save()
-        if path is not None and self.env.is_leader:
-            self.callbacks.on_checkpoint(self.trainer.step, path)
+        """Start a checkpoint (collective; written in the background, after the previous one)."""
+        self.checkpoints.save()
+        self._announce_checkpoints()
+
+    def wait_checkpoint(self) -> None:
+        """Until the last checkpoint is committed (collective)."""
+        self.checkpoints.wait()
+        self._announce_checkpoints()
+
+    def _announce_checkpoints(self) -> None:
+        """Tell the callbacks (rank 0, this thread) of the checkpoints committed since."""
+        for step, path in self.checkpoints.committed():
+            if self.env.is_leader:
+                self.callbacks.on_checkpoint(step, path)
 
     def publish(self) -> Optional[PushReport]:
-        """The full weights to the rollouts as the trainer's current version (collective gather;
-        rank 0 pushes), then the version floor moves."""
+        """The weights to the rollouts as the trainer's current version, then the version floor
+        moves. Collective: every rank gathers each tensor as rank 0's push takes it."""
         tr = self.trainer
-        state, _ = tr.full_state()
         # The rollouts' dtype (rollout.engine's rule; they run where the trainer does: GPU or CPU),
         # so fp32 master weights under bf16 autocast go out as the bf16 the engines serve.
-        serve = getattr(torch, torch_dtype_name(self.spec, tr.env.device.type == "cuda"))
-        state = {k: v.to(serve) if v.is_floating_point() else v for k, v in state.items()}
-        report = self.publisher.publish(state.items(), tr.version) if self.publisher is not None else None
+        stream = tr.weight_stream(getattr(torch, torch_dtype_name(self.spec, tr.env.device.type == "cuda")))
+        try:
+            report = self.publisher.publish(stream, tr.version) if self.publisher is not None else None
+        finally:
+            stream.drain()  # ranks without a publisher walk it alongside; rank 0 after a failed push
         if report is not None:
             self.backend = report.backend
         self.published = tr.version
@@ -184,6 +206,7 @@ class Loop:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with open(self.run_dir / METRICS_FILE, "a") as f:
                 f.write(json.dumps(doc) + "\n")
+        self._announce_checkpoints()
         if self.board is not None:
             self.board.observe(doc)
             self._status(phase="running", last_checkpoint_step=self.checkpoints.last_step,
@@ -204,20 +227,19 @@ class Loop:
     def _stop(self) -> str:
         tr = self.trainer
         self._status(phase="checkpointing", message="suspending")
-        if self.checkpoints.last_step != tr.step:
+        if not self.checkpoints.covers(tr.step):
             self.checkpoint()
+        self.wait_checkpoint()
         self._status(phase="suspended", last_checkpoint_step=self.checkpoints.last_step,
                      message=f"suspended after step {tr.step}")
         log.info("suspended", extra={"step": tr.step})
         return "suspended"
 
     def save_final_model(self) -> None:
-        """HF model + tokenizer in the run directory's final-model/ (collective; rank 0 writes)."""
-        state, _ = self.trainer.full_state()
-        if self.env.is_leader and self.run_dir is not None:
-            path = self.run_dir / FINAL_MODEL_DIR
-            path.mkdir(parents=True, exist_ok=True)
-            self.trainer.export_model(path, state)
+        """HF model + tokenizer in the run directory's final-model/ (collective, streamed tensor by
+        tensor; rank 0 writes)."""
+        if self.run_dir is not None:  # the same on every rank
+            self.trainer.export_model(self.run_dir / FINAL_MODEL_DIR)
 
 
 def _in_sync(rollouts: list[dict]) -> Optional[bool]:

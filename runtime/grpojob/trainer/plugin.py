@@ -15,7 +15,7 @@ from .trainer import GRPOTrainer, TrainerError
 FIELD = "spec.trainer.class"
 HOOKS = ("load_tokenizer", "load_model", "build_reference", "build_optimizer", "build_lr_scheduler",
          "compute_advantages", "prepare_batch", "compute_logprobs", "loss_fn", "step_training", "optimize",
-         "full_state", "export_model", "load_state")
+         "weight_stream", "sharded_state", "load_sharded_state", "export_model", "load_state")
 
 
 def _accepts(override, base) -> bool:

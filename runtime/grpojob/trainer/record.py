@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..api.status import StageMemory
+
 
 @dataclass
 class StepRecord:
@@ -60,6 +62,10 @@ class StepRecord:
     groups_from_environments: int = 0
     environments: dict[str, dict[str, Any]] = field(default_factory=dict)
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    # peak memory of trainer rank 0's process per stage the loop runs (generate: its wait for
+    # groups, train, sync, checkpoint: the part it waits for): host RSS, and device on CUDA
+    stage_host_peak_bytes: dict[str, int] = field(default_factory=dict)
+    stage_device_peak_bytes: dict[str, int] = field(default_factory=dict)
     step_seconds: float = 0.0
     time: float = field(default_factory=time.time)
     extra: dict[str, float] = field(default_factory=dict)  # plug-ins' own numbers
@@ -82,9 +88,12 @@ class StepRecord:
 
     def status_fields(self) -> dict[str, Any]:
         """What the leader's /status shows of this step (grpojob.api.TrainerStatus fields)."""
+        stages = {s: StageMemory(host_peak_bytes=self.stage_host_peak_bytes.get(s),
+                                 device_peak_bytes=self.stage_device_peak_bytes.get(s))
+                  for s in {**self.stage_host_peak_bytes, **self.stage_device_peak_bytes}}
         return {"step": self.step, "policy_version": self.policy_version, "reward_mean": self.reward_mean,
                 "kl": self.kl, "tokens_per_second": self.tokens_per_second, "rollouts": self.rollouts,
-                "weight_sync_backend": self.weight_sync_backend}
+                "weight_sync_backend": self.weight_sync_backend, "stage_memory": stages}
 
 
 def _number(v: Any) -> bool:

@@ -80,6 +80,11 @@ class StatusBoard:
                     m[metric].labels(reward=name).set(value)
         for stage, seconds in (record.get("stage_seconds") or {}).items():
             m["grpojob_stage_seconds"].labels(stage=stage).observe(seconds)
+        for metric, key in (("grpojob_stage_host_memory_peak_bytes", "stage_host_peak_bytes"),
+                            ("grpojob_stage_device_memory_peak_bytes", "stage_device_peak_bytes")):
+            m[metric].clear()  # a stage the step did not measure has no sample
+            for stage, peak in (record.get(key) or {}).items():
+                m[metric].labels(stage=stage).set(peak)
         if record.get("step_seconds") is not None:
             m["grpojob_step_seconds"].observe(record["step_seconds"])
         if record.get("published"):

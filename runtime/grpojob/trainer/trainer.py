@@ -36,6 +36,8 @@ from torch.distributed.tensor import DTensor
 from .. import algorithms
 from ..api import GRPOJob
 from ..rollout.types import Group
+from ..sync.files import write_safetensors
+from ..sync.stream import TensorStream
 from . import dist
 from .batch import Prepared, prepare, skips_zero_advantage
 from .logprobs import PolicyLogprobs
@@ -292,21 +294,67 @@ class GRPOTrainer:
         return out
 
     # ---- weights -------------------------------------------------------------------------------------
-    def full_state(self, everywhere: bool = False, optimizer: bool = False) -> tuple[dict[str, Tensor], Optional[dict]]:
-        """The full Hugging Face-named weights (and the full optimizer state when asked). Collective;
-        rank 0 gets them, other ranks only when `everywhere` (else {})."""
-        msd, osd = dist.full_state(self.policy, self.optimizer if optimizer else None, self.env, everywhere=everywhere)
-        return {k[len(PREFIX):]: v for k, v in msd.items()}, osd
+    def weight_stream(self, dtype: Optional[torch.dtype] = None) -> TensorStream:
+        """The policy's Hugging Face-named weights as a TensorStream (floating-point tensors in
+        `dtype` when given): each full tensor is produced only when it is taken, gathered from
+        this rank's shard (FSDP2: DTensor.full_tensor()), so no rank holds the whole model.
+        Collective: every rank walks it to the end in the same order (rank 0 takes the tensors,
+        the others `drain()`). Tied weights appear once (the first name)."""
+        params: dict[str, Tensor] = {}
+        seen: set[int] = set()
+        for name, t in self.model.state_dict(keep_vars=True).items():
+            if id(t) not in seen:
+                seen.add(id(t))
+                params[name] = t
 
-    def export_model(self, path: Path, state: dict[str, Tensor]) -> None:
-        """Write the policy as a Hugging Face model directory (safetensors + config + tokenizer),
-        loadable by transformers and vLLM. Rank 0 only; `state` is full_state()[0]."""
-        self.model.save_pretrained(path, state_dict=state, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        def out_dtype(t: Tensor) -> torch.dtype:
+            return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+        def fetch(name: str) -> Tensor:
+            t = params[name]
+            full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
+            return full.to(out_dtype(t))
+
+        def copied(name: str) -> bool:  # a gathered or converted tensor, not the parameter itself
+            t = params[name]
+            return isinstance(t, DTensor) or out_dtype(t) != t.dtype
+
+        return TensorStream([(n, tuple(t.shape), out_dtype(t)) for n, t in params.items()], fetch, track=copied)
+
+    def sharded_state(self) -> dict[str, Any]:
+        """{"model": ..., "optimizer": ...}: this rank's shards of the policy and optimizer state
+        (torch.distributed.checkpoint.state_dict.get_state_dict: FQN keys that are the same for
+        any world size and wrapper, DTensors under FSDP2), what a checkpoint saves with
+        torch.distributed.checkpoint and loads in place. Collective."""
+        return dist.sharded_state(self.policy, self.optimizer)
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None:
+        """Load a `sharded_state()` (filled by torch.distributed.checkpoint.load) into the wrapped
+        policy and optimizer. Collective."""
+        dist.load_sharded_state(self.policy, self.optimizer, state)
+
+    def export_model(self, path: Optional[Path]) -> None:
+        """Write the policy as a Hugging Face model directory (config, tokenizer and one
+        model.safetensors, loadable by transformers and vLLM), streamed tensor by tensor from
+        `weight_stream()`: no rank holds the whole model. Collective; rank 0 writes (`path` is
+        read there only)."""
+        stream = self.weight_stream()
+        try:
+            if self.env.is_leader and path is not None:
+                path = Path(path)
+                path.mkdir(parents=True, exist_ok=True)
+                self.model.config.save_pretrained(path)
+                if getattr(self.model, "generation_config", None) is not None:
+                    self.model.generation_config.save_pretrained(path)
+                self.tokenizer.save_pretrained(path)
+                write_safetensors(path / "model.safetensors", stream)
+        finally:
+            stream.drain()
 
     def load_state(self, weights: Optional[dict[str, Tensor]], optimizer: Optional[dict]) -> None:
         """Load full (unsharded) weights and optimizer state, given on rank 0 (None elsewhere), into
-        the wrapped policy and optimizer. Collective."""
+        the wrapped policy and optimizer: checkpoints written before sharded checkpoints existed
+        (grpojob.checkpoint.legacy). Collective."""
         msd = None
         if weights is not None:
             if getattr(self.model.config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:

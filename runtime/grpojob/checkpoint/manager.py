@@ -1,0 +1,259 @@
+"""CheckpointManager: everything a run needs to continue exactly, saved by every rank at once.
+
+Each rank writes its own shards of the policy and optimizer state with torch.distributed.checkpoint
+(`dcp.async_save`: the shards are copied to host memory, then written on a background thread while
+training goes on; its collectives run on a gloo group of their own, off the training group).
+Replicated tensors (DDP, or the optimizer's step counters under FSDP2) are spread over the ranks
+but rank 0 (which has the most else to hold), so each is staged and written once. Rank 0 adds a small state file: step, policy version, world
+size, LR schedule, every rank's RNG, and the group source's data position and rollout buffer
+(prompts issued but not trained are generated again after a resume, so none is skipped or
+trained twice). Once every rank's shards are written, rank 0 commits (layout.commit: rename,
+`latest`, keepLast). A save is waited for before the next one, before the run ends and before a
+suspend completes. Loading reshards (DCP): a checkpoint resumes on any world size and wrapper.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+import warnings
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from . import layout, legacy
+
+if TYPE_CHECKING:  # the trainer package imports torch.distributed; checkpoint helpers stay light
+    from ..trainer.rollouts import GroupSource
+    from ..trainer.trainer import GRPOTrainer
+
+log = logging.getLogger("grpojob.checkpoint")
+
+# DCP warns on every single-process save and load (one trainer rank, `grpojob export`); that is
+# this package's intent, not a misconfiguration.
+warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized",
+                        category=UserWarning)
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def find_latest(root: str | Path, env) -> Optional[Path]:
+    """The newest complete checkpoint, as rank 0 sees it (collective)."""
+    from ..trainer import dist
+
+    found = layout.latest(root) if env.is_leader else None
+    found = dist.broadcast_object(str(found) if found else None, env)
+    return Path(found) if found else None
+
+
+def own_part(state: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """The part of a sharded state dict this rank saves: its DTensor shards and non-tensor values,
+    and the replicated (plain) tensors assigned to it, largest first to the least-loaded rank (the
+    same assignment on every rank: their replicated tensors are the same). Rank 0 gets none: it
+    also runs the rollout manager, the weight publisher and the leader endpoint, and an
+    asynchronous save stages a copy of what it writes."""
+    if world == 1:
+        return state
+    sizes: list[tuple[tuple[str, ...], int]] = []
+
+    def walk(d: dict, path: tuple[str, ...]) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                walk(v, path + (str(k),))
+            elif isinstance(v, torch.Tensor) and not isinstance(v, DTensor):
+                sizes.append((path + (str(k),), v.numel() * v.element_size()))
+    walk(state, ())
+    load, owner = [0] * (world - 1), {}
+    for path, n in sorted(sizes, key=lambda x: (-x[1], x[0])):
+        r = load.index(min(load))
+        owner[path] = r + 1
+        load[r] += n
+
+    def keep(d: dict, path: tuple[str, ...]) -> dict:
+        out = {}
+        for k, v in d.items():
+            p = path + (str(k),)
+            if isinstance(v, dict):
+                out[k] = keep(v, p)
+            elif owner.get(p, rank) == rank:
+                out[k] = v
+        return out
+    return keep(state, ())
+
+
+@dataclass
+class Save:
+    """One save: timings (blocking: what the caller waited; total: until committed)."""
+    step: int
+    tmp: Path
+    final: Path
+    future: Future
+    started: float
+    blocking_seconds: float = 0.0
+    total_seconds: Optional[float] = None
+    error: Optional[BaseException] = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class CheckpointManager:
+    """save, wait and load are collective (every rank calls them at the same point)."""
+
+    def __init__(self, root: str | Path, trainer: "GRPOTrainer", source: "GroupSource", keep_last: int, *,
+                 asynchronous: bool = True):
+        from ..trainer import dist
+
+        self.root, self.trainer, self.source, self.keep_last = Path(root), trainer, source, keep_last
+        self.env = trainer.env
+        self.asynchronous = asynchronous
+        self.last_step: Optional[int] = None
+        self.last_save: Optional[Save] = None
+        self.pending: Optional[Save] = None
+        self._committed: list[tuple[int, Path]] = []
+        self._lock = threading.Lock()
+        multi = self.env.initialized and self.env.world > 1
+        self.single = not multi  # no process group: DCP writes and reads in this process alone
+        self.pg = None
+        if multi:
+            import torch.distributed as tdist
+
+            self.pg = tdist.new_group(backend="gloo")  # the background save's collectives
+            self._check_shared(dist)
+
+    def _check_shared(self, dist) -> None:
+        """Every rank writes into the same directory: it must be one filesystem for all of them."""
+        from ..trainer.trainer import TrainerError
+
+        probe = None
+        if self.env.is_leader:
+            self.root.mkdir(parents=True, exist_ok=True)
+            probe = self.root / f".probe-{uuid.uuid4().hex}"
+            probe.touch()
+        probe = Path(dist.broadcast_object(str(probe) if probe else None, self.env))
+        missing = dist.all_max(torch.tensor([0 if probe.exists() else 1]), self.env)
+        if self.env.is_leader:
+            probe.unlink(missing_ok=True)
+        if int(missing.item()):
+            raise TrainerError(f"spec.checkpoint.path: {self.root} is not one directory for every trainer rank "
+                               f"(each rank writes its own shards): on more than one trainer pod, mount a "
+                               f"ReadWriteMany claim there (spec.checkpoint.volumeClaim)")
+
+    # ---- saving -------------------------------------------------------------------------------------
+    def save(self) -> None:
+        """Start saving the current step (after the previous save is committed); returns once this
+        rank's shards are staged in host memory (asynchronous) or written (not)."""
+        from torch.distributed import checkpoint as dcp
+
+        from ..trainer import dist
+
+        self.wait()
+        tr, env = self.trainer, self.env
+        started = time.perf_counter()
+        tmp = None
+        if env.is_leader:
+            tmp = layout.temp_dir(self.root, tr.step)
+            (tmp / layout.SHARDS).mkdir(parents=True)
+        tmp = Path(dist.broadcast_object(str(tmp) if tmp else None, env))
+        state = own_part(tr.sharded_state(), env.rank, env.world)
+        ranks = dist.gather_objects({"rng": rng_state()}, env)
+        if env.is_leader:
+            torch.save({"format": 2, "step": tr.step, "policy_version": tr.version, "world": env.world,
+                        "scheduler": tr.scheduler.state_dict(), "ranks": ranks, "data": self.source.state_dict()},
+                       tmp / layout.STATE_FILE)
+            tr.model.config.save_pretrained(tmp / layout.HF_DIR)
+            tr.tokenizer.save_pretrained(tmp / layout.HF_DIR)
+        target = str(tmp / layout.SHARDS)
+        if self.asynchronous:
+            future = dcp.async_save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
+        else:
+            dcp.save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
+            future = Future()
+            future.set_result(None)
+        del state  # the staged copy (asynchronous) or the files hold it now
+        save = Save(tr.step, tmp, layout.step_dir(self.root, tr.step), future, started,
+                    blocking_seconds=time.perf_counter() - started)
+        self.pending = self.last_save = save
+        future.add_done_callback(lambda f, s=save: self._finish(s, f))
+
+    def _finish(self, save: Save, future: Future) -> None:
+        """When this rank's part is written (the writer's thread): rank 0 commits."""
+        try:
+            future.result()
+            if self.env.is_leader:
+                layout.commit(self.root, save.tmp, save.final, self.keep_last)
+            save.total_seconds = time.perf_counter() - save.started
+            with self._lock:
+                self.last_step = save.step
+                self._committed.append((save.step, save.final))
+            if self.env.is_leader:
+                log.info("checkpoint saved", extra={"step": save.step, "path": str(save.final),
+                                                    "blocking_seconds": round(save.blocking_seconds, 3),
+                                                    "seconds": round(save.total_seconds, 3)})
+        except BaseException as e:  # noqa: BLE001 - reported by wait(), in the caller's thread
+            save.error = e
+            log.error("checkpoint of step %d failed: %s", save.step, e)
+        finally:
+            save.done.set()
+
+    def wait(self) -> None:
+        """Until the pending save (if any) is committed; TrainerError if it failed."""
+        save, self.pending = self.pending, None
+        if save is None:
+            return
+        save.done.wait()
+        if save.error is not None:
+            from ..trainer.trainer import TrainerError
+
+            raise TrainerError(f"checkpoint of step {save.step} failed: {save.error}") from save.error
+
+    def covers(self, step: int) -> bool:
+        """A save of `step` is committed or under way."""
+        return (self.pending is not None and self.pending.step == step) or self.last_step == step
+
+    def committed(self) -> list[tuple[int, Path]]:
+        """(step, path) of the checkpoints committed since the last call (rank 0: for callbacks)."""
+        with self._lock:
+            out, self._committed = self._committed, []
+        return out
+
+    # ---- loading ------------------------------------------------------------------------------------
+    def load(self, path: Path) -> None:
+        from torch.distributed import checkpoint as dcp
+
+        from ..trainer import dist
+
+        tr = self.trainer
+        if layout.is_legacy(path):
+            state = legacy.load(tr, path)
+        else:
+            shards = tr.sharded_state()  # the skeleton in this run's sharding, filled in place
+            dcp.load(shards, checkpoint_id=str(Path(path) / layout.SHARDS), no_dist=self.single)
+            tr.load_sharded_state(shards)
+            del shards
+            state = legacy.read_state(path) if tr.env.is_leader else None
+        state = dist.broadcast_object(state, tr.env)
+        tr.scheduler.load_state_dict(state["scheduler"])
+        tr.step, tr.version = int(state["step"]), int(state["policy_version"])
+        self.source.load_state_dict(state.get("data") or {})
+        if state.get("world") == tr.env.world:  # RNG streams are per rank: only for the same world size
+            set_rng_state(state["ranks"][tr.env.rank]["rng"])
+        self.last_step = tr.step
+        log.info("resumed", extra={"path": str(path), "step": tr.step, "world": tr.env.world,
+                                   "saved_world": state.get("world")})
