@@ -69,6 +69,21 @@ class GRPOJobStatus(Model):
     restarts: int = field(0, description="Trainer restarts counted against runPolicy.backoffLimit.")
 
 
+class ServiceCalls(Model):
+    """One training-service operation's calls so far."""
+    calls: int = field(0, description="Calls answered.")
+    refused: int = field(0, description="Calls refused as the caller's fault (HTTP 4xx).")
+    failed: int = field(0, description="Calls that failed in the trainer (HTTP 5xx).")
+    seconds: float = field(0.0, description="Time spent answering them, queue wait included.")
+    tokens: int = field(0, description="Tokens of the calls that succeeded.")
+
+
+class ServiceStatus(Model):
+    """spec.mode service: the training API's calls."""
+    queued: int = field(0, description="Calls waiting for the trainer.")
+    ops: dict[str, ServiceCalls] = field(default_factory=dict, description="Calls per operation.")
+
+
 class TrainerStatus(Model):
     """JSON served at the trainer leader's /status."""
     phase: Literal["starting", "running", "checkpointing", "completed", "failed", "suspended"] = field(
@@ -83,4 +98,5 @@ class TrainerStatus(Model):
     weights_in_sync: Optional[bool] = field(None, description="Every rollout serves policyVersion.")
     rollouts: list[RolloutLag] = field(default_factory=list, description="Policy lag of each rollout server.")
     weight_sync_backend: Optional[str] = field(None, description="Weight-sync path in use.")
+    service: Optional[ServiceStatus] = field(None, description="mode service: the training API's calls.")
     message: str = field("", description="Detail (the error on failure).")

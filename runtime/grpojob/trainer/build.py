@@ -34,8 +34,18 @@ class TrainerRun:
     def run(self) -> str:
         """The loop to its end (completed or suspended); the rollout side and the trackers are
         closed either way."""
+        return self._closing(self.loop.run)
+
+    def serve(self, server=None) -> str:
+        """spec.mode service: serve the training API (rank 0 answers HTTP on `server`, the
+        LeaderServer) until suspended, instead of running the loop."""
+        from .service import TrainingService
+
+        return self._closing(lambda: TrainingService(self).serve(server))
+
+    def _closing(self, body: Callable[[], str]) -> str:
         try:
-            return self.loop.run()
+            return body()
         finally:
             self.rollouts.close()
             self.loop.callbacks.close()
