@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -105,6 +106,22 @@ class ServiceClient:
 
     def get_info(self) -> ServiceInfo:
         return self._http.call("/info", None, ServiceInfo)
+
+    def wait_ready(self, timeout: float = 600.0, poll: float = 0.5) -> ServiceInfo:
+        """get_info once the trainer serves (it answers 503, or not at all, while it starts)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.get_info()
+            except ServiceError as e:
+                if e.status != 503:
+                    raise
+                last = str(e)
+            except OSError as e:  # not listening yet
+                last = f"{type(e).__name__}: {e}"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the training service did not answer within {timeout:.0f} s ({last})")
+            time.sleep(poll)
 
     def create_training_client(self) -> "TrainingClient":
         """The job's policy (one per job: spec.model)."""

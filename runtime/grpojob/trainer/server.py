@@ -230,13 +230,19 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http %s", fmt % args)
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # http.server's listen backlog is 5: the training service's callers open many connections at
+    # once (a step's samples), and an overflowing backlog resets them.
+    request_queue_size = 256
+
+
 class LeaderServer:
     """Serves a StatusBoard from a daemon thread; `auth` is the job's token (grpojob.auth)."""
 
     def __init__(self, board: StatusBoard, host: str, port: int, auth: authmod.Auth):
         handler = self.handler = type("Handler", (_Handler,), {"board": board, "auth": auth})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            self.httpd = _HTTPServer((host, port), handler)
         except OSError as e:
             raise OSError(f"trainer leader endpoint: cannot listen on {host}:{port} "
                           f"(GRPOJOB_TRAINER_PORT): {e}") from e

@@ -168,12 +168,16 @@ class TrainingService:
         if server is not None:
             server.mount_service(self)
         log.info("training service up", extra={"step": tr.step, "policy_version": tr.version})
-        while True:
-            cmd = dist.broadcast_object(self._next() if self.env.is_leader else None, self.env)
-            if cmd[0] == "stop":
-                break
-            if cmd[0] != "idle":
-                self._answer(*cmd)
+        try:
+            while True:
+                cmd = dist.broadcast_object(self._next() if self.env.is_leader else None, self.env)
+                if cmd[0] == "stop":
+                    break
+                if cmd[0] != "idle":
+                    self._answer(*cmd)
+        finally:
+            if server is not None:
+                server.mount_service(None)  # 503 from now on: the rollout side closes after this
         return self._stop()
 
     def _next(self) -> tuple:
@@ -225,13 +229,13 @@ class TrainingService:
             if self.published != tr.version:
                 run.loop.publish()  # the normal weight-sync path (collective gather; rank 0 pushes)
                 self.published = tr.version
-            log.info("weights for sampling", extra={"policy_version": tr.version, "name": req.name})
+            log.info("weights for sampling", extra={"policy_version": tr.version, "label": req.name})
             return {"path": f"{POLICY_PATH}{tr.version}", "policy_version": tr.version}
         if route == "/save_state":
             self._status(phase="checkpointing")
             path = run.checkpoints.save()  # rank 0 gets the path
             self._status(phase="running", last_checkpoint_step=tr.step)
-            log.info("state saved", extra={"path": str(path), "step": tr.step, "name": req.name})
+            log.info("state saved", extra={"path": str(path), "step": tr.step, "label": req.name})
             return {"path": str(path), "step": tr.step}
         if route == "/load_state":
             before = tr.version
