@@ -8,7 +8,7 @@ Here the service is the GRPOJob (grpojob.client, Tinker's calls and types), and 
 is a few lines over the service's sample call. The task is the tiny toy task of
 examples/tiny-local.yaml (dataset factory `toy`, reward `toy`):
 
-    python examples/plugins/nexrl-remote/remote_trainer.py --run-dir runs/nexrl-remote [--steps 40]
+    python examples/plugins/nexrl-remote/remote_trainer.py --run-dir runs/nexrl-remote [--steps 30]
 
 It prints one JSON line per step (reward, loss, policy version); --metrics also writes them to a file.
 """
@@ -125,10 +125,10 @@ def rows_forever(seed: int) -> Iterator[dict]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run-dir", required=True, help="the `grpojob run` directory (endpoints.json, token)")
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--learning-rate", type=float, default=3e-3)
+    ap.add_argument("--learning-rate", type=float, default=6e-3)
     ap.add_argument("--metrics", help="also append each step's JSON line to this file")
     args = ap.parse_args(argv)
 
