@@ -115,7 +115,10 @@ def _completed(job: GRPOJob, st: GRPOJobStatus, obs: Observation, ledger_before:
     """The trainer's own word that it reached training.steps: its /status says completed at the
     last step, or pod 0 exited 0 after its last report said it was at the last step (a look
     between polls may miss "completed": the StatefulSet restarts the container). A clean exit
-    short of the last step (a restart, a crash that exits 0) is not success."""
+    short of the last step (a restart, a crash that exits 0) is not success. A job in mode service
+    has no last step: it serves until suspended or deleted."""
+    if job.spec.mode == "service":
+        return False
     steps = job.spec.training.steps
     t = obs.trainer
     if t is not None and t.phase == "completed" and t.step >= steps:

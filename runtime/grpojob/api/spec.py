@@ -396,7 +396,8 @@ class NetworkSpec(Model):
                          "token (the Secret <name>-token), whatever this says.")
     agent_namespaces: list[Namespace] = field(default_factory=list, description="Namespaces whose pods may call "
                                         "the rollout servers (OpenAI endpoints, /generate), e.g. where agents "
-                                        "run; they still need the job's token as their API key.")
+                                        "run, and in mode service the trainer's HTTP port (the training API, where "
+                                        "the user's loop runs); they still need the job's token.")
     monitoring_namespaces: Optional[list[Namespace]] = field(
         None, description="Namespaces whose pods may scrape the metrics port (Prometheus); default: the "
         "operator's setting (chart value networkPolicy.monitoringNamespaces).")
