@@ -130,13 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group-size", type=int, default=8)
     ap.add_argument("--learning-rate", type=float, default=6e-3)
     ap.add_argument("--metrics", help="also append each step's JSON line to this file")
+    ap.add_argument("--tokenizer", help="the model's tokenizer here (default: the job's spec.model path, as on "
+                    "this machine after `grpojob run`)")
     args = ap.parse_args(argv)
 
     from transformers import AutoTokenizer
 
     with ServiceClient.from_run_dir(args.run_dir) as service:
         info = service.wait_ready(timeout=600)
-        tokenizer = AutoTokenizer.from_pretrained(info.tokenizer_path)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or info.tokenizer_path)
         training = service.create_training_client()
         trainer = MyRemoteTrainer(training, {"loss_fn": "importance_sampling", "learning_rate": args.learning_rate})
         sampler = service.create_sampling_client()
