@@ -18,7 +18,7 @@ from tests.trainer.conftest import make_job, procs  # noqa: F401 - the fixture
 from tests.trainer.test_main import _env
 
 pytestmark = pytest.mark.slow
-OVER = dict(mode="service", training={"microBatchTokens": 40, "strategy": "ddp"})
+OVER = dict(mode="service", training={"microBatchTokens": 40})
 
 
 def _data() -> list[Datum]:
@@ -39,8 +39,10 @@ def _one_rank(tiny_dir) -> tuple[float, float, list[list[float]]]:
     return fb["loss:sum"], step["grad_norm"], after
 
 
-def test_two_ranks_serve_as_one_trainer(tiny_dir, tmp_path, procs):
-    job = make_job(tiny_dir, **OVER, trainer={"processesPerReplica": 2})
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_ranks_serve_as_one_trainer(tiny_dir, tmp_path, procs, strategy):
+    job = make_job(tiny_dir, **{**OVER, "training": {**OVER["training"], "strategy": strategy}},
+                   trainer={"processesPerReplica": 2})
     env, port = _env(job, tmp_path)
     cmd = ["torchrun", *roles(job, Placement("h", "c", "k", "r", token_file="t"))[0].command[1:]]
     proc = procs(cmd, env, tmp_path / "torchrun.log")
