@@ -6,7 +6,7 @@ which a NetworkPolicy always lets through.
   ranks' collectives, the weight-sync store, and the collective groups' connections, which either
   side may open on ports it picks); the HTTP port (/healthz /status /suspend /metrics, and the
   environments' trajectory API) from the job's other pods, the operator's namespace and the
-  monitoring namespaces. So an environment pod, which holds the job's token too, never reaches
+  monitoring namespaces, and in spec.mode service (the training API) from the agentNamespaces. So an environment pod, which holds the job's token too, never reaches
   the weight-sync store: it cannot register for the weights.
 - rollout pods: every port from the job's trainer pods (the weight-sync groups' connections,
   /generate); the HTTP port (/generate, the OpenAI endpoints, /metrics) from the job's pods of
@@ -64,6 +64,8 @@ def policies(job: GRPOJob, roles: dict[str, plan.Role], namespace: str, operator
         {"from": [{"podSelector": {"matchLabels": {n.LABEL_JOB: name}}}], "ports": _http(trainer_http)},
         {"from": _namespaces([operator_namespace]), "ports": _http(trainer_http)},
     ]
+    if job.spec.mode == "service" and net.agent_namespaces:  # the user's loop calls the training API
+        trainer.append({"from": _namespaces(net.agent_namespaces), "ports": _http(trainer_http)})
     if monitoring:
         trainer.append({"from": _namespaces(monitoring), "ports": _http(trainer_http)})
 

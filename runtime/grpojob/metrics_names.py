@@ -90,6 +90,16 @@ TRAINER = (
               (), _STAGE_BUCKETS),
     MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group; no sample "
               "when the trainer generates in-process."),
+    # spec.mode service: the training API's calls (grpojob.trainer.service), by operation.
+    MetricDef("grpojob_service_requests_total", "counter", "Training-service calls by operation (forward_backward, "
+              "forward, optim_step, save_weights_for_sampler, sample, save_state, load_state) and result (ok; "
+              "refused: the call's own fault, 4xx; failed: 5xx).", ("op", "result")),
+    MetricDef("grpojob_service_request_seconds", "histogram", "Training-service call time, waiting in the queue "
+              "included, by operation.", ("op",), _STAGE_BUCKETS),
+    MetricDef("grpojob_service_tokens_total", "counter", "Tokens of the training-service calls that succeeded: "
+              "the datums' tokens of forward and forward_backward, prompt and sampled tokens of sample.", ("op",)),
+    MetricDef("grpojob_service_queued_requests", "gauge", "Training-service calls waiting for the trainer (they "
+              "run one at a time); no sample in mode train."),
 )
 
 # Served by every rollout server on rollout.port at /metrics.

@@ -42,6 +42,8 @@ ENV_OPENAI_API_KEY = "OPENAI_API_KEY"
 
 # The trajectory API is served on the trainer leader's HTTP port under this path.
 TRAJECTORY_PREFIX = "/trajectories"
+# spec.mode service: the training API, on the same port (grpojob.trainer.service, grpojob.client).
+SERVICE_PREFIX = "/service"
 ENV_CODE_DIR = CODE_DIR_ENV  # spec.code's modules (on PYTHONPATH; relative file references start here)
 ENV_SITE_DIR = "GRPOJOB_SITE_DIR"  # where spec.code.pip is installed (on PYTHONPATH)
 

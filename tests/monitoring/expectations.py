@@ -10,9 +10,14 @@ import math
 from dataclasses import dataclass
 
 # Not measured in the scene's job (examples/tiny-local.yaml), by design: no sample, no data.
+_TRAIN_MODE = "the scene's job runs spec.mode train: nothing calls the training service (tests/service covers it)"
 NOT_MEASURED = {
     "grpojob_kl": "algorithm.klBeta is 0: no reference model is loaded and KL is not computed",
     "grpojob_stage_device_memory_peak_bytes": "the scene's trainer runs on the CPU: no device memory",
+    "grpojob_service_requests_total": _TRAIN_MODE,
+    "grpojob_service_request_seconds": _TRAIN_MODE,
+    "grpojob_service_tokens_total": _TRAIN_MODE,
+    "grpojob_service_queued_requests": _TRAIN_MODE,
 }
 
 # Named in metrics_names but not set on this path yet. When the trainer starts setting one, the
@@ -76,6 +81,9 @@ PANELS = {
     "Queue depth": COUNT,
     "Generation throughput per server": COUNT,
     "Requests by result": COUNT,
+    "Service calls": COUNT,
+    "Service call time": COUNT,
+    "Service tokens": COUNT,
     "Reconciles by result": COUNT,
     "Reconcile duration": POSITIVE,
     "Child-object errors": Range(0, 0),

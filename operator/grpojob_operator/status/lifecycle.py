@@ -128,7 +128,10 @@ def _completed(job: GRPOJob, st: GRPOJobStatus, obs: Observation, ledger_before:
     completed at the last step (a finished trainer stays up saying so until scaled down); pod 0's
     termination message says so (however the container ended since: a look between polls sees
     only what the kubelet kept); pod 0 exited 0 after its last report said it was at the last
-    step. A clean exit short of the last step (a restart, a crash that exits 0) is not success."""
+    step. A clean exit short of the last step (a restart, a crash that exits 0) is not success. A
+    job in mode service has no last step: it serves until suspended or deleted."""
+    if job.spec.mode == "service":
+        return False
     steps = job.spec.training.steps
     t = obs.trainer
     if t is not None and t.phase == "completed" and t.step >= steps:

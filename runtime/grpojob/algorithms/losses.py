@@ -57,6 +57,17 @@ def ppo_clip_loss(log_ratio: Tensor, advantages: Tensor, eps_low: float, eps_hig
     return loss, (clipped > unclipped).to(loss.dtype)
 
 
+def importance_sampling_loss(log_ratio: Tensor, advantages: Tensor) -> Tensor:
+    """REINFORCE with an importance ratio and no clipping, as a per-token loss: -A r with
+    r = exp(log_ratio) = pi / q, q the policy that sampled (Tinker's importance_sampling)."""
+    return -advantages * torch.exp(log_ratio.clamp(max=_MAX_LOG_RATIO))
+
+
+def nll_loss(logp: Tensor, weights: Tensor) -> Tensor:
+    """Weighted negative log-likelihood per token: supervised cross-entropy on chosen targets."""
+    return -weights * logp
+
+
 def segment_sum(values: Tensor, seq_index: Tensor, n_seqs: int) -> Tensor:
     """Sum of `values` per sequence: [N] -> [S]."""
     return torch.zeros(n_seqs, dtype=values.dtype, device=values.device).index_add(0, seq_index, values)

@@ -397,11 +397,16 @@ class CodeSpec(Model):
 # rollout.workflow none (environments only) is the one case without a dataset and rewards; the API
 # server refuses the rest at `kubectl apply`, as the model validator does (GRPOJobSpec._sources).
 _NO_WORKFLOW = f"has(self.rollout) && has(self.rollout.workflow) && self.rollout.workflow == '{plugins.NO_WORKFLOW}'"
+# In mode service the user's own process brings the samples and the rewards: neither is needed.
+_SERVICE = "has(self.mode) && self.mode == 'service'"
 _SOURCES_CEL = [
-    {"rule": f"has(self.dataset) || ({_NO_WORKFLOW})",
-     "message": "dataset: required unless rollout.workflow is none (groups only from environments)"},
-    {"rule": f"(has(self.rewards) && size(self.rewards) > 0) || ({_NO_WORKFLOW})",
-     "message": "rewards: at least 1 reward is required unless rollout.workflow is none"},
+    {"rule": f"has(self.dataset) || ({_NO_WORKFLOW}) || ({_SERVICE})",
+     "message": "dataset: required unless rollout.workflow is none (groups only from environments) or mode is "
+                "service"},
+    {"rule": f"(has(self.rewards) && size(self.rewards) > 0) || ({_NO_WORKFLOW}) || ({_SERVICE})",
+     "message": "rewards: at least 1 reward is required unless rollout.workflow is none or mode is service"},
+    {"rule": f"!({_SERVICE}) || !has(self.environments) || size(self.environments) == 0",
+     "message": "environments: mode service runs no training loop for environments to feed"},
 ]
 
 
@@ -418,7 +423,8 @@ class NetworkSpec(Model):
                          "token (the Secret <name>-token), whatever this says.")
     agent_namespaces: list[Namespace] = field(default_factory=list, description="Namespaces whose pods may call "
                                         "the rollout servers (OpenAI endpoints, /generate), e.g. where agents "
-                                        "run; they still need the job's token as their API key.")
+                                        "run, and in mode service the trainer's HTTP port (the training API, where "
+                                        "the user's loop runs); they still need the job's token.")
     monitoring_namespaces: Optional[list[Namespace]] = field(
         None, description="Namespaces whose pods may scrape the metrics port (Prometheus); default: the "
         "operator's setting (chart value networkPolicy.monitoringNamespaces).")
@@ -428,6 +434,13 @@ class GRPOJobSpec(Model):
     """Desired state of a GRPOJob: the policy, its data and rewards, and how to train and serve it."""
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": _SOURCES_CEL}}
 
+    mode: Literal["train", "service"] = field(
+        "train", description="train: the trainer runs its own GRPO loop (dataset, rewards, training.steps). "
+        "service: it runs no loop of its own and serves a training API on the trainer leader's port under "
+        "/service (forward_backward with cross_entropy, importance_sampling or ppo losses, optim_step, "
+        "save_weights_for_sampler, sample through the rollout servers, save_state, load_state; "
+        "docs/service.md): the user's own process prepares samples and advantages and drives training "
+        "(Tinker-style). dataset, rewards and training.steps are not used then.")
     model: ModelSpec = field(description="The policy model.")
     dataset: Optional[DatasetSpec] = field(None, description="Prompts (and reference answers) of the trainer's "
                                            "own workflow; required unless rollout.workflow is none.")
@@ -487,8 +500,13 @@ class GRPOJobSpec(Model):
 
     def _sources(self) -> None:
         """Where the groups come from: the trainer's own workflow needs a dataset and rewards;
-        with rollout.workflow none the environments bring both."""
-        if self.rollout.workflow != plugins.NO_WORKFLOW:
+        with rollout.workflow none the environments bring both; in mode service the user's
+        process does (and environments have no loop to feed)."""
+        if self.mode == "service":
+            if self.environments:
+                raise invalid("environments", "mode service runs no training loop for environments to feed: "
+                              "leave environments out, or use mode train")
+        elif self.rollout.workflow != plugins.NO_WORKFLOW:
             if self.dataset is None:
                 raise invalid("dataset", "required unless rollout.workflow is none (groups only from environments)")
             if not self.rewards:

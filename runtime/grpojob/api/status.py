@@ -75,6 +75,21 @@ class StageMemory(Model):
     device_peak_bytes: Optional[int] = field(None, description="Peak allocated GPU memory (bytes); CUDA only.")
 
 
+class ServiceCalls(Model):
+    """One training-service operation's calls so far."""
+    calls: int = field(0, description="Calls answered.")
+    refused: int = field(0, description="Calls refused as the caller's fault (HTTP 4xx).")
+    failed: int = field(0, description="Calls that failed in the trainer (HTTP 5xx).")
+    seconds: float = field(0.0, description="Time spent answering them, queue wait included.")
+    tokens: int = field(0, description="Tokens of the calls that succeeded.")
+
+
+class ServiceStatus(Model):
+    """spec.mode service: the training API's calls."""
+    queued: int = field(0, description="Calls waiting for the trainer.")
+    ops: dict[str, ServiceCalls] = field(default_factory=dict, description="Calls per operation.")
+
+
 class TrainerStatus(Model):
     """JSON served at the trainer leader's /status."""
     phase: Literal["starting", "running", "checkpointing", "completed", "failed", "suspended"] = field(
@@ -92,4 +107,5 @@ class TrainerStatus(Model):
     stage_memory: dict[str, StageMemory] = field(
         default_factory=dict, description="Peak memory per stage of the last step (generate, train, sync, "
         "checkpoint), rank 0's process.")
+    service: Optional[ServiceStatus] = field(None, description="mode service: the training API's calls.")
     message: str = field("", description="Detail (the error on failure).")

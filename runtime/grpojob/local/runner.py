@@ -26,7 +26,8 @@ from .. import auth
 from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
 from ..api.validate import check_plugins
 from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
-                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
+                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, render_config, roles,
+                    trajectory_url)
 from .completion import TrainerCompletion
 from .processes import Child, free_port, stop_all, wait_any
 from .progress import Progress, newest_checkpoint, plot, read_records
@@ -160,7 +161,12 @@ class Run:
     def run(self) -> int:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            (self.run_dir / ENDPOINTS_FILE).write_text(json.dumps(_endpoints(self.children), indent=1))
+            endpoints = _endpoints(self.children)
+            (self.run_dir / ENDPOINTS_FILE).write_text(json.dumps(endpoints, indent=1))
+            if self.job.spec.mode == "service":
+                print(f"training service at {endpoints['trainer-0']}{SERVICE_PREFIX} (bearer token in "
+                      f"{token_path(self.run_dir)}): grpojob.client.ServiceClient.from_run_dir('{self.run_dir}'); "
+                      f"Ctrl-C checkpoints and stops it", file=self.out)
             for c in self.children:
                 c.start()
             return self._watch()

@@ -35,11 +35,24 @@ class TrainerRun:
         """The loop to its end (completed or suspended); the rollout side and the trackers are
         closed either way. hold: once completed, stay up until asked to stop (Loop.hold), the rollout
         side open so that a rollout server that restarts meanwhile still gets the final weights."""
-        try:
+        def body() -> str:
             phase = self.loop.run()
             if phase == "completed" and hold:
                 self.loop.hold()
             return phase
+
+        return self._closing(body)
+
+    def serve(self, server=None) -> str:
+        """spec.mode service: serve the training API (rank 0 answers HTTP on `server`, the
+        LeaderServer) until suspended, instead of running the loop."""
+        from .service import TrainingService
+
+        return self._closing(lambda: TrainingService(self).serve(server))
+
+    def _closing(self, body: Callable[[], str]) -> str:
+        try:
+            return body()
         finally:
             self.rollouts.close()
             self.loop.callbacks.close()

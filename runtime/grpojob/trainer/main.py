@@ -84,7 +84,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
                     listen_host=_listen_host(), board=board, suspend=suspend, auth=auth)
         if server is not None:
             server.mount_trajectories(run.trajectory_api())
-        phase = run.run(hold=True)
+        phase = run.serve(server) if job.spec.mode == "service" else run.run(hold=True)
         log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True
         return 0

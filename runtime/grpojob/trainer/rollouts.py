@@ -26,7 +26,7 @@ import torch
 from ..api import GRPOJob
 from ..auth import Auth
 from ..rollout.manager import Pipeline, RolloutManager, StepGroups
-from ..rollout.types import Completion, SamplingParams
+from ..rollout.types import Completion, Generator, SamplingParams
 from . import dist
 
 log = logging.getLogger("grpojob.trainer.rollouts")
@@ -102,6 +102,15 @@ class Rollouts:
     source: GroupSource
     publisher: Optional[WeightPublisher]  # rank 0
     engine_close: Optional[Any] = None  # a coroutine function closing the generator, run on the manager's loop
+    generator: Optional[Generator] = None  # rank 0: what the manager generates with
+
+    def sample(self, prompt_ids: list[int], n: int, sampling: SamplingParams, *, min_version: Optional[int],
+               timeout: float) -> list[Completion]:
+        """Rank 0: `n` completions of a prompt outside the prompt stream (the training service's
+        sample), on the manager's loop, from servers holding at least `min_version`."""
+        assert self.generator is not None and self.source.manager is not None, "rank 0 only"
+        return self.source.manager.run(self.generator.generate(prompt_ids, n, sampling, min_version=min_version),
+                                       timeout=timeout)
 
     def close(self) -> None:
         if self.engine_close is not None and self.source.manager is not None:
@@ -163,7 +172,8 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
 
     spec = job.spec
     pipeline = Pipeline.from_spec(spec, dynamic_sampling=dynamic_sampling)
-    workflow = workflows.build(spec, tokenizer)  # None: rollout.workflow none, environments only
+    # None: rollout.workflow none (environments only), or mode service (the user's process samples)
+    workflow = workflows.build(spec, tokenizer) if spec.mode == "train" else None
     pieces = dict(workflow=workflow, pipeline=pipeline,
                   scorer=RewardScorer(spec, tokenizer) if workflow is not None else None,
                   prompts=PromptStream(spec, tokenizer) if workflow is not None else None,
@@ -174,9 +184,11 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
         from ..rollout.hf_engine import HFEngine
 
         engine = HFEngine(spec, device=str(env.device))
-        manager = RolloutManager(EngineGenerator(engine), **pieces)
+        generator = EngineGenerator(engine)
+        manager = RolloutManager(generator, **pieces)
         manager.run(engine.start())
-        return Rollouts(GroupSource(env, manager), EnginePublisher(engine), engine_close=engine.close)
+        return Rollouts(GroupSource(env, manager), EnginePublisher(engine), engine_close=engine.close,
+                        generator=generator)
     from ..rollout.client import RolloutClient
     from .remote import RemotePublisher, sync_address
 
@@ -189,4 +201,4 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
     client = RolloutClient(publisher.rollout_addresses, token=auth.token,
                            timeout=float(spec.weight_sync.timeout_seconds) * 3)
     manager = RolloutManager(client, health=client.health, **pieces)
-    return Rollouts(GroupSource(env, manager), publisher, engine_close=client.close)
+    return Rollouts(GroupSource(env, manager), publisher, engine_close=client.close, generator=client)

@@ -2,7 +2,8 @@
 GET /healthz, GET /status (TrainerStatus JSON), GET /metrics (Prometheus text of the TRAINER
 metrics), POST /suspend (finish the step, checkpoint, stop with phase `suspended`), and the
 trajectory API under /trajectories (grpojob.trajectories.api, mounted once the rollout side is
-built; 503 before).
+built; 503 before), and in spec.mode service the training API under /service
+(grpojob.trainer.service, mounted when the trainer starts serving; 503 before).
 
 Every path but /healthz (and /metrics, unless the job's Auth says otherwise) needs the job's
 bearer token (grpojob.auth); an unknown path is refused like a known one before it is looked up."""
@@ -18,9 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from .. import auth as authmod
 from .. import prom
-from ..api.status import RolloutLag, TrainerStatus
+from ..api.status import RolloutLag, ServiceCalls, ServiceStatus, TrainerStatus
 from ..metrics_names import TRAINER
-from ..plan import TRAJECTORY_PREFIX
+from ..plan import SERVICE_PREFIX, TRAJECTORY_PREFIX
 
 log = logging.getLogger("grpojob.trainer.server")
 
@@ -90,6 +91,28 @@ class StatusBoard:
         if record.get("published"):
             m["grpojob_weight_sync_seconds"].observe((record.get("stage_seconds") or {}).get("sync", 0.0))
 
+    def observe_call(self, op: str, result: str, seconds: float, tokens: int = 0) -> None:
+        """One training-service call answered (mode service): result ok, refused (4xx) or failed (5xx)."""
+        m = self.metrics
+        m["grpojob_service_requests_total"].labels(op=op, result=result).inc()
+        m["grpojob_service_request_seconds"].labels(op=op).observe(seconds)
+        if tokens:
+            m["grpojob_service_tokens_total"].labels(op=op).inc(tokens)
+        with self._lock:
+            svc = self.status.service or ServiceStatus()
+            c = svc.ops.get(op) or ServiceCalls()
+            c = c.model_copy(update={"calls": c.calls + 1, "seconds": round(c.seconds + seconds, 6),
+                                     "tokens": c.tokens + tokens, "refused": c.refused + (result == "refused"),
+                                     "failed": c.failed + (result == "failed")})
+            self.status = self.status.model_copy(update={"service": svc.model_copy(update={"ops": {**svc.ops, op: c}})})
+
+    def set_queued(self, n: int) -> None:
+        """Training-service calls waiting for the trainer."""
+        self.metrics["grpojob_service_queued_requests"].set(n)
+        with self._lock:
+            svc = self.status.service or ServiceStatus()
+            self.status = self.status.model_copy(update={"service": svc.model_copy(update={"queued": n})})
+
     def watch_rollouts(self, servers: Callable[[], list[dict[str, Any]]]) -> None:
         """Report the weight-sync group: `servers()` lists its members as dicts with `replica` and
         `version` (WeightPublisher.servers). Read at every scrape."""
@@ -136,6 +159,7 @@ class _Handler(BaseHTTPRequestHandler):
     auth: authmod.Auth
     on_suspend: Optional[Callable[[], None]] = None
     trajectories: Optional[Any] = None  # grpojob.trajectories.api.TrajectoryAPI, once mounted
+    service: Optional[Any] = None  # grpojob.trainer.service.TrainingService, once serving
 
     def _allowed(self, path: str) -> bool:
         return not self.auth.protects(path) or authmod.authorize_handler(self)
@@ -158,12 +182,31 @@ class _Handler(BaseHTTPRequestHandler):
             code, doc = self.trajectories.handle(Request(self.command, self.path, dict(self.headers), body))
         self._send(code, json.dumps(doc).encode())
 
+    def _service(self) -> None:
+        from ..trajectories.api import Request
+
+        if self.service is None:
+            code, doc = 503, {"error": "the training service is not serving: the trainer is still loading (retry), "
+                                       "or the job's spec.mode is not service", "reason": "not-serving"}
+        else:
+            n = int(self.headers.get("Content-Length") or 0)
+            if n > self.service.max_body_bytes:
+                code, doc = 413, {"error": f"body of {n} bytes, more than {self.service.max_body_bytes}: send fewer "
+                                           "datums per call", "reason": "too-large"}
+                self.close_connection = True  # the unread body stays on the socket
+            else:
+                body = self.rfile.read(n) if self.command == "POST" else b""
+                code, doc = self.service.handle(Request(self.command, self.path, dict(self.headers), body))
+        self._send(code, json.dumps(doc).encode())
+
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?")[0]
         if not self._allowed(path):
             return
         if path.startswith(TRAJECTORY_PREFIX + "/"):
             self._trajectories()
+        elif path.startswith(SERVICE_PREFIX + "/"):
+            self._service()
         elif path == "/healthz":
             self._send(200, b'{"ok": true}')
         elif path == "/status":
@@ -179,6 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path.startswith(TRAJECTORY_PREFIX + "/"):
             self._trajectories()
+        elif path.startswith(SERVICE_PREFIX + "/"):
+            self._service()
         elif path == "/suspend":
             log.info("suspend requested over HTTP")
             self.board.suspend_requested.set()
@@ -192,13 +237,19 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("http %s", fmt % args)
 
 
+class _HTTPServer(ThreadingHTTPServer):
+    # http.server's listen backlog is 5: the training service's callers open many connections at
+    # once (a step's samples), and an overflowing backlog resets them.
+    request_queue_size = 256
+
+
 class LeaderServer:
     """Serves a StatusBoard from a daemon thread; `auth` is the job's token (grpojob.auth)."""
 
     def __init__(self, board: StatusBoard, host: str, port: int, auth: authmod.Auth):
         handler = self.handler = type("Handler", (_Handler,), {"board": board, "auth": auth})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            self.httpd = _HTTPServer((host, port), handler)
         except OSError as e:
             raise OSError(f"trainer leader endpoint: cannot listen on {host}:{port} "
                           f"(GRPOJOB_TRAINER_PORT): {e}") from e
@@ -209,6 +260,10 @@ class LeaderServer:
     def mount_trajectories(self, api: Any) -> None:
         """Serve the trajectory API (grpojob.trajectories.api.TrajectoryAPI) from now on."""
         self.handler.trajectories = api
+
+    def mount_service(self, service: Any) -> None:
+        """Serve the training API (grpojob.trainer.service.TrainingService) from now on; None: stop."""
+        self.handler.service = service
 
     def start(self) -> "LeaderServer":
         self.thread.start()
