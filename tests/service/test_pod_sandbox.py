@@ -18,7 +18,7 @@ from grpojob.client import ServiceClient
 from grpojob.local.runner import ENDPOINTS_FILE
 from grpojob_operator import names as n
 from tests.operator_k8s.test_pod_sandbox import SECRETS, cluster_job, run, stop  # noqa: F401 - the fixture
-from tests.helpers import pod_sandbox
+from tests.helpers import pod_sandbox, statefulset
 
 from .test_nexrl_remote import EXAMPLE
 
@@ -66,7 +66,8 @@ def test_a_service_job_trains_from_outside_its_pods(cluster_job, tmp_path, tiny_
     finally:
         stop(trainer)
         stop(rollout)
-    ckpt = twork / "volumes" / "grpojob-checkpoints" / "step-000003"
+    # on trainer pod 0's checkpoint claim (from the StatefulSet's claim template)
+    ckpt = claims[statefulset.claims(kids["StatefulSet"], 0)[0]["metadata"]["name"]] / "step-000003"
     assert ckpt.is_dir() and ckpt.stat().st_uid == n.RUNTIME_UID
     text = (twork / "log").read_text()
     assert "training service stopped" in text and "Read-only file system" not in text

@@ -233,7 +233,9 @@ class TrainingService:
             return {"path": f"{POLICY_PATH}{tr.version}", "policy_version": tr.version}
         if route == "/save_state":
             self._status(phase="checkpointing")
-            path = run.checkpoints.save()  # rank 0 gets the path
+            run.checkpoints.save()  # collective, written in the background: the call answers once committed
+            run.checkpoints.wait()
+            path = checkpoint.step_dir(run.checkpoints.root, tr.step)
             self._status(phase="running", last_checkpoint_step=tr.step)
             log.info("state saved", extra={"path": str(path), "step": tr.step, "label": req.name})
             return {"path": str(path), "step": tr.step}
@@ -251,8 +253,9 @@ class TrainingService:
     def _stop(self) -> str:
         tr, run = self.tr, self.run
         self._status(phase="checkpointing", message="suspending")
-        if run.checkpoints.last_step != tr.step:
+        if not run.checkpoints.covers(tr.step):
             run.checkpoints.save()
+        run.checkpoints.wait()
         self._status(phase="suspended", last_checkpoint_step=run.checkpoints.last_step,
                      message=f"training service stopped after step {tr.step}")
         log.info("training service stopped", extra={"step": tr.step})
