@@ -41,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_throughput import SHAPES, build_model  # noqa: E402 - the benchmarks' shapes, one place
+from weight_sync import DiscardSink  # noqa: E402 - the receiving end that drops what arrives
 
 TOKEN = "benchmark-token"
 
@@ -244,28 +245,6 @@ def push_figures(tr, a: argparse.Namespace, note) -> None:
             receiver.kill()
             receiver.join(timeout=30)
             pub.close()
-
-
-class DiscardSink:
-    """A rollout server's receiving end that drops what arrives (the transfer is what is timed)."""
-    last_pause_seconds = None
-
-    def __init__(self, device: str):
-        self.device = torch.device(device)
-        self.rx = None
-
-    def endpoints(self):
-        from grpojob.sync.placement import local
-        return [local(self.device)]
-
-    def receive_push(self, cmd, store_addr, instance):
-        from grpojob.sync.receiver import PushReceiver
-        if self.rx is None or self.rx.instance != instance:
-            self.rx = PushReceiver(store_addr, instance, self.device)
-        self.rx.receive(cmd)
-
-    def load_dir(self, path, version, weights):
-        raise RuntimeError("not used")
 
 
 def receive(port: int, device: str) -> None:
