@@ -77,7 +77,7 @@ def main(argv: list[str]) -> None:
         sys.exit("usage: python -m grpojob.lifeline PARENT_PID -- CMD [ARGS...]")
     if arm_parent_death_signal() and os.getppid() != int(argv[0]):
         os._exit(EXIT_PARENT_GONE)  # the parent died before the signal was armed
-    os.execv(argv[2], argv[2:])
+    os.execvp(argv[2], argv[2:])  # a command name too (benchmarks put taskset in front)
 
 
 if __name__ == "__main__":

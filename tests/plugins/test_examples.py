@@ -43,7 +43,7 @@ def test_cosmos_custom_trainer_dataset_class_and_rollout_engine(tmp_path, tiny_d
     # The engine: it generated, and it received each pushed version through the weight sync.
     log = (tmp_path / "run" / "logs" / "rollout-0.log").read_text()
     assert "example-hf engine: now serving policy version 2" in log
-    assert [r["rollouts"][0]["version"] for r in records] == [1, 2, 2]  # no push after the last step
+    assert [r["rollouts"][0]["version"] for r in records] == [1, 2, 3]  # the last step pushes too
 
 
 def test_nexrl_trainer_folds_a_kl_penalty_into_token_level_rewards(tmp_path, tiny_dir):
