@@ -86,6 +86,13 @@ TRAINER = (
               (), _STAGE_BUCKETS),
     MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group; no sample "
               "when the trainer generates in-process."),
+    # Evaluation (spec.evaluation): the last one, set when it ends (StatusBoard.observe_evaluation).
+    MetricDef("grpojob_eval_step", "gauge", "Step whose policy the last evaluation measured (0: the initial one)."),
+    MetricDef("grpojob_eval_reward_mean", "gauge", "Mean reward of the last evaluation on the held-out prompts, "
+              "per reward function (reward=\"total\" for the weighted sum).", ("reward",)),
+    MetricDef("grpojob_eval_pass_at_k", "gauge", "pass@k of the last evaluation: the chance that one of k "
+              "completions reaches evaluation.passThreshold (unbiased estimator).", ("k",)),
+    MetricDef("grpojob_eval_seconds", "gauge", "Wall time of the last evaluation (generation and scoring)."),
 )
 
 # Served by every rollout server on rollout.port at /metrics.

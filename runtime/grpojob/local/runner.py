@@ -23,7 +23,7 @@ from ..api.validate import check_plugins
 from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, Placement, Role, render_config, roles, trajectory_url)
 from .processes import Child, free_port, wait_any
-from .progress import Progress, newest_checkpoint, plot, read_records
+from .progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
 
 log = logging.getLogger("grpojob.local")
 
@@ -47,6 +47,10 @@ def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
         value = (spec.get(section) or {}).get(key)
         if value:
             spec[section][key] = str(Path(value).expanduser().resolve())
+    held_out = spec.get("evaluation") or {}  # spec.evaluation.dataset.path too
+    held_out = held_out.get("dataset") if isinstance(held_out, dict) else None
+    if isinstance(held_out, dict) and held_out.get("path"):
+        held_out["path"] = str(Path(held_out["path"]).expanduser().resolve())
     ckpt = spec.setdefault("checkpoint", {})
     ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))
 
@@ -201,7 +205,7 @@ class Run:
     def _finish(self) -> None:
         records = read_records(self.run_dir / "metrics.jsonl")
         if records:
-            plot(records, self.run_dir / "reward.png")
+            plot(records, self.run_dir / "reward.png", read_evaluations(self.run_dir / "metrics.jsonl"))
 
 
 def _check_weight_sync(job: GRPOJob) -> None:
@@ -298,6 +302,10 @@ def _summary(run_dir: Path, out) -> None:
         print("done (no steps recorded)", file=out)
         return
     first, last = records[0], records[-1]
+    evals = [e for e in read_evaluations(run_dir / "metrics.jsonl") if e.get("reward_mean") is not None]
     print(f"done: {last.get('step')} steps; reward {first.get('reward_mean', float('nan')):.3f} -> "
-          f"{last.get('reward_mean', float('nan')):.3f}; final model {run_dir / 'final-model'}; "
+          f"{last.get('reward_mean', float('nan')):.3f}"
+          + (f"; evaluation reward {evals[0]['reward_mean']:.3f} (step {evals[0]['step']}) -> "
+             f"{evals[-1]['reward_mean']:.3f} (step {evals[-1]['step']})" if evals else "")
+          + f"; final model {run_dir / 'final-model'}; "
           f"curves {run_dir / 'reward.png'}; metrics {run_dir / 'metrics.jsonl'}", file=out)

@@ -4,6 +4,7 @@
     update  = trainer.step_training(groups)      # GRPOTrainer: advantages, packed updates
     report  = publisher.publish(weights, v)      # every weightSync.everySteps steps (rank 0)
     path    = checkpoints.save()                 # every checkpoint.everySteps steps
+    evaluation.start(step, v) ... .finish()      # spec.evaluation: after a push, done before the next
     record  -> metrics.jsonl, /status, Prometheus, trackers and callbacks (the StepRecord is their
                one source)
 
@@ -25,6 +26,7 @@ import torch
 from ..checkpoint import CheckpointManager
 from ..rollout.engine import torch_dtype_name
 from . import dist
+from ..evaluation import EvalRecord
 from .callbacks import Callbacks
 from .record import StepRecord
 from .rollouts import GroupSource, PushReport, WeightPublisher
@@ -41,7 +43,8 @@ class Loop:
     def __init__(self, trainer: GRPOTrainer, source: GroupSource, publisher: Optional[WeightPublisher],
                  checkpoints: CheckpointManager, *, run_dir: Optional[Path] = None,
                  board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
-                 suspend: Optional[threading.Event] = None, callbacks: Optional[Callbacks] = None):
+                 suspend: Optional[threading.Event] = None, callbacks: Optional[Callbacks] = None,
+                 evaluation=None):
         self.trainer, self.source, self.publisher, self.checkpoints = trainer, source, publisher, checkpoints
         self.callbacks = callbacks or Callbacks([])  # rank 0's trackers and user callbacks
         self.spec, self.env = trainer.spec, trainer.env
@@ -49,6 +52,9 @@ class Loop:
         self.suspend = suspend or threading.Event()
         self.published: Optional[int] = None
         self.backend: Optional[str] = None
+        # rank 0's grpojob.evaluation.evaluator.Evaluation (spec.evaluation; None elsewhere), and a
+        # finished evaluation waiting to be reported before the next step's record
+        self.evaluation, self._evaluated = evaluation, None
 
     def request_suspend(self) -> None:
         """Finish the current step, checkpoint, stop."""
@@ -68,10 +74,18 @@ class Loop:
             self.publish()
         self.source.start()
         self._status(phase="running")
+        if tr.step == 0:
+            self._start_evaluation()  # evaluation.atStart: the initial policy
         while tr.step < total:
             if self._suspend_agreed():
                 return self._stop()
             self.emit(self.train_step())
+        if self.spec.evaluation is not None:  # the last step's policy, once the rollouts hold it
+            if self.published != tr.version:
+                self.publish()
+            self._start_evaluation()
+            self._finish_evaluation()
+            self._emit_evaluation()
         if self.checkpoints.last_step != tr.step:
             self.checkpoint()
         self.save_final_model()
@@ -87,9 +101,12 @@ class Loop:
         prep, stats = tr.step_training(got.groups)
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
+        self._finish_evaluation()  # started after the previous push: it ends before the next one
+        te = time.perf_counter()
         report = None
         if tr.step % spec.weight_sync.every_steps == 0 and tr.step < spec.training.steps:
             report = self.publish()
+            self._start_evaluation()
         t3 = time.perf_counter()
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")
@@ -108,13 +125,15 @@ class Loop:
             tokens_per_second=prep.total_tokens / seconds if seconds > 0 else None,
             train_tokens_per_second=prep.total_tokens / (t2 - t1) if t2 > t1 else None,
             wait_seconds=t1 - t0, rollout_idle_fraction=got.idle_fraction, groups_in_flight=got.in_flight,
-            groups_resampled=got.resampled, groups_stale=got.stale, sync_seconds=t3 - t2,
+            groups_resampled=got.resampled, groups_stale=got.stale, sync_seconds=t3 - te,
             generation_paused_seconds=report.paused_seconds if report else None,
             weight_sync_backend=self.backend, rollouts=rollouts, published=report is not None,
             sample_ids=list(got.sample_ids), groups_from_environments=got.from_environments,
             environments=got.environments, extra={**prep.extra, **extra},
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
-                           "train": round(t2 - t1, 6), "sync": round(t3 - t2, 6), "checkpoint": round(t4 - t3, 6)},
+                           "train": round(t2 - t1, 6), "sync": round(t3 - te, 6), "checkpoint": round(t4 - t3, 6),
+                           # the wait for the evaluation (spec.evaluation) before this step's push
+                           **({"evaluate": round(te - t2, 6)} if spec.evaluation is not None else {})},
             step_seconds=seconds)
 
     def checkpoint(self) -> None:
@@ -139,14 +158,18 @@ class Loop:
         self.source.set_published(tr.version)
         return report
 
-    def emit(self, record: StepRecord) -> None:
-        if not self.env.is_leader:
-            return
-        doc = record.to_json()
+    def _write(self, doc: dict) -> None:
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with open(self.run_dir / METRICS_FILE, "a") as f:
                 f.write(json.dumps(doc) + "\n")
+
+    def emit(self, record: StepRecord) -> None:
+        if not self.env.is_leader:
+            return
+        self._emit_evaluation()  # the one that ended in this step, reported before it
+        doc = record.to_json()
+        self._write(doc)
         if self.board is not None:
             self.board.observe(doc)
             self._status(phase="running", last_checkpoint_step=self.checkpoints.last_step,
@@ -158,6 +181,32 @@ class Loop:
         self.callbacks.on_step_end(record)
         if self.on_step is not None:
             self.on_step(record)
+
+    # ---- evaluation (spec.evaluation, rank 0) ----------------------------------------------------------
+    def _start_evaluation(self) -> None:
+        """Evaluate the policy the rollouts were just given, when its step is due."""
+        tr = self.trainer
+        if self.evaluation is not None and self.spec.evaluation.due(tr.step, self.spec.training.steps):
+            self.evaluation.start(tr.step, tr.version)
+
+    def _finish_evaluation(self) -> None:
+        if self.evaluation is not None:
+            self._evaluated = self.evaluation.finish() or self._evaluated
+
+    def _emit_evaluation(self) -> None:
+        """metrics.jsonl (a row of kind "evaluation"), /status and /metrics, the trackers."""
+        rec: Optional[EvalRecord] = self._evaluated
+        if rec is None:
+            return
+        self._evaluated = None
+        doc = rec.to_json()
+        self._write(doc)
+        if self.board is not None:
+            self.board.observe_evaluation(rec)
+        log.info("evaluation of step %d: reward %.3f %s (%d prompts, %.1fs)", rec.step, rec.reward_mean or 0.0,
+                 " ".join(f"pass@{k} {v:.3f}" for k, v in rec.pass_at.items()), rec.prompts, rec.seconds,
+                 extra={"evaluation": doc})
+        self.callbacks.on_evaluation(rec)
 
     # ---- stopping ------------------------------------------------------------------------------------
     def _suspend_agreed(self) -> bool:
