@@ -60,13 +60,14 @@ def _ensure_model(job: GRPOJob, out) -> None:
     if (path / "config.json").exists():
         return
     annotations = (job.metadata.model_extra or {}).get("annotations") or {}
-    if str(annotations.get(BUILD_TINY, "")).lower() != "true":
+    flag = str(annotations.get(BUILD_TINY, "")).lower()
+    if flag not in ("true", "tools"):  # tools: with tool-call tokens (grpojob.tiny.TOOL_TOKENS)
         raise RunError(f"spec.model.path: '{path}' has no model (config.json); "
                        f"set annotation {BUILD_TINY}: \"true\" to build a tiny random one there")
     from ..tiny import build
 
     print(f"model {path} not found: building a tiny random model there (annotation {BUILD_TINY})", file=out)
-    build(path)
+    build(path, tools=flag == "tools")
 
 
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
