@@ -168,3 +168,20 @@ def test_idle_sessions_expire(manager):
     s.add_turn("a", turn([1], [2], 0))
     now[0] = 11
     assert s.state("a") is None and s.status()["counts"]["expired"] == 1
+
+
+def test_a_session_ended_without_a_reward_is_scored_by_the_jobs_rewards(manager, tiny_dir, tokenizer):
+    from grpojob.rewards import RewardScorer
+    from tests.rollout.harness import make_job
+
+    job = make_job(tiny_dir, rewards=[{"name": "exact_match"}, {"name": "format", "args": {"pattern": "^turn"},
+                                                                "weight": 0.5}])
+    s = Sessions(manager, LIMITS, scorer=RewardScorer(job.spec, tokenizer), tokenizer=tokenizer)
+    s.add_turn("a", turn([1, 2], [10], 0))
+    s.add_turn("a", turn([1, 2, 10, 20], [11], 0, continued=True))  # its text: "turn 4"
+    out = s.finish("a", wire.SessionRewardIn(row={"answer": "turn 4"}))  # the reference answer for exact_match
+    assert out["reward"] == 1.5 and out["reward_parts"] == {"exact_match": 1.0, "format": 1.0}
+    s.add_turn("b", turn([1, 2], [12], 0))
+    assert s.finish("b", wire.SessionRewardIn(row={"answer": "seven"}))["reward"] == 0.5
+    (g,) = manager.next_step().groups
+    assert g.rewards == [1.5, 0.5] and g.reward_parts == {"exact_match": [1.0, 0.0], "format": [1.0, 1.0]}
