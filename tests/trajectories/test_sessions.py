@@ -185,3 +185,21 @@ def test_a_session_ended_without_a_reward_is_scored_by_the_jobs_rewards(manager,
     assert s.finish("b", wire.SessionRewardIn(row={"answer": "seven"}))["reward"] == 0.5
     (g,) = manager.next_step().groups
     assert g.rewards == [1.5, 0.5] and g.reward_parts == {"exact_match": [1.0, 0.0], "format": [1.0, 1.0]}
+
+
+def test_session_turns_sample_as_the_job_does():
+    from grpojob.api.data import SamplingSpec
+    from grpojob.rollout.sessions import Capture, SessionError, SessionStore
+    from grpojob.rollout.types import SamplingParams
+
+    job = SamplingSpec(temperature=0.7, top_p=0.9, top_k=20, max_tokens=64)
+    got = Capture.sampling(SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=3), job)
+    assert got == SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_tokens=8, seed=3)
+    store = SessionStore(None, "t")
+    assert Capture.of({}, 1, store) is None
+    c = Capture.of({"X-Session-Id": "s-1", "X-Session-Group": "g", "X-Session-Environment": "calc"}, 1, store)
+    assert (c.sid, c.group, c.environment) == ("s-1", "g", "calc")
+    for headers, n, words in (({"X-Session-Id": "bad id"}, 1, "not a session id"), ({"X-Session-Id": "s"}, 2, "n=1"),
+                              ({"X-Session-Id": "s", "X-Session-Environment": "Calc"}, 1, "environment name")):
+        with pytest.raises(SessionError, match=words):
+            Capture.of(headers, n, store)

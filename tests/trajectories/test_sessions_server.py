@@ -68,7 +68,8 @@ def test_a_multi_turn_tool_session_becomes_a_training_group(stack):
     turns = {}
     for sid in ("s1", "s2"):
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key=TOKEN, max_retries=0,
-                               default_headers={"X-Session-Id": sid, "X-Session-Group": "task-7"})
+                               default_headers={"X-Session-Id": sid, "X-Session-Group": "task-7",
+                                                "X-Session-Environment": "calc"})
         messages = [{"role": "user", "content": "what is 3 + 4 ?"}]
         seen = []
         for follow in ({"role": "tool", "tool_call_id": "call_1", "content": "7"},
@@ -83,7 +84,7 @@ def test_a_multi_turn_tool_session_becomes_a_training_group(stack):
         turns[sid] = seen
         status, out = http(f"{srv.url}/v1/sessions/{sid}/reward", {"reward": 1.0 if sid == "s1" else 0.0})
         assert status == 200, out
-    assert out["submitted"] == 1 and out["group"] == "task-7"
+    assert out["submitted"] == 1 and out["group"] == "calc/task-7"
 
     step = manager.next_step()
     (group,) = step.groups
@@ -95,7 +96,7 @@ def test_a_multi_turn_tool_session_becomes_a_training_group(stack):
         trained = [t for t, m in zip(c.completion_ids, c.loss_mask) if m]
         assert trained == [t for _, ids in seen for t in ids]  # exactly what the model generated
         assert sum(c.loss_mask) < len(c.loss_mask)  # the tool result and user turn are masked out
-    assert group.rewards == [1.0, 0.0] and step.environments["sessions"]["groups"] == 1
+    assert group.rewards == [1.0, 0.0] and step.environments["calc"]["groups"] == 1
 
 
 def test_session_requests_need_the_token_and_one_completion(stack):

@@ -245,6 +245,8 @@ class Server:
             return self._session_error(e)
         prompts = [prompt.ids] if prompt else body.prompts(tok)
         sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
+        if capture:
+            sampling = capture.sampling(sampling, self.spec.rollout.sampling)
         try:
             results = await asyncio.gather(*(self._run(p, body.n, sampling) for p in prompts))
         except _BadRequest as e:
@@ -268,8 +270,11 @@ class Server:
             return self._session_error(e)
         except Exception as e:  # a template that rejects these messages
             return self._error(400, f"messages: cannot apply the chat template: {e}", "bad_request", openai=True)
+        sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
+        if capture:
+            sampling = capture.sampling(sampling, self.spec.rollout.sampling)
         try:
-            group = await self._run(prompt, body.n, body.sampling(self.spec.rollout.sampling.max_tokens))
+            group = await self._run(prompt, body.n, sampling)
         except _BadRequest as e:
             return self._error(400, str(e), "bad_request", openai=True)
         resp = oai.chat_response(body, prompt, group, tok, self.model_name)

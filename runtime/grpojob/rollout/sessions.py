@@ -19,8 +19,12 @@ server can serve any turn. For each turn a server:
    (loss mask 1).
 
 `X-Session-Group` (first turn) names the GRPO group the session belongs to; without it, sessions
-that started from the same prompt form a group. `POST /v1/sessions/{id}/reward` ends a session
-with a reward (or with none: the job's rewards score it) and is passed on to the trainer.
+that started from the same prompt form a group. `X-Session-Environment` names the environment
+its groups are trained as (metrics show them under it; default `sessions`). Every turn is sampled
+with the job's rollout.sampling temperature, top_p and top_k, whatever the request asks: the
+trainer recomputes the log-probs at those (max_tokens, stop and seed are the request's).
+`POST /v1/sessions/{id}/reward` ends a session with a reward (or with none: the job's rewards
+score it) and is passed on to the trainer.
 """
 from __future__ import annotations
 
@@ -32,10 +36,12 @@ from typing import Any, Optional
 import aiohttp
 
 from .openai_api import ChatRequest, encode
-from .types import Completion
+from .types import Completion, SamplingParams
 
 SESSION_HEADER = "X-Session-Id"
 GROUP_HEADER = "X-Session-Group"
+ENVIRONMENT_HEADER = "X-Session-Environment"
+ENVIRONMENT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # as environments' names
 SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$")
 PROBE = "\x00grpojob-probe\x00"  # an assistant reply no template changes, to find the end of a turn
 
@@ -153,10 +159,11 @@ class SessionStore:
             await self._http.close()
 
 
-def turn(mode: str, group: Optional[str], prompt: Prompt, c: Completion, returned: str, messages: int) -> dict:
+def turn(mode: str, group: Optional[str], environment: Optional[str], prompt: Prompt, c: Completion, returned: str,
+         messages: int) -> dict:
     """The body of one turn as the trainer takes it (grpojob.trajectories.wire.SessionTurnIn)."""
-    return {"mode": mode, "group": group, "prompt_ids": prompt.ids, "continued": prompt.continued,
-            "rendered": prompt.rendered, "returned": returned, "messages": messages,
+    return {"mode": mode, "group": group, "environment": environment, "prompt_ids": prompt.ids,
+            "continued": prompt.continued, "rendered": prompt.rendered, "returned": returned, "messages": messages,
             "completion": {"token_ids": c.completion_ids, "logprobs": c.logprobs, "policy_version": c.policy_version,
                            "versions": c.versions, "finish_reason": c.finish_reason, "text": c.text}}
 
@@ -164,8 +171,8 @@ def turn(mode: str, group: Optional[str], prompt: Prompt, c: Completion, returne
 class Capture:
     """One request's session: its prompt from the record, then the turn back to the record."""
 
-    def __init__(self, store: SessionStore, sid: str, group: Optional[str]):
-        self.store, self.sid, self.group = store, sid, group
+    def __init__(self, store: SessionStore, sid: str, group: Optional[str], environment: Optional[str] = None):
+        self.store, self.sid, self.group, self.environment = store, sid, group, environment
         self.mode = "chat"
 
     @classmethod
@@ -174,11 +181,20 @@ class Capture:
         sid = headers.get(SESSION_HEADER)
         if sid is None:
             return None
-        group = headers.get(GROUP_HEADER)
+        group, env = headers.get(GROUP_HEADER), headers.get(ENVIRONMENT_HEADER)
+        if env is not None and not ENVIRONMENT_NAME.match(env):
+            raise SessionError(400, f"{ENVIRONMENT_HEADER}: '{env[:70]}' is not an environment name (lower-case "
+                                    "letters, digits and '-', at most 63)")
         if n != 1:
             raise SessionError(400, f"n: a session's turn asks for one completion (n=1, got {n}): a session is one "
                                     "trajectory; run groupSize sessions for a group")
-        return cls(store, check_id(sid, SESSION_HEADER), check_id(group, GROUP_HEADER) if group else None)
+        return cls(store, check_id(sid, SESSION_HEADER), check_id(group, GROUP_HEADER) if group else None, env)
+
+    @staticmethod
+    def sampling(requested: SamplingParams, job) -> SamplingParams:
+        """The job's rollout.sampling (`job`) with the request's max_tokens and seed."""
+        return SamplingParams(temperature=job.temperature, top_p=job.top_p, top_k=job.top_k,
+                              max_tokens=requested.max_tokens, seed=requested.seed)
 
     async def chat_prompt(self, req: ChatRequest, tokenizer) -> Prompt:
         self.mode = "chat"
@@ -191,4 +207,5 @@ class Capture:
         return text_prompt(await self.store.state(self.sid), prompt, tokenizer)
 
     async def record(self, prompt: Prompt, served: Completion, returned: str, messages: int) -> None:
-        await self.store.record(self.sid, turn(self.mode, self.group, prompt, served, returned, messages))
+        await self.store.record(self.sid, turn(self.mode, self.group, self.environment, prompt, served, returned,
+                                               messages))

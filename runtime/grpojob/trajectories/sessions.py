@@ -11,8 +11,9 @@ A reward ends a session (POST .../reward: a number, or none and the job's reward
 the first prompt's text as `prompt`, the last turn's text as `completion`, and the body's `row`
 plus `turns`, every turn's text). Ended sessions wait in their group (the `X-Session-Group` of
 their first turn, else their first prompt's tokens) until algorithm.groupSize of them are there;
-the group is then queued for training as the groups of the environment `sessions` are, under the
-same version floor (grpojob.trajectories.queue). Sessions idle longer than TTL_SECONDS, and groups
+the group is then queued for training as an environment's groups are (under the name of the
+first turn's `X-Session-Environment`, default `sessions`), under the same version floor
+(grpojob.trajectories.queue). Sessions idle longer than TTL_SECONDS, and groups
 not filled in that time, are dropped and counted.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from .queue import Refused
 
 log = logging.getLogger("grpojob.trajectories.sessions")
 
-ENVIRONMENT = "sessions"  # the name sessions' groups are queued under (in metrics: environments.sessions)
+ENVIRONMENT = "sessions"  # the default environment sessions' groups are queued under
 TTL_SECONDS = 1800.0
 MAX_OPEN = 4096  # sessions recorded at once
 RETRY = ("starting", "full", "unregistered")  # refusals after which a full group waits and is offered again
@@ -41,6 +42,7 @@ RETRY = ("starting", "full", "unregistered")  # refusals after which a full grou
 class Record:
     prompt_ids: list[int]
     group: Optional[str]
+    environment: str = ENVIRONMENT
     ids: list[int] = field(default_factory=list)  # everything after the first prompt
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -85,10 +87,10 @@ class Sessions:
         self.ttl, self.clock = ttl, clock
         self.open: dict[str, Record] = {}
         self.waiting: dict[str, tuple[float, list[tuple[Completion, float, dict[str, float]]]]] = {}
-        self.ready: list[Group] = []
+        self.ready: list[tuple[str, Group]] = []  # (environment, a full group)
         self.counts: Counter = Counter()
         self._lock = threading.Lock()
-        self._registered = False
+        self._registered: set[str] = set()
 
     # ---- turns --------------------------------------------------------------------------------------
     def state(self, sid: str) -> Optional[dict[str, Any]]:
@@ -111,7 +113,8 @@ class Sessions:
                     self.counts["restarted"] += 1
                 elif len(self.open) >= MAX_OPEN:
                     raise Refused(429, "full", f"{MAX_OPEN} sessions are open: end some (POST .../reward) first")
-                r = self.open[sid] = Record(list(t.prompt_ids), t.group or (r.group if r is not None else None))
+                r = self.open[sid] = Record(list(t.prompt_ids), t.group or (r.group if r is not None else None),
+                                            t.environment or (r.environment if r is not None else ENVIRONMENT))
             else:
                 r.append(t.prompt_ids[len(r.tokens):], trained=False)
             r.prompt_length = len(r.tokens)
@@ -140,6 +143,7 @@ class Sessions:
             reward, parts = self._score(r, c, body.row)
         c.reward = reward
         key = r.group or "prompt:" + hashlib.sha1(str(r.prompt_ids).encode()).hexdigest()[:16]
+        key = f"{r.environment}/{key}"
         with self._lock:
             self.counts["ended"] += 1
             since, members = self.waiting.get(key, (self.clock(), []))
@@ -148,7 +152,7 @@ class Sessions:
                 self.waiting[key] = (since, members)
             else:
                 self.waiting.pop(key, None)
-                self.ready.append(_group(members))
+                self.ready.append((r.environment, _group(members, r.environment)))
             have = len(members) % self.limits.group_size or self.limits.group_size
         submitted = self.offer()
         return {"session": sid, "reward": reward, "reward_parts": parts, "group": key, "group_sessions": have,
@@ -172,17 +176,17 @@ class Sessions:
         with self._lock:
             groups, self.ready = self.ready, []
         done, keep = 0, []
-        for g in groups:
+        for env, g in groups:
             try:
-                if not self._registered:
-                    self.manager.register(ENVIRONMENT, None)
-                    self._registered = True
-                done += self.manager.submit(ENVIRONMENT, [g])
+                if env not in self._registered:
+                    self.manager.register(env, None)
+                    self._registered.add(env)
+                done += self.manager.submit(env, [g])
             except Refused as e:
                 if e.reason == "unregistered":  # a trainer restarted without a checkpoint
-                    self._registered = False
+                    self._registered.discard(env)
                 if e.reason in RETRY:
-                    keep.append(g)
+                    keep.append((env, g))
                 else:
                     log.warning("a group of sessions was refused (%s): %s", e.reason, e)
                     self._count(f"refused_{e.reason}")
@@ -213,12 +217,12 @@ class Sessions:
                     "ready_groups": len(self.ready), "counts": dict(self.counts)}
 
 
-def _group(members: list[tuple[Completion, float, dict[str, float]]]) -> Group:
+def _group(members: list[tuple[Completion, float, dict[str, float]]], environment: str) -> Group:
     """A group of ended sessions: each keeps its own prompt (grouped by X-Session-Group, their first
     prompts may differ); reward parts that every session has."""
     first = members[0][0]
     names = set.intersection(*(set(p) for _, _, p in members)) if members else set()
-    sample = Sample(index=-1, prompt="", prompt_ids=list(first.prompt_ids), row={"environment": ENVIRONMENT})
+    sample = Sample(index=-1, prompt="", prompt_ids=list(first.prompt_ids), row={"environment": environment})
     return Group(sample=sample,
                  completions=[c for c, _, _ in members], rewards=[r for _, r, _ in members],
                  reward_parts={n: [p[n] for _, _, p in members] for n in sorted(names)})

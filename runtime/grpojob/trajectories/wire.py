@@ -149,6 +149,7 @@ class SessionTurnIn(_In):
     (grpojob.rollout.sessions.turn)."""
     mode: str = Field(pattern="^(chat|text)$")
     group: Optional[str] = Field(None, max_length=128)
+    environment: Optional[str] = Field(None, max_length=63, pattern=NAME_PATTERN)  # its groups' queue name
     prompt_ids: list[int] = Field(min_length=1)  # what the model was given: the session's tokens + new context
     continued: bool  # the server built prompt_ids on the session's tokens
     rendered: str  # the prompt as text (the chat template's, or the client's)
