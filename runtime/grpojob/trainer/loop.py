@@ -24,9 +24,9 @@ from typing import Callable, Optional
 import torch
 
 from ..checkpoint import CheckpointManager
+from ..evaluation import EvalRecord
 from ..rollout.engine import torch_dtype_name
 from . import dist
-from ..evaluation import EvalRecord
 from .callbacks import Callbacks
 from .record import StepRecord
 from .rollouts import GroupSource, PushReport, WeightPublisher
