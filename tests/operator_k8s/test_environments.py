@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -167,18 +168,17 @@ async def test_the_operator_creates_environment_deployments_and_suspend_stops_th
 ok, why = pod_sandbox.available()
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")
-def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir, tmp_path):
-    """Trainer, rollout and environment pods as rendered (read-only root, uid 10001, no
-    capabilities): the example environment, brought in by spec.code (a claim; the runtime image
-    does not ship examples) and started as a module from the PYTHONPATH its pod gets, reaches the
-    rollout server and the trajectory API through the addresses the plan gave it, and the trainer
-    trains on its groups alone."""
+def _train_in_pods(tmp_path: Path, model_dir: Path, example: str, name: str, sampling: Optional[dict] = None,
+                   **spec) -> tuple[list[dict], dict]:
+    """Trainer, rollout and environment pods of a job as rendered (read-only root, uid 10001, no
+    capabilities), run in the pod sandbox until the trainer completes. The example environment
+    `examples/environments/<example>.py` is brought in by spec.code (a claim; the runtime image
+    does not ship examples) and started as a module from the PYTHONPATH its pod gets. Returns
+    the trainer's metrics.jsonl rows and each pod's log."""
     models, code = tmp_path / "models", tmp_path / "code"
-    shutil.copytree(tiny_dir, models / "tiny")
+    shutil.copytree(model_dir, models / "tiny")
     code.mkdir()
-    shutil.copy(ROOT / "examples" / "environments" / "arithmetic.py", code / "arithmetic.py")
+    shutil.copy(ROOT / "examples" / "environments" / f"{example}.py", code / f"{example}.py")
     for p in [models, code, *models.rglob("*"), *code.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     ckpt = tmp_path / "checkpoints"  # trainer pod 0's claim, as the kubelet hands it over under fsGroup
@@ -186,16 +186,14 @@ def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir
     os.chown(ckpt, 0, n.RUNTIME_UID)
     ckpt.chmod(0o2775)
     trainer_port, rollout_port = free_port(), free_port()
+    rollout = {"replicas": 1, "backend": "hf", "port": rollout_port, "workflow": "none",
+               "sampling": sampling or {"maxTokens": 4}}
     m = job_manifest("t", model={"path": "/models/tiny", "volumeClaim": "models"},
-                     training={"steps": 3, "promptsPerStep": 4, "microBatchTokens": 1024},
-                     algorithm={"maxStaleness": 1},
                      trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port},
-                     rollout={"replicas": 1, "backend": "hf", "port": rollout_port, "workflow": "none",
-                              "sampling": {"maxTokens": 4}},
-                     checkpoint={"everySteps": 100},
+                     rollout=rollout, checkpoint={"everySteps": 100},
                      code={"volume": {"name": "envcode", "persistentVolumeClaim": {"claimName": "code",
                                                                                    "readOnly": True}}},
-                     environments=[{"name": "arith", "command": ["python", "-m", "arithmetic"]}])
+                     environments=[{"name": name, "command": ["python", "-m", example]}], **spec)
     del m["spec"]["dataset"], m["spec"]["rewards"]  # environments bring both
     kids_ = {children.key(o): o for o in children.build(parse(m), namespace="ml")}
     config = kids_[("ConfigMap", "t-config")]["data"]
@@ -210,17 +208,17 @@ def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir
     claims = {"models": models, "code": code, statefulset.claims(sts, 0)[0]["metadata"]["name"]: ckpt}
     procs = {}
     for role, key in (("rollout", ("Deployment", "t-rollout")), ("trainer", ("StatefulSet", "t-trainer")),
-                      ("env", ("Deployment", "t-env-arith"))):
+                      ("env", ("Deployment", f"t-env-{name}"))):
         pod = statefulset.pod_spec(sts, 0) if role == "trainer" else copy.deepcopy(kids_[key]["spec"]["template"]["spec"])
         work = tmp_path / role
         work.mkdir()
         procs[role] = (pod_sandbox.start(pod, work, pod_name=f"t-{role}-0", config=config, claims=claims,
                                          overrides=network, secrets=secrets, log=work / "log"), work)
     try:
-        (trainer, twork), (rollout, rwork), (env, ework) = procs["trainer"], procs["rollout"], procs["env"]
-        done = wait_completed(trainer_port, secrets[n.token_name("t")][auth.TOKEN_KEY], [trainer, rollout, env],
-                              [twork / "log", rwork / "log", ework / "log"])
-        assert done["step"] == 3
+        (trainer, twork), (rollout_proc, rwork), (env, ework) = procs["trainer"], procs["rollout"], procs["env"]
+        done = wait_completed(trainer_port, secrets[n.token_name("t")][auth.TOKEN_KEY],
+                              [trainer, rollout_proc, env], [twork / "log", rwork / "log", ework / "log"])
+        assert done["step"] == m["spec"]["training"]["steps"]
     finally:
         for p, _ in procs.values():
             if p.poll() is None:
@@ -229,7 +227,44 @@ def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir
         logs = {r: (w / "log").read_text() for r, (_, w) in procs.items()}
     for text in logs.values():
         assert "Read-only file system" not in text and "Permission denied" not in text
-    assert '"event": "registered"' in logs["env"] and '"event": "submitted"' in logs["env"]
     records = [json.loads(x) for x in (twork / "volumes" / "grpojob-run" / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r.get("kind") is None], logs
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")
+def test_environment_pods_train_a_job_under_the_restricted_pod_security(tiny_dir, tmp_path):
+    """The arithmetic environment reaches the rollout server and the trajectory API through the
+    addresses the plan gave it, and the trainer trains on its groups alone."""
+    records, logs = _train_in_pods(tmp_path, tiny_dir, "arithmetic", "arith", algorithm={"maxStaleness": 1},
+                                   training={"steps": 3, "promptsPerStep": 4, "microBatchTokens": 1024})
+    assert '"event": "registered"' in logs["env"] and '"event": "submitted"' in logs["env"]
     assert [r["groups_from_environments"] for r in records] == [4, 4, 4]
     assert set(records[-1]["rewards"]) == {"number", "correct"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")
+def test_the_calculator_agent_learns_in_pods_from_its_sessions(tmp_path):
+    """examples/environments/calculator.yaml's job in pods: the agent, a plain OpenAI client with a
+    tool, talks to the rollout Service with X-Session-Id; the rollout pod records each session's
+    tokens on the trainer pod's trajectory API (GRPOJOB_TRAJECTORY_URL, the job's token), and the
+    tiny tool-token model learns to open a tool call, as it does under `grpojob run`."""
+    import yaml
+
+    from grpojob.tiny import build
+
+    example = yaml.safe_load((ROOT / "examples" / "environments" / "calculator.yaml").read_text())["spec"]
+    model = build(tmp_path / "src" / "tiny-tools", tools=True)
+    steps = example["training"]["steps"]
+    records, logs = _train_in_pods(tmp_path, model, "calculator", "calculator",
+                                   algorithm=example["algorithm"], training=example["training"],
+                                   sampling=example["rollout"]["sampling"])
+    pps = example["training"]["promptsPerStep"]
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert all(r["environments"]["calculator"]["groups"] == pps for r in records)
+    call = [r["rewards"]["call"] for r in records]
+    first, last = sum(call[:5]) / 5, sum(call[-5:]) / 5
+    assert first < 0.1 and last > 0.5, f"tool calls opened: {first:.3f} -> {last:.3f}"
+    episodes = [json.loads(x) for x in logs["env"].splitlines() if x.startswith("{")]
+    assert sum(e["sessions"] for e in episodes if e["event"] == "episodes") >= steps * pps * example["algorithm"]["groupSize"]
