@@ -1,0 +1,140 @@
+"""LoRA (spec.model.lora): the tiny task learns with only an adapter trained, every push carries
+the adapter alone (counted, through the real publisher, gloo and the hf engine's merge), and
+checkpoints hold the adapter in PEFT format: resume restores adapter and optimizer, export writes
+the adapter and, with --merged, a model that transformers loads and that matches base + adapter."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+
+import pytest
+import torch
+
+from grpojob.checkpoint import export as export_mod
+from grpojob.checkpoint import layout
+from grpojob.rollout.hf_engine import HFEngine
+from grpojob.sync import adapter as adapter_fmt
+from grpojob.sync.buckets import dedup_tied
+from grpojob.trainer.build import build
+from grpojob.trainer.trainer import GRPOTrainer, TrainerError
+
+from ..rollout.harness import wait_for
+from ..sync.peer import TOKEN
+from .conftest import make_job
+
+LORA = {"rank": 8, "alpha": 16}
+MAX_STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def sharp_dir(tiny_dir, tmp_path_factory):
+    """The tiny model with its output layer scaled x10. A random model's logits (weights of std
+    0.02) span about +-1.3, so a distribution over 512 tokens stays near uniform whatever the
+    hidden state is; only the output layer and the final norm, which LoRA on the decoder's
+    linear layers leaves alone, could sharpen it. A pretrained model's logits span tens: this
+    gives the tiny model that range, so that an adapter can steer what it says."""
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("sharp")
+    shutil.copytree(tiny_dir, out, dirs_exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(10)
+    model.save_pretrained(out)
+    return out
+
+
+def lora_job(model_dir, lora=LORA, **over):
+    over.setdefault("training", {"steps": MAX_STEPS, "promptsPerStep": 16, "learningRate": 1e-2,
+                                 "microBatchTokens": 2048})
+    return make_job(model_dir, model={"path": str(model_dir), "lora": lora}, **over)
+
+
+def n_adapted(trainer) -> int:
+    """LoRA A and B matrices in the policy (from PEFT's modules, not from what is pushed)."""
+    return sum(1 for n, _ in trainer.model.named_parameters() if ".lora_A." in n or ".lora_B." in n)
+
+
+def peft_greedy(model_dir, trainer, where, prompt, n) -> list[int]:
+    """Greedy tokens of PEFT's own model: the base loaded by transformers plus the trainer's
+    adapter saved in PEFT's format and loaded by PeftModel.from_pretrained."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter_fmt.save(where, trainer.weight_stream())
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), where)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def test_tiny_model_learns_with_lora_through_the_hf_engine(sharp_dir, tmp_path):
+    records = []
+
+    def on_step(r):
+        records.append(r.to_json())
+        recent = [x["reward_mean"] for x in records[-3:]]
+        if len(recent) == 3 and min(recent) > 0.8:
+            run.request_suspend()
+
+    run = build(lora_job(sharp_dir, algorithm={"name": "grpo", "groupSize": 8, "klBeta": 0.01}),
+                checkpoint_dir=str(tmp_path / "ck"), on_step=on_step)
+    tr = run.trainer
+    trainable = [p for p in tr.policy.parameters() if p.requires_grad]
+    assert sum(p.numel() for p in trainable) == sum(
+        p.numel() for n, p in tr.model.named_parameters() if ".lora_" in n)
+    assert {id(p) for g in tr.optimizer.param_groups for p in g["params"]} == {id(p) for p in trainable}
+    run.run()
+    first, last = records[0]["reward_mean"], [r["reward_mean"] for r in records[-3:]]
+    assert first < 0.3 and min(last) - first >= 0.5, f"reward {first:.3f} -> {last} in {len(records)} steps"
+    pushes = [r for r in records if r["published"]]
+    assert pushes and all(r["sync_tensors"] == n_adapted(tr) for r in pushes)
+    assert records[-1]["kl"] > 0  # the reference is the base: the adapter-off policy
+
+
+def test_lora_on_the_output_layer_is_refused(tiny_dir):
+    job = lora_job(tiny_dir, lora={"targetModules": ["q_proj", "lm_head"]})
+    with pytest.raises(TrainerError, match="spec.model.lora.targetModules: the output layer"):
+        GRPOTrainer(job)
+
+
+def test_every_push_carries_only_the_adapter(sharp_dir, tmp_path):
+    """Trainer -> WeightPublisher -> gloo -> SyncAgent -> hf engine: each push's tensors are the
+    adapter's A/B matrices (counted), a small fraction of the model's bytes, and the engine
+    generates what the trainer's PEFT model (base + adapter) generates."""
+    from grpojob.rollout.types import SamplingParams
+    from grpojob.sync.agent import SyncAgent
+    from grpojob.sync.publisher import WeightPublisher
+
+    job = lora_job(sharp_dir, lora={"rank": 4, "alpha": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]})
+    tr = GRPOTrainer(job)
+    engine = HFEngine(job.spec, device="cpu", max_batch=4)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(engine.start())
+    full_bytes = sum(t.numel() * t.element_size() for _, t in dedup_tied(engine.model.state_dict().items()))
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, token=TOKEN)
+    agent = SyncAgent(engine, f"127.0.0.1:{pub.port}", token=TOKEN, replica="r0", url="http://r0:1",
+                      model_dir=str(sharp_dir), heartbeat_seconds=0.2).start()
+    try:
+        wait_for(agent.ready, 20, "registration")
+        prompt = [5, 6, 7, 8]
+        sampling = SamplingParams(temperature=0.0, max_tokens=6)
+        for version in (1, 2, 3):
+            with torch.no_grad():  # a different adapter each time, as training makes it
+                for n, p in tr.model.named_parameters():
+                    if p.requires_grad:
+                        p.add_(torch.randn_like(p) * 0.3)
+            stats = pub.push(tr.weight_stream(torch.float32), version=version)
+            assert stats["adapter"] and stats["servers"] == 1 and stats["tensors"] == n_adapted(tr) == 2 * 3 * 2
+            assert stats["bytes"] <= 0.05 * full_bytes, (stats["bytes"], full_bytes)
+            assert agent.held[0] == version and engine.version == version
+            got = loop.run_until_complete(engine.generate(prompt, 1, sampling))[0].completion_ids
+            assert got == peft_greedy(sharp_dir, tr, tmp_path / f"v{version}", prompt, 6)[:len(got)] and got
+    finally:
+        agent.stop()
+        pub.close()
+        loop.run_until_complete(engine.close())
+        loop.close()
