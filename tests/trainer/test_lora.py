@@ -138,3 +138,56 @@ def test_every_push_carries_only_the_adapter(sharp_dir, tmp_path):
         pub.close()
         loop.run_until_complete(engine.close())
         loop.close()
+
+
+def test_checkpoint_holds_the_adapter_resumes_it_and_exports_it(sharp_dir, tmp_path):
+    from peft import PeftModel
+    from torch.distributed.checkpoint import FileSystemReader
+    from transformers import AutoModelForCausalLM
+
+    ck = tmp_path / "ck"
+    job = lora_job(sharp_dir, training={"steps": 2, "promptsPerStep": 8, "learningRate": 1e-2,
+                                        "microBatchTokens": 2048}, checkpoint={"path": str(ck), "everySteps": 1})
+    run = build(job, checkpoint_dir=str(ck))
+    run.run()
+    saved = {n: p.detach().clone() for n, p in run.trainer.model.named_parameters() if p.requires_grad}
+    moments = {k: v["exp_avg"].clone() for k, v in run.trainer.optimizer.state_dict()["state"].items()}
+    step = layout.latest(ck)
+    assert step is not None and (step / layout.ADAPTER_DIR / adapter_fmt.CONFIG).is_file()
+    keys = FileSystemReader(str(step / layout.SHARDS)).read_metadata().state_dict_metadata
+    weights = [k for k in keys if k.startswith("model.")]
+    assert weights and all(".lora_" in k for k in weights), "the shards hold the base weights too"
+
+    again = build(job, checkpoint_dir=str(ck))  # resume: a fresh base, the adapter and moments restored
+    try:
+        assert again.resumed_from == step and again.trainer.step == 2
+        for n, p in again.trainer.model.named_parameters():
+            if p.requires_grad:
+                assert torch.equal(p, saved[n]), n
+        state = again.trainer.optimizer.state_dict()["state"]
+        assert all(torch.equal(state[k]["exp_avg"], v) for k, v in moments.items()) and moments
+    finally:
+        again.rollouts.close()
+
+    out = export_mod.export(step, tmp_path / "adapter")
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("adapter")) == [adapter_fmt.CONFIG,
+                                                                                    adapter_fmt.WEIGHTS]
+    base = AutoModelForCausalLM.from_pretrained(sharp_dir, dtype=torch.float32)
+    with_adapter = PeftModel.from_pretrained(base, str(out)).eval()
+    merged_dir = export_mod.export(step, tmp_path / "merged", merged=True)
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
+    assert (merged_dir / "tokenizer.json").is_file() and not (merged_dir / adapter_fmt.CONFIG).exists()
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    with torch.no_grad():
+        want, got = with_adapter(input_ids=ids).logits, merged(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(sharp_dir, dtype=torch.float32)(input_ids=ids).logits
+    assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(got, plain, atol=1e-3)
+
+
+def test_export_merged_of_a_full_checkpoint_says_what_to_do(tiny_dir, tmp_path):
+    ck = tmp_path / "ck"
+    run = build(make_job(tiny_dir, training={"steps": 1, "promptsPerStep": 8, "learningRate": 1e-3,
+                                             "microBatchTokens": 256}), checkpoint_dir=str(ck))
+    run.run()
+    with pytest.raises(export_mod.ExportError, match="--merged is for LoRA checkpoints"):
+        export_mod.export(layout.latest(ck), tmp_path / "out", merged=True)
