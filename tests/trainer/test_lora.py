@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 
 import pytest
@@ -26,24 +25,6 @@ from .conftest import make_job
 
 LORA = {"rank": 8, "alpha": 16}
 MAX_STEPS = 60
-
-
-@pytest.fixture(scope="module")
-def sharp_dir(tiny_dir, tmp_path_factory):
-    """The tiny model with its output layer scaled x10. A random model's logits (weights of std
-    0.02) span about +-1.3, so a distribution over 512 tokens stays near uniform whatever the
-    hidden state is; only the output layer and the final norm, which LoRA on the decoder's
-    linear layers leaves alone, could sharpen it. A pretrained model's logits span tens: this
-    gives the tiny model that range, so that an adapter can steer what it says."""
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("sharp")
-    shutil.copytree(tiny_dir, out, dirs_exist_ok=True)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(10)
-    model.save_pretrained(out)
-    return out
 
 
 def lora_job(model_dir, lora=LORA, **over):
@@ -71,7 +52,7 @@ def peft_greedy(model_dir, trainer, where, prompt, n) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def test_tiny_model_learns_with_lora_through_the_hf_engine(sharp_dir, tmp_path):
+def test_tiny_model_learns_with_lora_through_the_hf_engine(tiny_sharp_dir, tmp_path):
     records = []
 
     def on_step(r):
@@ -80,7 +61,7 @@ def test_tiny_model_learns_with_lora_through_the_hf_engine(sharp_dir, tmp_path):
         if len(recent) == 3 and min(recent) > 0.8:
             run.request_suspend()
 
-    run = build(lora_job(sharp_dir, algorithm={"name": "grpo", "groupSize": 8, "klBeta": 0.01}),
+    run = build(lora_job(tiny_sharp_dir, algorithm={"name": "grpo", "groupSize": 8, "klBeta": 0.01}),
                 checkpoint_dir=str(tmp_path / "ck"), on_step=on_step)
     tr = run.trainer
     trainable = [p for p in tr.policy.parameters() if p.requires_grad]
@@ -101,7 +82,7 @@ def test_lora_on_the_output_layer_is_refused(tiny_dir):
         GRPOTrainer(job)
 
 
-def test_every_push_carries_only_the_adapter(sharp_dir, tmp_path):
+def test_every_push_carries_only_the_adapter(tiny_sharp_dir, tmp_path):
     """Trainer -> WeightPublisher -> gloo -> SyncAgent -> hf engine: each push's tensors are the
     adapter's A/B matrices (counted), a small fraction of the model's bytes, and the engine
     generates what the trainer's PEFT model (base + adapter) generates."""
@@ -109,7 +90,7 @@ def test_every_push_carries_only_the_adapter(sharp_dir, tmp_path):
     from grpojob.sync.agent import SyncAgent
     from grpojob.sync.publisher import WeightPublisher
 
-    job = lora_job(sharp_dir, lora={"rank": 4, "alpha": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]})
+    job = lora_job(tiny_sharp_dir, lora={"rank": 4, "alpha": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]})
     tr = GRPOTrainer(job)
     engine = HFEngine(job.spec, device="cpu", max_batch=4)
     loop = asyncio.new_event_loop()
@@ -117,7 +98,7 @@ def test_every_push_carries_only_the_adapter(sharp_dir, tmp_path):
     full_bytes = sum(t.numel() * t.element_size() for _, t in dedup_tied(engine.model.state_dict().items()))
     pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, token=TOKEN)
     agent = SyncAgent(engine, f"127.0.0.1:{pub.port}", token=TOKEN, replica="r0", url="http://r0:1",
-                      model_dir=str(sharp_dir), heartbeat_seconds=0.2).start()
+                      model_dir=str(tiny_sharp_dir), heartbeat_seconds=0.2).start()
     try:
         wait_for(agent.ready, 20, "registration")
         prompt = [5, 6, 7, 8]
@@ -132,7 +113,7 @@ def test_every_push_carries_only_the_adapter(sharp_dir, tmp_path):
             assert stats["bytes"] <= 0.05 * full_bytes, (stats["bytes"], full_bytes)
             assert agent.held[0] == version and engine.version == version
             got = loop.run_until_complete(engine.generate(prompt, 1, sampling))[0].completion_ids
-            assert got == peft_greedy(sharp_dir, tr, tmp_path / f"v{version}", prompt, 6)[:len(got)] and got
+            assert got == peft_greedy(tiny_sharp_dir, tr, tmp_path / f"v{version}", prompt, 6)[:len(got)] and got
     finally:
         agent.stop()
         pub.close()
@@ -140,13 +121,47 @@ def test_every_push_carries_only_the_adapter(sharp_dir, tmp_path):
         loop.close()
 
 
-def test_checkpoint_holds_the_adapter_resumes_it_and_exports_it(sharp_dir, tmp_path):
+def test_checkpoint_backend_reloads_the_adapter_from_peft_files(tiny_sharp_dir, tmp_path):
+    """weightSync.backend checkpoint: each version is a PEFT adapter directory on the shared
+    volume, which the hf engine merges (the lora_restart-like fallback)."""
+    from grpojob.rollout.types import SamplingParams
+    from grpojob.sync.agent import SyncAgent
+    from grpojob.sync.publisher import WeightPublisher
+
+    job = lora_job(tiny_sharp_dir, weightSync={"backend": "checkpoint"})
+    tr = GRPOTrainer(job)
+    engine = HFEngine(job.spec, device="cpu", max_batch=4)
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(engine.start())
+    pub = WeightPublisher(job.spec.weight_sync, host="127.0.0.1", port=0, token=TOKEN, checkpoint_dir=str(tmp_path))
+    agent = SyncAgent(engine, f"127.0.0.1:{pub.port}", token=TOKEN, replica="r0", url="http://r0:1",
+                      model_dir=str(tiny_sharp_dir), checkpoint_dir=str(tmp_path), heartbeat_seconds=0.2).start()
+    try:
+        wait_for(agent.ready, 20, "registration")
+        with torch.no_grad():
+            for p in tr.model.parameters():
+                if p.requires_grad:
+                    p.add_(torch.randn_like(p) * 0.3)
+        stats = pub.push(tr.weight_stream(torch.float32), version=1)
+        assert stats["servers"] == 1 and stats["backend"] == "checkpoint" and engine.version == 1
+        saved = tmp_path / "rollout-weights" / "v000000001"
+        assert sorted(p.name for p in saved.iterdir()) == [adapter_fmt.CONFIG, adapter_fmt.WEIGHTS]
+        got = loop.run_until_complete(engine.generate([5, 6, 7, 8], 1, SamplingParams(temperature=0.0, max_tokens=6)))
+        assert got[0].completion_ids == peft_greedy(tiny_sharp_dir, tr, tmp_path / "ref", [5, 6, 7, 8], 6)[:6]
+    finally:
+        agent.stop()
+        pub.close()
+        loop.run_until_complete(engine.close())
+        loop.close()
+
+
+def test_checkpoint_holds_the_adapter_resumes_it_and_exports_it(tiny_sharp_dir, tmp_path):
     from peft import PeftModel
     from torch.distributed.checkpoint import FileSystemReader
     from transformers import AutoModelForCausalLM
 
     ck = tmp_path / "ck"
-    job = lora_job(sharp_dir, training={"steps": 2, "promptsPerStep": 8, "learningRate": 1e-2,
+    job = lora_job(tiny_sharp_dir, training={"steps": 2, "promptsPerStep": 8, "learningRate": 1e-2,
                                         "microBatchTokens": 2048}, checkpoint={"path": str(ck), "everySteps": 1})
     run = build(job, checkpoint_dir=str(ck))
     run.run()
@@ -172,7 +187,7 @@ def test_checkpoint_holds_the_adapter_resumes_it_and_exports_it(sharp_dir, tmp_p
     out = export_mod.export(step, tmp_path / "adapter")
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("adapter")) == [adapter_fmt.CONFIG,
                                                                                     adapter_fmt.WEIGHTS]
-    base = AutoModelForCausalLM.from_pretrained(sharp_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(tiny_sharp_dir, dtype=torch.float32)
     with_adapter = PeftModel.from_pretrained(base, str(out)).eval()
     merged_dir = export_mod.export(step, tmp_path / "merged", merged=True)
     merged = AutoModelForCausalLM.from_pretrained(merged_dir, dtype=torch.float32).eval()
@@ -180,7 +195,7 @@ def test_checkpoint_holds_the_adapter_resumes_it_and_exports_it(sharp_dir, tmp_p
     ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
     with torch.no_grad():
         want, got = with_adapter(input_ids=ids).logits, merged(input_ids=ids).logits
-        plain = AutoModelForCausalLM.from_pretrained(sharp_dir, dtype=torch.float32)(input_ids=ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(tiny_sharp_dir, dtype=torch.float32)(input_ids=ids).logits
     assert torch.allclose(got, want, atol=1e-4) and not torch.allclose(got, plain, atol=1e-3)
 
 
