@@ -173,6 +173,7 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("tiny", help="build a tiny random model and tokenizer for CPU runs and tests")
     sp.add_argument("output", help="directory to write the model to")
     sp.add_argument("--tie-embeddings", action="store_true")
+    sp.add_argument("--tools", action="store_true", help="with tool-call tokens (<tool_call>, </tool_call>)")
     sp.set_defaults(fn=_lazy(_tiny))
     return p
 

@@ -100,6 +100,13 @@ TRAINER = (
               "the datums' tokens of forward and forward_backward, prompt and sampled tokens of sample.", ("op",)),
     MetricDef("grpojob_service_queued_requests", "gauge", "Training-service calls waiting for the trainer (they "
               "run one at a time); no sample in mode train."),
+    # Evaluation (spec.evaluation): the last one, set when it ends (StatusBoard.observe_evaluation).
+    MetricDef("grpojob_eval_step", "gauge", "Step whose policy the last evaluation measured (0: the initial one)."),
+    MetricDef("grpojob_eval_reward_mean", "gauge", "Mean reward of the last evaluation on the held-out prompts, "
+              "per reward function (reward=\"total\" for the weighted sum).", ("reward",)),
+    MetricDef("grpojob_eval_pass_at_k", "gauge", "pass@k of the last evaluation: the chance that one of k "
+              "completions reaches evaluation.passThreshold (unbiased estimator).", ("k",)),
+    MetricDef("grpojob_eval_seconds", "gauge", "Wall time of the last evaluation (generation and scoring)."),
 )
 
 # Served by every rollout server on rollout.port at /metrics.

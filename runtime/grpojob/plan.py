@@ -184,7 +184,9 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         replicas=spec.rollout.replicas,
         command=rollout_command(),
         env={**common, ENV_ROLE: "rollout", ENV_ROLLOUT_PORT: str(rollout_port),
-             ENV_BACKEND: spec.rollout.backend},
+             ENV_BACKEND: spec.rollout.backend,
+             # agent sessions' turns are recorded by the trainer (grpojob.rollout.sessions)
+             ENV_TRAJECTORY_URL: trajectory_url(where.trainer_host, trainer_port)},
         ports={"http": rollout_port},
         per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
         setup=setup,

@@ -12,10 +12,24 @@ log = logging.getLogger("grpojob.tiny")
 
 CORPUS = Path(__file__).parent / "assets" / "corpus.txt"
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# ChatML, plus tools the way Qwen2.5's template shows them (a system turn listing them) and Hermes
+# tool calls (<tool_call>{"name": ..., "arguments": ...}</tool_call>, what grpojob.rollout.openai_tools
+# parses). Without tools and tool calls it renders exactly plain ChatML.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "You can call these tools:\n<tools>\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    "To call one, reply <tool_call>{\"name\": NAME, \"arguments\": {...}}</tool_call>.<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if not (tools and loop.first and m['role'] == 'system') %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] if m['content'] is not none else '' }}"
+    "{% for c in m.tool_calls or [] %}<tool_call>"
+    "{{ {'name': c['function']['name'], 'arguments': c['function']['arguments']} | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+# `build(tools=True)`: tool-call markers as single (non-special) tokens, as Qwen2.5's vocabulary has
+# them, so a tiny random model can learn to open a tool call in a few dozen steps.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>"]
 
 # Sizes: "tiny" is for tests and the local demo, "small" (about 6.8M parameters) for benchmarks.
 SIZES = {
@@ -26,7 +40,7 @@ SIZES = {
 }
 
 
-def build_tokenizer(vocab_size: int):
+def build_tokenizer(vocab_size: int, tools: bool = False):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -40,11 +54,15 @@ def build_tokenizer(vocab_size: int):
                                    pad_token="<|endoftext|>", bos_token=None,
                                    additional_special_tokens=SPECIALS[1:])
     fast.chat_template = CHAT_TEMPLATE
+    if tools:
+        fast.add_tokens(TOOL_TOKENS)  # added, not special: decoded text keeps them
     return fast
 
 
-def build(output: str | Path, size: str = "tiny", tie_embeddings: bool = False, seed: int = 0) -> Path:
-    """Write a model directory at `output` (returns it). Deterministic for a given seed."""
+def build(output: str | Path, size: str = "tiny", tie_embeddings: bool = False, seed: int = 0,
+          tools: bool = False) -> Path:
+    """Write a model directory at `output` (returns it). Deterministic for a given seed. `tools`:
+    with the tool-call tokens (TOOL_TOKENS)."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -53,7 +71,7 @@ def build(output: str | Path, size: str = "tiny", tie_embeddings: bool = False, 
 
     output = Path(output)
     dims = dict(SIZES[size])
-    tokenizer = build_tokenizer(dims.pop("vocab_size"))
+    tokenizer = build_tokenizer(dims.pop("vocab_size"), tools=tools)
     torch.manual_seed(seed)
     config = Qwen2Config(
         vocab_size=len(tokenizer), max_position_embeddings=1024, tie_word_embeddings=tie_embeddings,
@@ -78,6 +96,6 @@ def ensure(path: str | Path, **kw) -> bool:
 
 
 def cli(args: argparse.Namespace) -> int:
-    out = build(args.output, tie_embeddings=args.tie_embeddings)
+    out = build(args.output, tie_embeddings=args.tie_embeddings, tools=args.tools)
     print(f"tiny model written to {out}")
     return 0

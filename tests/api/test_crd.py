@@ -88,7 +88,8 @@ def test_every_field_is_described_and_structural():
 def test_unknown_fields_are_kept_only_where_kubernetes_keeps_them_or_for_plugin_arguments():
     schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     kept = {p for p, node, _ in _walk(schema["properties"]["spec"]) if node.get("x-kubernetes-preserve-unknown-fields")}
-    assert kept == {"spec.dataset.args", "spec.rewards[].args", "spec.trainer.args", "spec.rollout.engineArgs",
+    assert kept == {"spec.dataset.args", "spec.evaluation.dataset.args", "spec.rewards[].args", "spec.trainer.args",
+                    "spec.rollout.engineArgs",
                     "spec.code.volume.ephemeral.volumeClaimTemplate.metadata.managedFields[].fieldsV1"} | {
         f"spec.{role}.volumes[].ephemeral.volumeClaimTemplate.metadata.managedFields[].fieldsV1"
         for role in ("trainer", "rollout")}
@@ -112,6 +113,7 @@ def test_crd_shape():
     wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
     assert wide["Lag"] == ".status.progress.rollouts[*].lag"  # each rollout server's policy lag
     assert wide["Sync"] == ".status.progress.weightSyncBackend"
+    assert wide["Eval"] == ".status.progress.evaluation.rewardMean"  # the last evaluation (spec.evaluation)
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]["progress"]["properties"]
     assert {"lag", "replica", "version"} <= set(status["rollouts"]["items"]["properties"])
     assert crd()["spec"]["names"]["shortNames"] == ["grpo"]

@@ -64,6 +64,10 @@ PANELS = {
     "Clip fraction": FRACTION,
     "Gradient norm and learning rate": POSITIVE,
     "Completion length": Range(0, 4, positive=True),  # rollout.sampling.maxTokens is 4
+    "Evaluation reward by reward function": FRACTION,
+    "Evaluation pass@k": FRACTION,
+    "Evaluated step": COUNT,
+    "Evaluation time": POSITIVE,
     "Tokens per second": COUNT,
     "Step time by stage": COUNT,
     "Step time": POSITIVE,

@@ -41,6 +41,9 @@ from tests.operator_k8s.kmock_shim import PODS, Emulator
 NAMESPACE = "ml"
 JOB = "tiny-local"  # examples/tiny-local.yaml's name, the GRPOJob the operator sees too
 STEPS = 10000  # far more than the tests wait for: the run is alive while it is scraped
+# spec.evaluation: the initial policy's evaluation is reported before the first step (its panels have data)
+EVALUATION = ("evaluation.dataset.factory=toy", "evaluation.dataset.args.size=8",
+              "evaluation.dataset.maxPromptLength=32", "evaluation.atStart=true", "evaluation.everySteps=5", "evaluation.samplesPerPrompt=2")
 
 
 class Background:
@@ -80,7 +83,8 @@ class Scene:
         # after which every group scores alike and steps are skipped (no entropy, clip fraction or
         # gradient to export), which is the truth but leaves the dashboard's panels empty.
         self.proc = grpojob_run(self.run_dir, f"model.path={self.model_dir}", f"training.steps={STEPS}",
-                                "checkpoint.everySteps=100000", "training.learningRate=1e-7", cwd=self.workdir)
+                                "checkpoint.everySteps=100000", "training.learningRate=1e-7", *EVALUATION,
+                                cwd=self.workdir)
         # Drain its output (a full pipe would stall the run); keep the tail for error messages.
         threading.Thread(target=lambda: self.output.extend(self.proc.stdout), daemon=True).start()
 

@@ -289,7 +289,7 @@ def test_trainer_pod_runs_exactly_what_grpojob_run_starts_locally(tmp_path):
         pod_env = {k: v for k, v in pod_env.items() if k not in pods.CACHE_ENV}  # the pod's own writable dirs
         assert set(pod_env) <= set(proc.env)
         placement_dependent = {plan.ENV_CONFIG, plan.ENV_RUN_DIR, plan.ENV_CHECKPOINT_DIR, plan.ENV_SYNC_ADDR,
-                               plan.ENV_TOKEN_FILE,
+                               plan.ENV_TOKEN_FILE, plan.ENV_TRAJECTORY_URL,
                                plan.ENV_TRAINER_PORT, plan.ENV_ROLLOUT_PORT, "PET_MASTER_ADDR", "PET_MASTER_PORT",
                                *role_obj.per_replica_env}
         same = {k for k in pod_env if k not in placement_dependent}

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from grpojob.api import TrainerStatus
-from grpojob.api.status import CONDITION_TYPES, RolloutLag
+from grpojob.api.status import CONDITION_TYPES, EvaluationStatus, RolloutLag
 from grpojob_operator.children import Scale
 from grpojob_operator.status import Event, PodView, initial_status, transitions, with_suspend_request
 
@@ -79,6 +79,20 @@ def test_rollout_lag_and_sync_backend_reach_the_status():
                              {"replica": "j-rollout-b", "version": 8, "lag": 1}]
     assert p["weightSyncBackend"] == "nccl"
     assert cond(d.status, "WeightsInSync").message == "policy version 9 (nccl)"
+
+
+def test_the_last_evaluation_reaches_the_status_and_outlives_a_trainer_restart():
+    ev = EvaluationStatus(step=8, policy_version=8, prompts=24, samples_per_prompt=4, reward_mean=0.5,
+                          rewards={"toy": 0.5}, pass_at={"1": 0.25, "4": 0.75}, time="2026-01-01T00:00:05Z")
+    t = TrainerStatus(phase="running", step=9, total_steps=20, policy_version=9, evaluation=ev)
+    d = step(job(), running_status(job()).status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=t)
+    assert d.status.dump()["progress"]["evaluation"] == {
+        "step": 8, "policyVersion": 8, "prompts": 24, "samplesPerPrompt": 4, "rewardMean": 0.5,
+        "rewards": {"toy": 0.5}, "passAt": {"1": 0.25, "4": 0.75}, "time": "2026-01-01T00:00:05Z"}
+    # a restarted trainer reports no evaluation until its next one: the job keeps the last
+    fresh = TrainerStatus(phase="running", step=9, total_steps=20, policy_version=9)
+    again = step(job(), d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=fresh)
+    assert again.status.progress.evaluation == ev
 
 
 def test_suspend_asks_a_running_trainer_even_when_its_status_does_not_answer():

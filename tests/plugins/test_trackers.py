@@ -99,3 +99,46 @@ def test_mlflow_file_store(tmp_path, monkeypatch):
         history = client.get_metric_history(run.info.run_id, key)
         assert [(m.step, m.value) for m in history] == [(s, pytest.approx(v)) for s, v in zip((1, 2, 3), want)], key
     assert run.data.tags["last_checkpoint"].endswith("step-000003") and run.info.status == "FINISHED"
+
+
+def test_evaluations_reach_tensorboard_mlflow_and_callbacks_at_the_step_they_evaluated(tmp_path, monkeypatch):
+    """spec.evaluation: each evaluation is reported (on_evaluation) after its step's record and before
+    the next one's; its numbers are eval/... scalars at the step whose policy it measured."""
+    pytest.importorskip("tensorboard", reason="tensorboard is in the dev extra")
+    pytest.importorskip("mlflow", reason="mlflow-skinny is in the dev extra")
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from grpojob.api import parse
+    from grpojob.evaluation import EvalRecord
+    from grpojob.trainer.callbacks import Callback, Callbacks
+    from grpojob.trainer.record import StepRecord
+
+    class Seen(Callback):
+        calls: list = []
+
+        def on_evaluation(self, record):
+            self.calls.append(record.step)
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    doc = yaml.safe_load(manifest(tmp_path, tmp_path / "m", {"reportTo": ["tensorboard", "mlflow"]}).read_text())
+    callbacks = Callbacks.build(parse(doc), tmp_path)
+    callbacks.items.append(("test", Seen()))
+    for s in (1, 2, 3):
+        callbacks.on_step_end(StepRecord(step=s, policy_version=s, learning_rate=1e-3, reward_mean=0.1 * s))
+        if s >= 2:
+            callbacks.on_evaluation(EvalRecord(step=s, policy_version=s, prompts=4, samples_per_prompt=4, greedy=False,
+                                               pass_threshold=1.0, reward_mean=0.2 * s, rewards={"toy": 0.2 * s},
+                                               pass_at={"1": 0.1 * s, "4": 0.3 * s}))
+    callbacks.close()
+    assert Seen.calls == [2, 3]
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    for tag, want in (("eval/reward_mean", [0.4, 0.6]), ("eval/rewards/toy", [0.4, 0.6]),
+                      ("eval/pass_at_4", [0.6, 0.9])):
+        assert [(e.step, e.value) for e in acc.Scalars(tag)] == [(s, pytest.approx(v)) for s, v in zip((2, 3), want)]
+    client = MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("grpojob").experiment_id])
+    history = client.get_metric_history(run.info.run_id, "eval/pass_at_1")
+    assert [(m.step, m.value) for m in history] == [(2, pytest.approx(0.2)), (3, pytest.approx(0.3))]

@@ -99,8 +99,8 @@ def test_openai_endpoints_answer_the_openai_client(synced, tokenizer):
     assert chat.choices[0].message.content == ref["text"]
     assert [t.logprob for t in chat.choices[0].logprobs.content] == pytest.approx(ref["logprobs"], abs=1e-5)
 
-    with pytest.raises(openai.BadRequestError, match="stream"):
-        client.completions.create(model="tiny", prompt=prompt, max_tokens=3, stream=True)
+    with pytest.raises(openai.BadRequestError, match="echo"):
+        client.completions.create(model="tiny", prompt=prompt, max_tokens=3, echo=True)
 
 
 def test_stop_strings_cut_the_text(synced, tokenizer):

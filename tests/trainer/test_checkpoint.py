@@ -212,10 +212,12 @@ def test_tied_embeddings_checkpoint_round_trip(tiny_tied_dir, tmp_path):
 def test_resume_gives_the_same_parameters_as_a_straight_run(tiny_dir, tmp_path):
     """4 steps straight == 2 steps, suspend (checkpoint), a new trainer resumes, 2 more steps.
 
-    One step's generation at a time (maxStaleness 0, a push every step): the hf engine batches
-    whatever requests are in flight, and float rounding depends on the batch's size, so steps whose
-    generation overlaps (run-ahead) are reproducible in prompts and versions, not bit for bit."""
-    over = dict(training={"steps": 4, "lrSchedule": "linear", "warmupSteps": 1},
+    One request in flight at a time: a step of one prompt (its group is one request of 8 rows) and
+    maxStaleness 0 with a push every step. The hf engine batches whatever requests are in flight and
+    float rounding depends on the batch's make-up, so requests that overlap (several prompts per
+    step, or run-ahead) are reproducible in prompts and versions, not bit for bit: their overlap
+    depends on timing (it failed once in CI, on a loaded machine, with 8 prompts per step)."""
+    over = dict(training={"steps": 4, "lrSchedule": "linear", "warmupSteps": 1, "promptsPerStep": 1},
                 algorithm={"name": "grpo", "groupSize": 8, "klBeta": 0.05},
                 weightSync={"everySteps": 1}, checkpoint={"everySteps": 100})
     straight = build(make_job(tiny_dir, **over), checkpoint_dir=str(tmp_path / "a"))

@@ -124,6 +124,9 @@ def crd() -> dict[str, Any]:
                     {"name": "Total", "type": "integer", "jsonPath": ".status.progress.totalSteps",
                      "priority": 1},
                     {"name": "Reward", "type": "number", "jsonPath": ".status.progress.rewardMean"},
+                    # The last evaluation's mean reward on the held-out set (spec.evaluation).
+                    {"name": "Eval", "type": "number", "jsonPath": ".status.progress.evaluation.rewardMean",
+                     "priority": 1},
                     {"name": "Policy", "type": "integer", "jsonPath": ".status.progress.policyVersion",
                      "priority": 1},
                     # Policy versions each rollout server is behind, e.g. 0,1,0 (kubectl get grpo -o wide).

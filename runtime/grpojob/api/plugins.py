@@ -91,6 +91,14 @@ def check_name(kind: str, name: str) -> str | None:
     return None
 
 
+def checked_name(kind: str, name: str) -> str:
+    """`name`, or ValueError (a pydantic field validator's error) saying what is wrong with it."""
+    err = check_name(kind, name)
+    if err:
+        raise ValueError(err)
+    return name
+
+
 def file_path(ref: str) -> Path:
     """The file a `path/to/file.py:attr` reference names, resolved as the module doc says."""
     path = Path(ref.rpartition(":")[0]).expanduser()

@@ -7,6 +7,7 @@ from pydantic import StringConstraints, field_validator, model_validator
 
 from . import plugins
 from .base import FreeForm, Model, field, invalid
+from .data import DatasetSpec, EvaluationSpec, SamplingSpec
 from .lora import LoraSpec
 from .status import GRPOJobStatus
 from .workload import RESERVED_VOLUME_PREFIX, EnvVar, Resources, Toleration, Volume, WorkloadSpec
@@ -28,11 +29,7 @@ SYNC_STORE_PORT = 29600  # weight-sync TCPStore hosted by trainer rank 0
 CODE_DIR = "/opt/grpojob/code"  # spec.code's modules in the pods
 
 
-def _plugin(kind: str, value: str) -> str:
-    err = plugins.check_name(kind, value)
-    if err:
-        raise ValueError(err)
-    return value
+_plugin = plugins.checked_name
 
 
 class ModelSpec(Model):
@@ -49,46 +46,6 @@ class ModelSpec(Model):
     trust_remote_code: bool = field(False, description="Allow custom modelling code shipped with the model.")
     lora: Optional[LoraSpec] = field(None, description="Train a LoRA adapter (PEFT) on the frozen model; "
                                      "weight sync then pushes only the adapter. Unset: full fine-tuning.")
-
-
-class DatasetSpec(Model):
-    path: Optional[str] = field(None, description="Local data: a .jsonl, .json, .csv or .parquet file, a glob "
-                                "of such files (loaded with datasets.load_dataset), or a `datasets` directory "
-                                "saved with save_to_disk. Exactly one of path, factory and class.")
-    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or a reference "
-                                   "('module:function' or 'path/to/file.py:function') called with args and "
-                                   "returning an iterable of dict rows.",
-                                   json_schema_extra={"pattern": plugins.name_pattern("dataset")})
-    class_: Optional[str] = field(None, alias="class", description="A dataset class ('module:Class' or "
-                                  "'path/to/file.py:Class'), constructed with args, with setup(spec, tokenizer), "
-                                  "__len__, __getitem__(i) (prompt text, chat messages or a row) and "
-                                  "reference_answer(i).",
-                                  json_schema_extra={"pattern": plugins.name_pattern("dataset_class")})
-    args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory or class.")
-    format: Literal["auto", "jsonl", "json", "csv", "parquet", "disk"] = field(
-        "auto", description="File format of path; auto picks by extension (a directory means disk).")
-    prompt_field: str = field("prompt", description="Row field holding the prompt text.")
-    messages_field: Optional[str] = field(None, description="Row field holding chat messages "
-                                          "(list of {role, content}); used instead of promptField.")
-    answer_field: str = field("answer", description="Row field holding the reference answer given to rewards.")
-    max_prompt_length: int = field(512, ge=1, description="Prompts longer than this many tokens are dropped.")
-    shuffle: bool = field(True, description="Shuffle rows each epoch (seeded by training.seed).")
-
-    @field_validator("factory")
-    @classmethod
-    def _factory(cls, v: Optional[str]) -> Optional[str]:
-        return v if v is None else _plugin("dataset", v)
-
-    @field_validator("class_")
-    @classmethod
-    def _class(cls, v: Optional[str]) -> Optional[str]:
-        return v if v is None else _plugin("dataset_class", v)
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "DatasetSpec":
-        if sum(x is not None for x in (self.path, self.factory, self.class_)) != 1:
-            raise ValueError("set exactly one of path, factory and class")
-        return self
 
 
 class RewardSpec(Model):
@@ -193,13 +150,6 @@ class TrainerSpec(WorkloadSpec):
     @classmethod
     def _class(cls, v: Optional[str]) -> Optional[str]:
         return v if v is None else _plugin("trainer", v)
-
-
-class SamplingSpec(Model):
-    temperature: float = field(1.0, ge=0, description="Sampling temperature.")
-    top_p: float = field(1.0, gt=0, le=1, description="Nucleus sampling.")
-    top_k: int = field(-1, ge=-1, description="Top-k sampling; -1 disables.")
-    max_tokens: int = field(256, ge=1, description="Maximum completion length in tokens.")
 
 
 class RolloutSpec(WorkloadSpec):
@@ -410,6 +360,8 @@ _SOURCES_CEL = [
      "message": "rewards: at least 1 reward is required unless rollout.workflow is none or mode is service"},
     {"rule": f"!({_SERVICE}) || !has(self.environments) || size(self.environments) == 0",
      "message": "environments: mode service runs no training loop for environments to feed"},
+    {"rule": "!has(self.evaluation) || (has(self.rewards) && size(self.rewards) > 0)",
+     "message": "rewards: evaluation scores its completions with spec.rewards: at least 1 reward is required"},
 ]
 
 
@@ -450,6 +402,9 @@ class GRPOJobSpec(Model):
     rewards: list[RewardSpec] = field(default_factory=list, description="Reward functions, summed with their "
                                       "weights; at least one unless rollout.workflow is none (environments "
                                       "score their own groups).")
+    evaluation: Optional[EvaluationSpec] = field(None, description="Evaluation during training: a held-out "
+                                                 "dataset generated on the rollout servers every few steps and "
+                                                 "at the end, scored with spec.rewards (docs/evaluation.md).")
     algorithm: AlgorithmSpec = field(default_factory=AlgorithmSpec, description="GRPO-family algorithm.")
     training: TrainingSpec = field(default_factory=TrainingSpec, description="Optimisation settings.")
     trainer: TrainerSpec = field(default_factory=TrainerSpec, description="Trainer pods (torchrun).")
@@ -478,9 +433,24 @@ class GRPOJobSpec(Model):
             return DatasetSpec.model_fields["max_prompt_length"].default
         return self.dataset.max_prompt_length
 
+    @property
+    def context_length(self) -> int:
+        """Tokens a rollout engine holds per sequence: rollout.maxModelLen, or prompt + completion."""
+        return self.rollout.max_model_len or self.max_prompt_length + self.rollout.sampling.max_tokens
+
+    @property
+    def evaluation_sampling(self) -> Optional[SamplingSpec]:
+        """The evaluation's sampling: its own or rollout.sampling, greedy for one sample per prompt."""
+        ev = self.evaluation
+        if ev is None:
+            return None
+        s = ev.sampling or self.rollout.sampling
+        return s.model_copy(update={"temperature": 0.0}) if ev.greedy else s
+
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOJobSpec":
         self._sources()
+        self._evaluation()
         t = self.training
         longest = self.max_prompt_length + self.rollout.sampling.max_tokens
         if t.micro_batch_tokens < longest:
@@ -500,6 +470,27 @@ class GRPOJobSpec(Model):
             if code_volume and code_volume in [v.get("name") for v in getattr(self, role).volumes]:
                 raise invalid("code.volume.name", f"'{code_volume}' is also a volume of spec.{role}.volumes")
         return self
+
+    def _evaluation(self) -> None:
+        ev = self.evaluation
+        if ev is None:
+            return
+        if self.mode == "service":
+            raise invalid("evaluation", "mode service runs no training loop to evaluate in: the client's own "
+                          "loop evaluates (sample through the service), or use mode train")
+        if not self.rewards:
+            raise invalid("rewards", "evaluation scores its completions with spec.rewards: at least 1 reward "
+                          "is required")
+        sync = self.weight_sync.every_steps
+        if ev.every_steps % sync:
+            raise invalid("evaluation.everySteps", f"{ev.every_steps} is not a multiple of weightSync.everySteps "
+                          f"({sync}): an evaluation runs on the weights pushed after its step")
+        longest = ev.dataset.max_prompt_length + self.evaluation_sampling.max_tokens
+        if longest > self.context_length:
+            raise invalid("evaluation.dataset.maxPromptLength", f"{ev.dataset.max_prompt_length} + the evaluation's "
+                          f"maxTokens {self.evaluation_sampling.max_tokens} = {longest} tokens exceed the rollout "
+                          f"servers' context ({self.context_length}: rollout.maxModelLen, default "
+                          "dataset.maxPromptLength + rollout.sampling.maxTokens)")
 
     def _sources(self) -> None:
         """Where the groups come from: the trainer's own workflow needs a dataset and rewards;

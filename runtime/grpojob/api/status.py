@@ -34,6 +34,19 @@ class RolloutLag(Model):
     lag: Optional[int] = field(None, description="Policy versions it is behind the trainer.")
 
 
+class EvaluationStatus(Model):
+    """The last evaluation (spec.evaluation) of the policy."""
+    step: int = field(description="Step whose policy was evaluated (0: the initial one).")
+    policy_version: int = field(description="Policy version evaluated.")
+    prompts: int = field(0, description="Held-out prompts evaluated.")
+    samples_per_prompt: int = field(1, description="Completions per prompt (1: greedy).")
+    reward_mean: Optional[float] = field(None, description="Mean reward (weighted sum of spec.rewards).")
+    rewards: dict[str, float] = field(default_factory=dict, description="Mean of each reward function.")
+    pass_at: dict[str, float] = field(default_factory=dict, description="pass@k by k: the chance that at least "
+                                      "one of k completions reaches evaluation.passThreshold (unbiased estimator).")
+    time: Optional[str] = field(None, description="RFC 3339 time the evaluation finished.")
+
+
 class Progress(Model):
     step: int = field(0, description="Optimizer steps completed.")
     total_steps: int = field(0, description="Steps the job will run.")
@@ -46,6 +59,7 @@ class Progress(Model):
     rollouts: list[RolloutLag] = field(default_factory=list, description="Policy lag of each rollout server.")
     weight_sync_backend: Optional[str] = field(None, description="Weight-sync path in use (nccl, cuda-ipc, "
                                                "gloo, checkpoint).")
+    evaluation: Optional[EvaluationStatus] = field(None, description="The last evaluation (spec.evaluation).")
 
 
 class ReplicaStatus(Model):
@@ -108,4 +122,5 @@ class TrainerStatus(Model):
         default_factory=dict, description="Peak memory per stage of the last step (generate, train, sync, "
         "checkpoint), rank 0's process.")
     service: Optional[ServiceStatus] = field(None, description="mode service: the training API's calls.")
+    evaluation: Optional[EvaluationStatus] = field(None, description="The last evaluation (spec.evaluation).")
     message: str = field("", description="Detail (the error on failure).")

@@ -107,10 +107,14 @@ def plugin_refs(job: GRPOJob) -> list[tuple[str, str, str]]:
             ("spec.rollout.workflow", "workflow", spec.rollout.workflow),
             ("spec.rollout.backend", "engine", spec.rollout.backend)]
     refs += [(f"spec.rewards[{i}].name", "reward", r.name) for i, r in enumerate(spec.rewards)]
-    if spec.dataset is not None and spec.dataset.factory:
-        refs.append(("spec.dataset.factory", "dataset", spec.dataset.factory))
-    if spec.dataset is not None and spec.dataset.class_:
-        refs.append(("spec.dataset.class", "dataset_class", spec.dataset.class_))
+    datasets = [("spec.dataset", spec.dataset)]
+    if spec.evaluation is not None:
+        datasets.append(("spec.evaluation.dataset", spec.evaluation.dataset))
+    for where, d in datasets:
+        if d is not None and d.factory:
+            refs.append((f"{where}.factory", "dataset", d.factory))
+        if d is not None and d.class_:
+            refs.append((f"{where}.class", "dataset_class", d.class_))
     if spec.trainer.class_:
         refs.append(("spec.trainer.class", "trainer", spec.trainer.class_))
     refs += [(f"spec.monitoring.callbacks[{i}]", "callback", c) for i, c in enumerate(spec.monitoring.callbacks)]

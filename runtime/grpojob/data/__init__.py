@@ -51,7 +51,7 @@ def check_class(cls) -> Optional[str]:
     return f"lacks {', '.join(missing)} (a dataset class needs {', '.join(_CLASS_METHODS)})" if missing else None
 
 
-def _format(spec: DatasetSpec, path: str) -> str:
+def _format(spec: DatasetSpec, path: str, where: str) -> str:
     if spec.format != "auto":
         return spec.format
     if Path(path).is_dir():
@@ -61,7 +61,7 @@ def _format(spec: DatasetSpec, path: str) -> str:
         return "jsonl"
     if suffix in _LOADERS:
         return _LOADERS[suffix]
-    raise DatasetError(f"spec.dataset.path: cannot tell the format of '{path}'; set spec.dataset.format")
+    raise DatasetError(f"{where}.path: cannot tell the format of '{path}'; set {where}.format")
 
 
 def _rows_of(source: Any, where: str) -> list[dict[str, Any]]:
@@ -77,9 +77,9 @@ def _rows_of(source: Any, where: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _class_rows(spec: GRPOJobSpec, tokenizer: Any) -> list[dict[str, Any]]:
+def _class_rows(spec: GRPOJobSpec, tokenizer: Any, field: str) -> list[dict[str, Any]]:
     d = spec.dataset
-    where = f"spec.dataset.class '{d.class_}'"
+    where = f"{field}.class '{d.class_}'"
     cls = plugins.resolve(d.class_)
     why = check_class(cls)
     if why:
@@ -106,29 +106,29 @@ def _class_rows(spec: GRPOJobSpec, tokenizer: Any) -> list[dict[str, Any]]:
 MESSAGES = "messages"  # a dataset class's chat item becomes this row field
 
 
-def load_rows(spec: GRPOJobSpec, tokenizer: Any = None) -> list[dict[str, Any]]:
-    """The dataset's rows as dicts."""
+def load_rows(spec: GRPOJobSpec, tokenizer: Any = None, where: str = "spec.dataset") -> list[dict[str, Any]]:
+    """The dataset's rows as dicts (`where`: the field errors name)."""
     d = spec.dataset
     if d.class_:
-        return _class_rows(spec, tokenizer)
+        return _class_rows(spec, tokenizer, where)
     if d.factory:
         factory = DATASETS.get(d.factory) or plugins.resolve(d.factory)
         why = check_factory(factory)
         if why:
-            raise DatasetError(f"spec.dataset.factory '{d.factory}' {why}")
-        where = f"spec.dataset.factory '{d.factory}'"
+            raise DatasetError(f"{where}.factory '{d.factory}' {why}")
+        what = f"{where}.factory '{d.factory}'"
         try:
-            return _rows_of(factory(**d.args), where)
+            return _rows_of(factory(**d.args), what)
         except DatasetError:
             raise
         except Exception as e:
-            raise DatasetError(f"{where} failed: {type(e).__name__}: {e}") from e
+            raise DatasetError(f"{what} failed: {type(e).__name__}: {e}") from e
     assert d.path is not None
     files = sorted(glob.glob(d.path)) if glob.has_magic(d.path) else [d.path]
     if not files or not Path(files[0]).exists():
         why = " (no file matches)" if files == [] else ""
-        raise DatasetError(f"spec.dataset.path: '{d.path}' does not exist{why}")
-    fmt = _format(d, files[0])
+        raise DatasetError(f"{where}.path: '{d.path}' does not exist{why}")
+    fmt = _format(d, files[0], where)
     if fmt == "jsonl" and len(files) == 1:  # read here: errors name the line
         rows = []
         for n, line in enumerate(Path(files[0]).read_text().splitlines(), 1):
@@ -136,7 +136,7 @@ def load_rows(spec: GRPOJobSpec, tokenizer: Any = None) -> list[dict[str, Any]]:
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise DatasetError(f"spec.dataset.path: {files[0]}:{n}: not JSON: {e}") from None
+                    raise DatasetError(f"{where}.path: {files[0]}:{n}: not JSON: {e}") from None
         return rows
     import datasets
 
@@ -148,7 +148,7 @@ def load_rows(spec: GRPOJobSpec, tokenizer: Any = None) -> list[dict[str, Any]]:
     try:  # a local file or files through datasets' own builders (nothing from a hub)
         ds = datasets.load_dataset("json" if fmt == "jsonl" else fmt, data_files=files, split="train")
     except Exception as e:
-        raise DatasetError(f"spec.dataset.path: cannot load {d.path} as {fmt}: {type(e).__name__}: {e}") from e
+        raise DatasetError(f"{where}.path: cannot load {d.path} as {fmt}: {type(e).__name__}: {e}") from e
     return [dict(r) for r in ds]
 
 
@@ -158,17 +158,18 @@ def messages_field(spec: GRPOJobSpec, row: dict[str, Any]) -> Optional[str]:
     return d.messages_field or (MESSAGES if d.class_ and d.prompt_field not in row else None)
 
 
-def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int) -> str:
+def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int,
+                  where: str = "spec.dataset") -> str:
     d = spec.dataset
     field_name = messages_field(spec, row)
     if field_name:
         messages = row.get(field_name)
         if not isinstance(messages, list):
             raise DatasetError(f"dataset row {index} has no list field '{field_name}' "
-                               f"(spec.dataset.messagesField)")
+                               f"({where}.messagesField)")
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     if d.prompt_field not in row:
-        raise DatasetError(f"dataset row {index} has no field '{d.prompt_field}' (spec.dataset.promptField); "
+        raise DatasetError(f"dataset row {index} has no field '{d.prompt_field}' ({where}.promptField); "
                            f"it has {sorted(row)}")
     text = str(row[d.prompt_field])
     if spec.model.use_chat_template:
@@ -177,12 +178,12 @@ def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index:
     return text
 
 
-def load_samples(spec: GRPOJobSpec, tokenizer: Any) -> list[Sample]:
+def load_samples(spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset") -> list[Sample]:
     """Every usable row, rendered and tokenized; prompts over maxPromptLength are dropped."""
-    rows = load_rows(spec, tokenizer)
+    rows = load_rows(spec, tokenizer, where)
     samples, dropped = [], 0
     for i, row in enumerate(rows):
-        text = render_prompt(spec, tokenizer, row, i)
+        text = render_prompt(spec, tokenizer, row, i, where)
         templated = bool(messages_field(spec, row) or spec.model.use_chat_template)
         ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
         if len(ids) > spec.dataset.max_prompt_length:
@@ -195,7 +196,7 @@ def load_samples(spec: GRPOJobSpec, tokenizer: Any) -> list[Sample]:
         log.info("dropped prompts longer than maxPromptLength", extra={"dropped": dropped, "kept": len(samples)})
     if not samples:
         raise DatasetError(f"no usable prompts: {len(rows)} rows, {dropped} longer than "
-                           f"spec.dataset.maxPromptLength ({spec.dataset.max_prompt_length})")
+                           f"{where}.maxPromptLength ({spec.dataset.max_prompt_length})")
     return samples
 
 

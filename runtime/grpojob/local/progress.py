@@ -1,5 +1,5 @@
 """The live view of a local run: a progress bar fed by the trainer's metrics.jsonl, and the
-reward/KL curves drawn at the end."""
+reward/KL curves (and the evaluation's, spec.evaluation) drawn at the end."""
 from __future__ import annotations
 
 import json
@@ -8,24 +8,43 @@ from typing import Any, Optional
 
 from ..checkpoint import layout
 
+EVALUATION = "evaluation"  # the `kind` of an evaluation's row (grpojob.evaluation.KIND); steps have none
 
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """Complete JSON lines of metrics.jsonl (a line being written is skipped). A step recorded
-    again (a trainer that crashed and resumed from an earlier checkpoint) replaces the records
-    from that step on."""
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    """Complete JSON lines of metrics.jsonl (a line being written is skipped)."""
     if not path.exists():
         return []
     out: list[dict[str, Any]] = []
     for line in path.read_text().splitlines():
         try:
-            record = json.loads(line)
+            out.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        step = record.get("step")
+    return out
+
+
+def _replayed(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A step recorded again (a trainer that crashed and resumed from an earlier checkpoint)
+    replaces the rows from that step on."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        step = row.get("step")
         while out and step is not None and out[-1].get("step") is not None and out[-1]["step"] >= step:
             out.pop()
-        out.append(record)
+        out.append(row)
     return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The training steps' rows of metrics.jsonl."""
+    return _replayed([r for r in _rows(path) if r.get("kind") is None])
+
+
+def read_evaluations(path: Path) -> list[dict[str, Any]]:
+    """The evaluations' rows of metrics.jsonl (spec.evaluation), in the order they ended (one
+    evaluated again after a resume replaces the later ones)."""
+    return _replayed([r for r in _rows(path) if r.get("kind") == EVALUATION])
 
 
 def newest_checkpoint(directory: Path) -> Optional[Path]:
@@ -61,6 +80,7 @@ class Progress:
         self.bar = None
         self.last_step = len(read_records(metrics))
         self.buffer = ""
+        self.evaluation: dict[str, str] = {}  # the last evaluation's numbers, shown beside each step's
 
     def _new_records(self) -> list[dict[str, Any]]:
         if not self.metrics.exists():
@@ -75,6 +95,9 @@ class Progress:
 
     def update(self) -> None:
         for record in self._new_records():
+            if record.get("kind") == EVALUATION:
+                self.evaluation = {"eval": f"{record.get('reward_mean') or 0.0:.3f}@{record.get('step')}"}
+                continue
             step = int(record.get("step", self.last_step + 1))
             if self.enabled:
                 if self.bar is None:
@@ -83,9 +106,10 @@ class Progress:
                     self.bar = tqdm(total=self.total, initial=self.last_step, unit="step", file=self.out,
                                     dynamic_ncols=True)
                 self.bar.update(max(0, step - self.last_step))
-                self.bar.set_postfix(_fmt(record), refresh=True)
+                self.bar.set_postfix({**_fmt(record), **self.evaluation}, refresh=True)
             elif self.out is not None:
-                print(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in _fmt(record).items()),
+                shown = {**_fmt(record), **self.evaluation}
+                print(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in shown.items()),
                       file=self.out, flush=True)
             self.last_step = step
 
@@ -101,7 +125,9 @@ class Progress:
             self.bar.close()
 
 
-def plot(records: list[dict[str, Any]], path: Path) -> None:
+def plot(records: list[dict[str, Any]], path: Path, evaluations: Optional[list[dict[str, Any]]] = None) -> None:
+    """The training reward (and KL) by step; beside it the evaluation's mean reward on the held-out
+    prompts at the steps it evaluated."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,14 +135,22 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
 
     steps = [r.get("step") for r in records]
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [r.get("reward_mean") for r in records], label="reward mean", color="tab:blue")
+    ax.plot(steps, [r.get("reward_mean") for r in records], label="training reward", color="tab:blue")
+    evaluated = sorted((e["step"], e["reward_mean"]) for e in evaluations or () if e.get("reward_mean") is not None)
+    if evaluated:
+        ax.plot(*zip(*evaluated), label="evaluation reward (held out)", color="tab:green", marker="o")
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
+    lines = ax.get_legend_handles_labels()
     if any(r.get("kl") is not None for r in records):
         ax2 = ax.twinx()
         ax2.plot(steps, [r.get("kl") for r in records], label="kl", color="tab:red", alpha=0.6)
         ax2.set_ylabel("kl")
-    ax.set_title("grpojob: reward and KL")
+        more = ax2.get_legend_handles_labels()
+        lines = (lines[0] + more[0], lines[1] + more[1])
+    if evaluated:
+        ax.legend(*lines, loc="best", fontsize="small")
+    ax.set_title("grpojob: reward" + (", evaluation" if evaluated else "") + " and KL")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

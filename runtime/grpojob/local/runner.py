@@ -30,7 +30,7 @@ from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT,
                     trajectory_url)
 from .completion import TrainerCompletion
 from .processes import Child, free_port, stop_all, wait_any
-from .progress import Progress, newest_checkpoint, plot, read_records
+from .progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
 from .restarts import RestartPolicy, Restarts
 
 log = logging.getLogger("grpojob.local")
@@ -55,6 +55,10 @@ def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
         value = (spec.get(section) or {}).get(key)
         if value:
             spec[section][key] = str(Path(value).expanduser().resolve())
+    held_out = spec.get("evaluation") or {}  # spec.evaluation.dataset.path too
+    held_out = held_out.get("dataset") if isinstance(held_out, dict) else None
+    if isinstance(held_out, dict) and held_out.get("path"):
+        held_out["path"] = str(Path(held_out["path"]).expanduser().resolve())
     ckpt = spec.setdefault("checkpoint", {})
     ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))
 
@@ -64,13 +68,14 @@ def _ensure_model(job: GRPOJob, out) -> None:
     if (path / "config.json").exists():
         return
     annotations = (job.metadata.model_extra or {}).get("annotations") or {}
-    if str(annotations.get(BUILD_TINY, "")).lower() != "true":
+    flag = str(annotations.get(BUILD_TINY, "")).lower()
+    if flag not in ("true", "tools"):  # tools: with tool-call tokens (grpojob.tiny.TOOL_TOKENS)
         raise RunError(f"spec.model.path: '{path}' has no model (config.json); "
                        f"set annotation {BUILD_TINY}: \"true\" to build a tiny random one there")
     from ..tiny import build
 
     print(f"model {path} not found: building a tiny random model there (annotation {BUILD_TINY})", file=out)
-    build(path)
+    build(path, tools=flag == "tools")
 
 
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
@@ -254,7 +259,7 @@ class Run:
     def _finish(self) -> None:
         records = read_records(self.run_dir / "metrics.jsonl")
         if records:
-            plot(records, self.run_dir / "reward.png")
+            plot(records, self.run_dir / "reward.png", read_evaluations(self.run_dir / "metrics.jsonl"))
 
 
 def _check_weight_sync(job: GRPOJob) -> None:
@@ -358,6 +363,10 @@ def _summary(run_dir: Path, out) -> None:
         print("done (no steps recorded)", file=out)
         return
     first, last = records[0], records[-1]
+    evals = [e for e in read_evaluations(run_dir / "metrics.jsonl") if e.get("reward_mean") is not None]
     print(f"done: {last.get('step')} steps; reward {first.get('reward_mean', float('nan')):.3f} -> "
-          f"{last.get('reward_mean', float('nan')):.3f}; final model {run_dir / 'final-model'}; "
+          f"{last.get('reward_mean', float('nan')):.3f}"
+          + (f"; evaluation reward {evals[0]['reward_mean']:.3f} (step {evals[0]['step']}) -> "
+             f"{evals[-1]['reward_mean']:.3f} (step {evals[-1]['step']})" if evals else "")
+          + f"; final model {run_dir / 'final-model'}; "
           f"curves {run_dir / 'reward.png'}; metrics {run_dir / 'metrics.jsonl'}", file=out)

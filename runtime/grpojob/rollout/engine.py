@@ -146,7 +146,7 @@ def torch_dtype_name(spec: GRPOJobSpec, on_gpu: bool) -> str:
 
 
 def max_model_len(spec: GRPOJobSpec) -> int:
-    return spec.rollout.max_model_len or spec.max_prompt_length + spec.rollout.sampling.max_tokens
+    return spec.context_length
 
 
 def build(backend: str, spec: GRPOJobSpec) -> Engine:

@@ -168,6 +168,11 @@ class RolloutManager:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.run(self._load(state))
 
+    def spawn(self, coro) -> concurrent.futures.Future:
+        """Run a coroutine on the manager's loop in the background (the evaluation: its own prompts,
+        the same generator); the future's cancel() cancels it."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
     def run(self, coro, timeout: Optional[float] = 600.0):
         """Run a coroutine on the manager's loop (also how an in-process engine is started there)."""
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)

@@ -11,7 +11,11 @@ Supported: n, max_tokens (max_completion_tokens), temperature, top_p, top_k, see
 - every choice carries `policy_version` (the oldest version among its tokens) and the response
   the oldest of all; with return_token_ids, a choice whose tokens came from several versions (a
   weight push landed mid-generation, algorithm.partialRollouts) adds `token_versions`, one per token.
-Not supported (a 400 that says so): stream, echo, tools.
+- `tools` on chat: through the model's chat template, calls parsed in the Hermes format
+  (openai_tools); `stream: true`: server-sent events in OpenAI's chunk format (openai_stream), sent
+  once the completion is generated (the engines return whole completions);
+- `X-Session-Id` (header): the turns of one agent session are recorded for training (sessions.py).
+Not supported (a 400 that says so): echo, tool_choice other than auto and none.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from . import openai_tools as tools_api
 from .types import Completion, SamplingParams
 
 
@@ -35,12 +40,16 @@ class _Common(BaseModel):
     seed: Optional[int] = None
     stop: Union[str, list[str], None] = None
     stream: bool = False
+    stream_options: Optional[dict[str, Any]] = None
     return_token_ids: bool = False
 
     def unsupported(self) -> Optional[str]:
-        if self.stream:
-            return "stream: streaming responses are not supported; send stream=false"
         return None
+
+    @property
+    def include_usage(self) -> bool:
+        """stream_options.include_usage: a last chunk with the usage."""
+        return bool((self.stream_options or {}).get("include_usage"))
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
@@ -74,13 +83,15 @@ class ChatRequest(_Common):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    tools: Optional[list] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
 
     def unsupported(self) -> Optional[str]:
-        if self.tools:
-            return ("tools: tool calling is not parsed by this server; describe the tools in the "
-                    "messages and parse the assistant's text")
-        return super().unsupported()
+        return tools_api.check_choice(self.tool_choice) or super().unsupported()
+
+    @property
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         s = super().sampling(default_max_tokens)
@@ -88,12 +99,19 @@ class ChatRequest(_Common):
             s = SamplingParams(s.temperature, s.top_p, s.top_k, self.max_completion_tokens, s.seed)
         return s
 
+    def render(self, tokenizer, messages: Optional[list[dict[str, Any]]] = None, generation: bool = True) -> str:
+        """The conversation (default: the request's) as the chat template writes it, tools included."""
+        msgs = tools_api.template_messages(self.messages if messages is None else messages)
+        return tokenizer.apply_chat_template(msgs, tools=self.tools or None, add_generation_prompt=generation,
+                                             tokenize=False)
+
     def prompt_ids(self, tokenizer) -> list[int]:
-        messages = [{k: v for k, v in m.items() if k in ("role", "content")} for m in self.messages]
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, dict) or hasattr(out, "input_ids"):  # a BatchEncoding
-            out = out["input_ids"]
-        return list(out)
+        return encode(tokenizer, self.render(tokenizer))
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """Rendered text to token ids (what apply_chat_template(tokenize=True) does: no special tokens added)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def apply_stop(c: Completion, stops: list[str], tokenizer) -> tuple[str, list[int], list[float], str]:
@@ -108,6 +126,14 @@ def apply_stop(c: Completion, stops: list[str], tokenizer) -> tuple[str, list[in
         if len(tokenizer.decode(c.completion_ids[:k], skip_special_tokens=True)) > cut:
             return text[:cut], c.completion_ids[:k], c.logprobs[:k], "stop"
     return text[:cut], c.completion_ids, c.logprobs, "stop"
+
+
+def served(c: Completion, stops: list[str], tokenizer) -> Completion:
+    """The completion as the client got it: cut at its first stop string (ids, log-probs, versions)."""
+    text, ids, lps, finish = apply_stop(c, stops, tokenizer)
+    return Completion(prompt_ids=c.prompt_ids, completion_ids=list(ids), logprobs=list(lps),
+                      policy_version=min(c.versions[:len(ids)]) if c.versions and ids else c.policy_version,
+                      finish_reason=finish, text=text, versions=c.versions[:len(ids)] if c.versions else None)
 
 
 def _versions(choice: dict[str, Any], c: Completion, ids: list[int], token_ids: bool) -> None:
@@ -153,8 +179,13 @@ def chat_response(req: ChatRequest, prompt: list[int], group: list[Completion], 
     choices, generated = [], 0
     for c in group:
         text, ids, lps, finish = apply_stop(c, req.stops(), tokenizer)
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if req.parses_tools:
+            content, calls = tools_api.parse(text)
+            if calls:
+                message, finish = {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
         choice: dict[str, Any] = {"index": len(choices), "finish_reason": finish, "logprobs": None,
-                                  "message": {"role": "assistant", "content": text}}
+                                  "message": message}
         if req.logprobs:
             choice["logprobs"] = {"content": [
                 {"token": (tok := tokenizer.decode([t])), "logprob": lp,

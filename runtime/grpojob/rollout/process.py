@@ -33,7 +33,7 @@ from ..api import plugins
 from ..api.spec import GRPOJobSpec
 from ..auth import Auth, TokenError
 from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
-                    ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, bind_host)
+                    ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, ENV_TRAJECTORY_URL, bind_host)
 from . import engine as engines
 from .server import Server
 
@@ -53,11 +53,12 @@ SHUTDOWN_SECONDS = 15.0  # the process ends this long after it began to exit, wh
 
 
 async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, replica: str,
-                sync_addr: Optional[str], checkpoint_dir: Optional[str], auth: Auth) -> int:
+                sync_addr: Optional[str], checkpoint_dir: Optional[str], auth: Auth,
+                trajectory_url: Optional[str] = None) -> int:
     """Serve until SIGTERM/SIGINT, the parent's death (exit 0) or the engine's failure (exit 1,
     with plugins.ENGINE_FAILED and the engine's error as the termination message)."""
     engine = engines.build(backend, spec)
-    server = Server(spec, engine, replica=replica, auth=auth)
+    server = Server(spec, engine, replica=replica, auth=auth, trajectory_url=trajectory_url)
     runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=HTTP_DRAIN_SECONDS)
     await runner.setup()
     site = web.TCPSite(runner, bind_host(advertise), port)
@@ -131,7 +132,8 @@ async def _shut_down(server: Server, runner: web.AppRunner) -> None:
     answers the requests in flight, which lets the HTTP server drain), each within its own time
     limit; one that overruns is logged and left behind (the exit deadline ends the process)."""
     steps = [("the HTTP server", runner.cleanup(), HTTP_DRAIN_SECONDS + 3.0),
-             ("the engine", server.engine.close(), 5.0)]
+             ("the engine", server.engine.close(), 5.0),
+             ("the agent sessions' client", server.sessions.close(), 3.0)]
     if server.agent:
         steps.append(("the weight-sync agent", asyncio.to_thread(server.agent.stop, 2.0), 3.0))
 
@@ -172,7 +174,8 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
     return asyncio.run(serve(spec, backend=backend, port=int(port_text), auth=auth,
                              advertise=os.environ.get(ENV_ADVERTISE_HOST) or "127.0.0.1", replica=replica,
                              sync_addr=os.environ.get(ENV_SYNC_ADDR) or None,
-                             checkpoint_dir=os.environ.get(ENV_CHECKPOINT_DIR) or None))
+                             checkpoint_dir=os.environ.get(ENV_CHECKPOINT_DIR) or None,
+                             trajectory_url=os.environ.get(ENV_TRAJECTORY_URL) or None))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,8 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
   server holds a version older than min_version, 503 while the engine loads and once it broke
   (the message is the engine's error).
 - POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
+- POST /v1/sessions/{id}/reward: ends an agent session (X-Session-Id; sessions.py), passed on to
+  the trainer's trajectory API (GRPOJOB_TRAJECTORY_URL), which records every session's turns.
 """
 from __future__ import annotations
 
@@ -38,6 +40,8 @@ from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
 from . import engine as engines
 from . import openai_api as oai
+from . import openai_stream
+from . import sessions as agent_sessions
 from .types import SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
@@ -63,7 +67,8 @@ class GenerateIn(BaseModel):
 class Server:
     """HTTP front of one engine (and its sync agent)."""
 
-    def __init__(self, spec: GRPOJobSpec, engine, *, replica: str, auth: Auth, agent=None):
+    def __init__(self, spec: GRPOJobSpec, engine, *, replica: str, auth: Auth, agent=None,
+                 trajectory_url: Optional[str] = None):
         from prometheus_client import CollectorRegistry
 
         from .. import prom
@@ -77,6 +82,7 @@ class Server:
         self.started = False
         self.start_error: Optional[str] = None
         self.metrics = prom.build(ROLLOUT, CollectorRegistry())
+        self.sessions = agent_sessions.SessionStore(trajectory_url, auth.token)  # agent sessions' records
 
     # ---- app ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -87,6 +93,7 @@ class Server:
             web.get("/metrics", self.prometheus), web.get("/info", self.info),
             web.post("/generate", self.generate), web.get("/v1/models", self.models),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
+            web.post("/v1/sessions/{sid}/reward", self.session_reward),
         ])
         return app
 
@@ -222,31 +229,76 @@ class Server:
         body, err = await self._openai_body(request, oai.CompletionRequest)
         if err is not None:
             return err
-        prompts = body.prompts(self.engine.tokenizer)
+        tok = self.engine.tokenizer
+        try:
+            capture = agent_sessions.Capture.of(request.headers, body.n, self.sessions)
+            prompt = await capture.text_prompt(body.prompt, tok) if capture else None
+        except agent_sessions.SessionError as e:
+            return self._session_error(e)
+        prompts = [prompt.ids] if prompt else body.prompts(tok)
         sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
+        if capture:
+            sampling = capture.sampling(sampling, self.spec.rollout.sampling)
         try:
             results = await asyncio.gather(*(self._run(p, body.n, sampling) for p in prompts))
         except _Refused as e:
             return self._error(e.status, str(e), e.result, openai=True)
+        resp = oai.completion_response(body, prompts, results, tok, self.model_name)
+        if capture and (err := await self._record(capture, prompt, results[0][0], body, resp["choices"][0]["text"])):
+            return err
         self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
-        return web.json_response(oai.completion_response(body, prompts, results, self.engine.tokenizer,
-                                                         self.model_name))
+        return await openai_stream.respond(request, resp, body.stream, body.include_usage)
 
     async def chat(self, request: web.Request) -> web.Response:
         body, err = await self._openai_body(request, oai.ChatRequest)
         if err is not None:
             return err
+        tok = self.engine.tokenizer
         try:
-            prompt = body.prompt_ids(self.engine.tokenizer)
+            capture = agent_sessions.Capture.of(request.headers, body.n, self.sessions)
+            turn = await capture.chat_prompt(body, tok) if capture else None
+            prompt = turn.ids if turn else body.prompt_ids(tok)
+        except agent_sessions.SessionError as e:
+            return self._session_error(e)
         except Exception as e:  # a template that rejects these messages
             return self._error(400, f"messages: cannot apply the chat template: {e}", "bad_request", openai=True)
+        sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
+        if capture:
+            sampling = capture.sampling(sampling, self.spec.rollout.sampling)
         try:
-            group = await self._run(prompt, body.n, body.sampling(self.spec.rollout.sampling.max_tokens))
+            group = await self._run(prompt, body.n, sampling)
         except _Refused as e:
             return self._error(e.status, str(e), e.result, openai=True)
+        resp = oai.chat_response(body, prompt, group, tok, self.model_name)
+        if capture and (err := await self._record(capture, turn, group[0], body,
+                                                  resp["choices"][0]["message"]["content"] or "")):
+            return err
         self.metrics["grpojob_rollout_requests_total"].labels(result="ok").inc()
-        return web.json_response(oai.chat_response(body, prompt, group, self.engine.tokenizer,
-                                                   self.model_name))
+        return await openai_stream.respond(request, resp, body.stream, body.include_usage)
+
+    # ---- agent sessions (sessions.py) ---------------------------------------------------------
+    def _session_error(self, e: "agent_sessions.SessionError") -> web.Response:
+        return self._error(e.status, str(e), "bad_request" if e.status < 500 else "error", openai=True)
+
+    async def _record(self, capture, prompt, c, body, returned: str) -> Optional[web.Response]:
+        """The turn to the session's record (what the client got: cut at its stop strings)."""
+        served = oai.served(c, body.stops(), self.engine.tokenizer)
+        try:
+            await capture.record(prompt, served, returned, len(getattr(body, "messages", ())))
+        except agent_sessions.SessionError as e:
+            return self._session_error(e)
+        return None
+
+    async def session_reward(self, request: web.Request) -> web.Response:
+        try:
+            sid = agent_sessions.check_id(request.match_info["sid"], "path")
+            doc = await request.json() if request.can_read_body else {}
+            status, out = await self.sessions.reward(sid, doc)
+        except agent_sessions.SessionError as e:
+            return self._session_error(e)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return self._error(400, "the request body is not JSON", "bad_request", openai=True)
+        return web.json_response(out, status=status)
 
 
 class _Refused(Exception):

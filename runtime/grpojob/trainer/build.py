@@ -65,14 +65,19 @@ class TrainerRun:
         manager = self.rollouts.source.manager
         if manager is None:
             return None
+        from ..rewards import RewardScorer
         from ..trajectories.api import TrajectoryAPI
+        from ..trajectories.sessions import Sessions
         from ..trajectories.wire import Limits
 
-        spec, model = self.trainer.spec, self.trainer.model
+        spec, model, tokenizer = self.trainer.spec, self.trainer.model, self.trainer.tokenizer
         limits = Limits(group_size=spec.algorithm.group_size, vocab_size=model.get_input_embeddings().num_embeddings,
                         max_sequence_tokens=spec.training.micro_batch_tokens)
+        # agent sessions (X-Session-Id on the rollout servers); the job's rewards score those ended without one
+        sessions = Sessions(manager, limits, scorer=RewardScorer(spec, tokenizer) if spec.rewards else None,
+                            tokenizer=tokenizer)
         return TrajectoryAPI(manager, limits, spec.rollout.sampling.model_dump(),
-                             policy_version=lambda: self.trainer.version)
+                             policy_version=lambda: self.trainer.version, sessions=sessions)
 
 
 def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "inprocess",
@@ -98,7 +103,7 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
         run_path = Path(run_dir) if run_dir else None
         callbacks = Callbacks.build(job, run_path) if env.is_leader else None
         loop = Loop(trainer, side.source, side.publisher, checkpoints, run_dir=run_path,
-                    board=board, on_step=on_step, suspend=suspend, callbacks=callbacks)
+                    board=board, on_step=on_step, suspend=suspend, callbacks=callbacks, evaluation=side.evaluation)
     except BaseException:
         side.close()
         raise

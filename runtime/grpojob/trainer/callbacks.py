@@ -1,12 +1,14 @@
 """Experiment trackers and user callbacks: what the trainer leader tells them, and when.
 
 `Callbacks` is the loop's one component for them (spec.monitoring.reportTo and .callbacks), called
-on rank 0 only: `on_step_end(record)` after each step's record is written, `on_checkpoint(step,
-path)` after each checkpoint, `close()` when the run ends. A callback that raises is logged with
-its field path and kept (a tracker's hiccup must not lose a training run).
+on rank 0 only: `on_step_end(record)` after each step's record is written, `on_evaluation(record)`
+after each evaluation (spec.evaluation; logged at the step it evaluated, before the next step's
+record), `on_checkpoint(step, path)` after each checkpoint, `close()` when the run ends. A
+callback that raises is logged with its field path and kept (a tracker's hiccup must not lose a
+training run).
 
 A user callback (`module:Class` or `path/to/file.py:Class`, constructed without arguments)
-subclasses `Callback` or has the same two methods; `close` is optional.
+subclasses `Callback` or has the same two methods; `on_evaluation` and `close` are optional.
 """
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ class Callback:
         """After the checkpoint of `step` was committed at `path` (a torch.distributed.checkpoint
         directory; `grpojob export PATH OUT` makes a Hugging Face model of it). Saves are written
         in the background: this comes on the loop's thread at the first step boundary after."""
+
+    def on_evaluation(self, record) -> None:
+        """After an evaluation of the policy of `record.step` (grpojob.evaluation.EvalRecord;
+        record.scalars() names its numbers eval/...)."""
 
     def close(self) -> None:
         """The run ended (completed, suspended or failed)."""
@@ -78,6 +84,8 @@ class TensorBoard(Callback):
             self.writer.add_scalar(name, value, record.step, walltime=record.time)
         self.writer.flush()
 
+    on_evaluation = on_step_end  # eval/... scalars at the step evaluated
+
     def close(self) -> None:
         self.writer.close()
 
@@ -95,6 +103,10 @@ class WandB(Callback):
 
     def on_step_end(self, record) -> None:
         self.run.log(record.scalars(), step=record.step)
+
+    # W&B takes a step once more while it is the current one: an evaluation is reported after its
+    # step's record and before the next one's.
+    on_evaluation = on_step_end
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         self.run.summary["last_checkpoint"] = str(path)
@@ -125,6 +137,8 @@ class MLflow(Callback):
         ms = int(record.time * 1000)
         metrics = [Metric(_mlflow_key(k), v, ms, record.step) for k, v in record.scalars().items()]
         self.client.log_batch(self.run_id, metrics=metrics)
+
+    on_evaluation = on_step_end
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         self.client.set_tag(self.run_id, "last_checkpoint", str(path))
@@ -162,7 +176,7 @@ class Callbacks:
     def _each(self, method: str, *args) -> None:
         for where, cb in self.items:
             fn = getattr(cb, method, None)
-            if fn is None:  # close() is optional for duck-typed callbacks
+            if fn is None:  # on_evaluation() and close() are optional for duck-typed callbacks
                 continue
             try:
                 fn(*args)
@@ -174,6 +188,9 @@ class Callbacks:
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         self._each("on_checkpoint", step, path)
+
+    def on_evaluation(self, record) -> None:
+        self._each("on_evaluation", record)
 
     def close(self) -> None:
         self._each("close")

@@ -4,6 +4,7 @@
     update  = trainer.step_training(groups)      # GRPOTrainer: advantages, packed updates
     report  = publisher.publish(stream, v)       # every weightSync.everySteps steps: rank 0 pushes the
                                                  # weights as every rank gathers them, tensor by tensor
+    evaluation.start(step, v) ... .finish()      # spec.evaluation: after a push, done before the next
     checkpoints.save()                           # every checkpoint.everySteps steps: each rank stages
                                                  # its shards, written in the background
     record  -> metrics.jsonl, /status, Prometheus, trackers and callbacks (the StepRecord is their
@@ -30,6 +31,7 @@ import torch
 
 from .. import failures
 from ..checkpoint.manager import CheckpointManager
+from ..evaluation import EvalRecord
 from ..rollout.engine import torch_dtype_name
 from . import dist
 from .callbacks import Callbacks
@@ -49,7 +51,8 @@ class Loop:
     def __init__(self, trainer: GRPOTrainer, source: GroupSource, publisher: Optional[WeightPublisher],
                  checkpoints: CheckpointManager, *, run_dir: Optional[Path] = None,
                  board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
-                 suspend: Optional[threading.Event] = None, callbacks: Optional[Callbacks] = None):
+                 suspend: Optional[threading.Event] = None, callbacks: Optional[Callbacks] = None,
+                 evaluation=None):
         self.trainer, self.source, self.publisher, self.checkpoints = trainer, source, publisher, checkpoints
         self.callbacks = callbacks or Callbacks([])  # rank 0's trackers and user callbacks
         self.spec, self.env = trainer.spec, trainer.env
@@ -58,6 +61,9 @@ class Loop:
         self.published: Optional[int] = None
         self.backend: Optional[str] = None
         self.memory = StageMemory(trainer.env.device)
+        # rank 0's grpojob.evaluation.evaluator.Evaluation (spec.evaluation; None elsewhere), and a
+        # finished evaluation waiting to be reported before the next step's record
+        self.evaluation, self._evaluated = evaluation, None
 
     def request_suspend(self) -> None:
         """Finish the current step, checkpoint, stop."""
@@ -78,6 +84,8 @@ class Loop:
         if tr.step < total:  # else resumed from the final checkpoint: nothing to generate or train
             self.source.start()
             self._status(phase="running")
+            if tr.step == 0:
+                self._start_evaluation()  # evaluation.atStart: the initial policy
         while tr.step < total:
             if self._suspend_agreed():
                 return self._stop()
@@ -85,6 +93,9 @@ class Loop:
             if record is None:  # suspended while waiting for the step's groups
                 return self._stop()
             self.emit(record)
+        # the last step's push started the final evaluation (spec.evaluation): it ends here
+        self._finish_evaluation()
+        self._emit_evaluation()
         if not self.checkpoints.covers(tr.step):
             self.checkpoint()
         self.wait_checkpoint()
@@ -118,12 +129,15 @@ class Loop:
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
         self.memory.mark("train")
+        self._finish_evaluation()  # started after the previous push: it ends before the next one
+        te = time.perf_counter()
         report = None
         # The last step too (the rollouts end serving the final policy); not when suspending: the
         # rollout servers may be stopping too (a resume pushes first).
         if (tr.step % spec.weight_sync.every_steps == 0 or tr.step >= spec.training.steps) \
                 and not self._suspend_agreed():
             report = self.publish()
+            self._start_evaluation()
         t3 = time.perf_counter()
         self.memory.mark("sync")
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
@@ -142,14 +156,16 @@ class Loop:
             tokens_per_second=prep.total_tokens / seconds if seconds > 0 else None,
             train_tokens_per_second=prep.total_tokens / (t2 - t1) if t2 > t1 else None,
             wait_seconds=t1 - t0, rollout_idle_fraction=got.idle_fraction, groups_in_flight=got.in_flight,
-            groups_resampled=got.resampled, groups_stale=got.stale, sync_seconds=t3 - t2,
+            groups_resampled=got.resampled, groups_stale=got.stale, sync_seconds=t3 - te,
             generation_paused_seconds=report.paused_seconds if report else None,
             sync_bytes=report.bytes if report else None, sync_tensors=report.tensors if report else None,
             weight_sync_backend=self.backend, rollouts=rollouts, published=report is not None,
             sample_ids=list(got.sample_ids), groups_from_environments=got.from_environments,
             environments=got.environments, extra={**prep.extra, **extra},
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
-                           "train": round(t2 - t1, 6), "sync": round(t3 - t2, 6), "checkpoint": round(t4 - t3, 6)},
+                           "train": round(t2 - t1, 6), "sync": round(t3 - te, 6), "checkpoint": round(t4 - t3, 6),
+                           # the wait for the evaluation (spec.evaluation) before this step's push
+                           **({"evaluate": round(te - t2, 6)} if spec.evaluation is not None else {})},
             stage_host_peak_bytes=host_peaks, stage_device_peak_bytes=device_peaks, step_seconds=seconds)
 
     def _rollouts(self) -> list[dict]:
@@ -199,14 +215,18 @@ class Loop:
         self.source.set_published(tr.version)
         return report
 
-    def emit(self, record: StepRecord) -> None:
-        if not self.env.is_leader:
-            return
-        doc = record.to_json()
+    def _write(self, doc: dict) -> None:
         if self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             with open(self.run_dir / METRICS_FILE, "a") as f:
                 f.write(json.dumps(doc) + "\n")
+
+    def emit(self, record: StepRecord) -> None:
+        if not self.env.is_leader:
+            return
+        self._emit_evaluation()  # the one that ended in this step, reported before it
+        doc = record.to_json()
+        self._write(doc)
         self._announce_checkpoints()
         if self.board is not None:
             self.board.observe(doc)
@@ -219,6 +239,32 @@ class Loop:
         self.callbacks.on_step_end(record)
         if self.on_step is not None:
             self.on_step(record)
+
+    # ---- evaluation (spec.evaluation, rank 0) ----------------------------------------------------------
+    def _start_evaluation(self) -> None:
+        """Evaluate the policy the rollouts were just given, when its step is due."""
+        tr = self.trainer
+        if self.evaluation is not None and self.spec.evaluation.due(tr.step, self.spec.training.steps):
+            self.evaluation.start(tr.step, tr.version)
+
+    def _finish_evaluation(self) -> None:
+        if self.evaluation is not None:
+            self._evaluated = self.evaluation.finish() or self._evaluated
+
+    def _emit_evaluation(self) -> None:
+        """metrics.jsonl (a row of kind "evaluation"), /status and /metrics, the trackers."""
+        rec: Optional[EvalRecord] = self._evaluated
+        if rec is None:
+            return
+        self._evaluated = None
+        doc = rec.to_json()
+        self._write(doc)
+        if self.board is not None:
+            self.board.observe_evaluation(rec)
+        log.info("evaluation of step %d: reward %.3f %s (%d prompts, %.1fs)", rec.step, rec.reward_mean or 0.0,
+                 " ".join(f"pass@{k} {v:.3f}" for k, v in rec.pass_at.items()), rec.prompts, rec.seconds,
+                 extra={"evaluation": doc})
+        self.callbacks.on_evaluation(rec)
 
     # ---- stopping ------------------------------------------------------------------------------------
     def _suspend_agreed(self) -> bool:

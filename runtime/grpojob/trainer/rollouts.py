@@ -107,6 +107,7 @@ class Rollouts:
     publisher: Optional[WeightPublisher]  # rank 0
     engine_close: Optional[Any] = None  # a coroutine function closing the generator, run on the manager's loop
     generator: Optional[Generator] = None  # rank 0: what the manager generates with
+    evaluation: Optional[Any] = None  # rank 0: grpojob.evaluation.evaluator.Evaluation (spec.evaluation)
 
     def sample(self, prompt_ids: list[int], n: int, sampling: SamplingParams, *, min_version: Optional[int],
                timeout: float) -> list[Completion]:
@@ -117,6 +118,8 @@ class Rollouts:
                                        timeout=timeout)
 
     def close(self) -> None:
+        if self.evaluation is not None:
+            self.evaluation.close()
         if self.engine_close is not None and self.source.manager is not None:
             self.source.manager.run(self.engine_close())
         self.source.close()
@@ -197,8 +200,8 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
         generator = EngineGenerator(engine)
         manager = RolloutManager(generator, **pieces)
         manager.run(engine.start())
-        return Rollouts(GroupSource(env, manager), EnginePublisher(engine), engine_close=engine.close,
-                        generator=generator)
+        return _with_evaluation(Rollouts(GroupSource(env, manager), EnginePublisher(engine), engine_close=engine.close,
+                                         generator=generator), spec, tokenizer)
     from ..rollout.client import RolloutClient
     from .remote import RemotePublisher, sync_address
 
@@ -211,4 +214,19 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
     client = RolloutClient(publisher.rollout_addresses, token=auth.token,
                            timeout=float(spec.weight_sync.timeout_seconds) * 3)
     manager = RolloutManager(client, health=client.health, **pieces)
-    return Rollouts(GroupSource(env, manager), publisher, engine_close=client.close, generator=client)
+    return _with_evaluation(Rollouts(GroupSource(env, manager), publisher, engine_close=client.close, generator=client),
+                            spec, tokenizer)
+
+
+def _with_evaluation(side: Rollouts, spec, tokenizer) -> Rollouts:
+    """Rank 0's evaluation (spec.evaluation) over the manager: its held-out set is loaded now, so a
+    bad one fails before the first step."""
+    if spec.evaluation is not None:
+        from ..evaluation.evaluator import Evaluation
+
+        try:
+            side.evaluation = Evaluation.build(spec, tokenizer, side.source.manager)
+        except BaseException:
+            side.close()
+            raise
+    return side

@@ -112,6 +112,21 @@ class StatusBoard:
         with self._lock:
             svc = self.status.service or ServiceStatus()
             self.status = self.status.model_copy(update={"service": svc.model_copy(update={"queued": n})})
+    def observe_evaluation(self, record: Any) -> None:
+        """The last evaluation (grpojob.evaluation.EvalRecord): /status `evaluation` and the eval gauges."""
+        from ..api.status import EvaluationStatus
+
+        self.update(evaluation=EvaluationStatus(**record.status_fields()))
+        m = self.metrics
+        m["grpojob_eval_step"].set(record.step)
+        m["grpojob_eval_seconds"].set(record.seconds)
+        rewards = {**record.rewards, "total": record.reward_mean}
+        for gauge, label, values in (("grpojob_eval_reward_mean", "reward", rewards),
+                                     ("grpojob_eval_pass_at_k", "k", record.pass_at)):
+            m[gauge].clear()  # labels of an earlier evaluation that this one lacks go
+            for name, value in values.items():
+                if value is not None:
+                    m[gauge].labels(**{label: name}).set(value)
 
     def watch_rollouts(self, servers: Callable[[], list[dict[str, Any]]]) -> None:
         """Report the weight-sync group: `servers()` lists its members as dicts with `replica` and

@@ -6,7 +6,11 @@ grpojob.plan.TRAJECTORY_PREFIX (environments find the URL in GRPOJOB_TRAJECTORY_
     POST /trajectories/groups    {"environment", "groups": [GroupIn, ...]}  (wire.py)
         -> 200 {"accepted": n, "queued": n, "published_version", "version_floor"}
     GET  /trajectories/status    -> versions, the floor, per-environment queued / accepted / trained /
-                                    stale / refused (by reason), what the current step waits for
+                                    stale / refused (by reason), what the current step waits for; sessions
+    GET  /trajectories/sessions/{id}          -> an agent session's record (the rollout servers read it)
+    POST /trajectories/sessions/{id}/turns    <- a turn the rollout server served (wire.SessionTurnIn)
+    POST /trajectories/sessions/{id}/reward   {"reward"?, "reward_parts"?, "row"?} -> ends the session
+                                              (sessions.py; the rollout servers pass /v1/sessions/{id}/reward on)
 
 Refusals: 400 (the body, naming the field: wrong group size, token ids outside the vocabulary,
 mismatched lengths, a version from the future), 404 (not registered), 409 (below the version
@@ -30,8 +34,10 @@ from pydantic import ValidationError
 from ..plan import TRAJECTORY_PREFIX
 from . import wire
 from .queue import Refused
+from .sessions import Sessions
 
 log = logging.getLogger("grpojob.trajectories")
+SESSIONS = "/sessions"
 
 Response = tuple[int, dict[str, Any]]
 
@@ -60,9 +66,10 @@ class TrajectoryAPI:
     """Routes one request (already read off the socket) to the manager; returns (status, JSON)."""
 
     def __init__(self, manager: Manager, limits: wire.Limits, sampling: dict[str, Any],
-                 policy_version=lambda: None):
+                 policy_version=lambda: None, sessions: Optional[Sessions] = None):
         self.manager, self.limits, self.sampling = manager, limits, sampling
         self.policy_version = policy_version  # the trainer's own version (its StatusBoard)
+        self.sessions = sessions  # agent sessions (grpojob.trajectories.sessions)
 
     def handle(self, request: Request) -> Response:
         route = request.path.split("?")[0].removeprefix(TRAJECTORY_PREFIX)
@@ -73,6 +80,8 @@ class TrajectoryAPI:
                 return self.submit(request.body)
             if (request.method, route) == ("GET", "/status"):
                 return 200, self.status()
+            if route.startswith(SESSIONS + "/") and self.sessions is not None:
+                return self.session(request.method, route[len(SESSIONS) + 1:], request.body)
         except Refused as e:
             return e.status, {"error": str(e), "reason": e.reason}
         return 404, {"error": f"no route {request.method} {request.path}: use POST {TRAJECTORY_PREFIX}/register, "
@@ -102,7 +111,28 @@ class TrajectoryAPI:
 
     def status(self) -> dict[str, Any]:
         return {"policy_version": self.policy_version(), "group_size": self.limits.group_size,
-                **self.manager.environment_status()}
+                **self.manager.environment_status(),
+                **({"sessions": self.sessions.status()} if self.sessions is not None else {})}
+
+    def session(self, method: str, rest: str, body: bytes) -> Response:
+        sid, _, action = rest.partition("/")
+        if not sid:
+            return 404, {"error": "no session id in the path"}
+        if (method, action) == ("GET", ""):
+            state = self.sessions.state(sid)
+            return (200, state) if state is not None else (404, {"error": f"session {sid} is not open",
+                                                                 "reason": "unknown"})
+        model = {("POST", "turns"): wire.SessionTurnIn, ("POST", "reward"): wire.SessionRewardIn}.get((method, action))
+        if model is None:
+            return 404, {"error": f"no route {method} {SESSIONS}/{rest}: use GET {SESSIONS}/ID, POST "
+                                  f"{SESSIONS}/ID/turns or POST {SESSIONS}/ID/reward"}
+        try:
+            req = model.model_validate_json(body or b"{}", context=self.limits)
+        except ValidationError as e:
+            return 400, {"error": wire.describe(e), "reason": "invalid"}
+        if action == "turns":
+            return 200, self.sessions.add_turn(sid, req)
+        return 200, self.sessions.finish(sid, req)
 
 
 def _who(body: bytes) -> tuple[Optional[str], int]:

@@ -144,6 +144,42 @@ class SubmitIn(_In):
     groups: list[GroupIn] = Field(min_length=1, max_length=4096)
 
 
+class SessionTurnIn(_In):
+    """One turn of an agent session, posted by the rollout server that served it
+    (grpojob.rollout.sessions.turn)."""
+    mode: str = Field(pattern="^(chat|text)$")
+    group: Optional[str] = Field(None, max_length=128)
+    environment: Optional[str] = Field(None, max_length=63, pattern=NAME_PATTERN)  # its groups' queue name
+    prompt_ids: list[int] = Field(min_length=1)  # what the model was given: the session's tokens + new context
+    continued: bool  # the server built prompt_ids on the session's tokens
+    rendered: str  # the prompt as text (the chat template's, or the client's)
+    returned: str  # the text the client got
+    messages: int = Field(ge=0)  # chat: the request's message count
+    completion: CompletionIn
+
+    @model_validator(mode="after")
+    def _vocab(self, info: ValidationInfo) -> "SessionTurnIn":
+        _outside(self.prompt_ids, _limits(info).vocab_size, "prompt_ids")
+        return self
+
+
+class SessionRewardIn(_In):
+    """The end of a session: its reward (None: the job's rewards score it), optional named parts,
+    and fields for the rewards (the `row` they get, e.g. the reference answer)."""
+    reward: Optional[float] = None
+    reward_parts: dict[str, float] = Field(default_factory=dict)
+    row: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _finite(self) -> "SessionRewardIn":
+        values = ([("reward", self.reward)] if self.reward is not None else []) + \
+            [(f"reward_parts.{k}", v) for k, v in self.reward_parts.items()]
+        for name, v in values:
+            if not math.isfinite(v):
+                raise invalid(name, f"{v} is not a finite number")
+        return self
+
+
 def _loc(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:

@@ -1,0 +1,109 @@
+"""The spec's data models: the training dataset, sampling parameters, and the held-out
+evaluation (spec.evaluation) that reuses both."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import field_validator, model_validator
+
+from . import plugins
+from .base import FreeForm, Model, field, invalid
+
+MAX_PASS_AT = 16  # values of evaluation.passAt
+
+
+class DatasetSpec(Model):
+    path: Optional[str] = field(None, description="Local data: a .jsonl, .json, .csv or .parquet file, a glob "
+                                "of such files (loaded with datasets.load_dataset), or a `datasets` directory "
+                                "saved with save_to_disk. Exactly one of path, factory and class.")
+    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or a reference "
+                                   "('module:function' or 'path/to/file.py:function') called with args and "
+                                   "returning an iterable of dict rows.",
+                                   json_schema_extra={"pattern": plugins.name_pattern("dataset")})
+    class_: Optional[str] = field(None, alias="class", description="A dataset class ('module:Class' or "
+                                  "'path/to/file.py:Class'), constructed with args, with setup(spec, tokenizer), "
+                                  "__len__, __getitem__(i) (prompt text, chat messages or a row) and "
+                                  "reference_answer(i).",
+                                  json_schema_extra={"pattern": plugins.name_pattern("dataset_class")})
+    args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory or class.")
+    format: Literal["auto", "jsonl", "json", "csv", "parquet", "disk"] = field(
+        "auto", description="File format of path; auto picks by extension (a directory means disk).")
+    prompt_field: str = field("prompt", description="Row field holding the prompt text.")
+    messages_field: Optional[str] = field(None, description="Row field holding chat messages "
+                                          "(list of {role, content}); used instead of promptField.")
+    answer_field: str = field("answer", description="Row field holding the reference answer given to rewards.")
+    max_prompt_length: int = field(512, ge=1, description="Prompts longer than this many tokens are dropped.")
+    shuffle: bool = field(True, description="Shuffle rows each epoch (seeded by training.seed).")
+
+    @field_validator("factory")
+    @classmethod
+    def _factory(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else plugins.checked_name("dataset", v)
+
+    @field_validator("class_")
+    @classmethod
+    def _class(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else plugins.checked_name("dataset_class", v)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DatasetSpec":
+        if sum(x is not None for x in (self.path, self.factory, self.class_)) != 1:
+            raise ValueError("set exactly one of path, factory and class")
+        return self
+
+
+class SamplingSpec(Model):
+    temperature: float = field(1.0, ge=0, description="Sampling temperature.")
+    top_p: float = field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    top_k: int = field(-1, ge=-1, description="Top-k sampling; -1 disables.")
+    max_tokens: int = field(256, ge=1, description="Maximum completion length in tokens.")
+
+
+class EvaluationSpec(Model):
+    """Evaluation during training (docs/evaluation.md): a held-out dataset, generated on the rollout
+    servers through the trainer's own pipeline (never trained on) and scored with spec.rewards."""
+
+    dataset: DatasetSpec = field(description="The held-out prompts, in the same forms as spec.dataset (path, "
+                                 "factory or class). Its rows are evaluated in their own order (shuffle is "
+                                 "ignored); its prompts are never trained on.")
+    every_steps: int = field(10, ge=0, description="Evaluate the policy of every N-th step, a multiple of "
+                             "weightSync.everySteps (the rollouts must hold that step's weights); 0: only at "
+                             "the end. The last step's policy is always evaluated.")
+    at_start: bool = field(False, description="Also evaluate the initial policy (step 0) before the first step "
+                           "(not when resuming).")
+    samples_per_prompt: int = field(1, ge=1, le=256, description="Completions per prompt. 1: one greedy "
+                                    "completion (temperature 0); k > 1: k completions with `sampling`, and "
+                                    "pass@k is reported.")
+    sampling: Optional[SamplingSpec] = field(None, description="Sampling of the evaluation completions "
+                                             "(default: rollout.sampling); with samplesPerPrompt 1 only its "
+                                             "maxTokens applies (greedy).")
+    pass_threshold: float = field(1.0, description="A completion passes when its reward (the weighted sum of "
+                                  "spec.rewards) is at least this.")
+    pass_at: list[int] = field(default_factory=list, max_length=MAX_PASS_AT, description="The k of the "
+                               "pass@k reported (each at most samplesPerPrompt; unbiased estimator of Chen et al. "
+                               "2021); default: 1 and samplesPerPrompt.")
+    max_prompts: Optional[int] = field(None, ge=1, description="Evaluate only the first N prompts of the "
+                                       "dataset (default: all).")
+
+    @model_validator(mode="after")
+    def _ks(self) -> "EvaluationSpec":
+        for i, k in enumerate(self.pass_at):
+            if not 1 <= k <= self.samples_per_prompt:
+                raise invalid(f"passAt[{i}]", f"{k}: pass@k needs 1 <= k <= samplesPerPrompt "
+                              f"({self.samples_per_prompt})")
+        return self
+
+    @property
+    def ks(self) -> list[int]:
+        """The k of each pass@k reported, ascending."""
+        return sorted(set(self.pass_at or (1, self.samples_per_prompt)))
+
+    @property
+    def greedy(self) -> bool:
+        return self.samples_per_prompt == 1
+
+    def due(self, step: int, total_steps: int) -> bool:
+        """Whether the policy after `step` (0: the initial one) is evaluated."""
+        if step == 0:
+            return self.at_start
+        return step == total_steps or (self.every_steps > 0 and step % self.every_steps == 0)
