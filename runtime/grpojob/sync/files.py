@@ -3,6 +3,8 @@
 With `weightSync.backend: checkpoint` the publisher writes each pushed version under
 `<checkpoint dir>/rollout-weights/v<version>/` (written to a temporary name, then renamed, so a
 reader never sees half a version) and the rollout servers, which mount the same volume, load it.
+A LoRA version is a PEFT adapter directory (grpojob.sync.adapter), which the engines apply to
+the base weights they keep.
 """
 from __future__ import annotations
 
@@ -29,7 +31,12 @@ def save(root: str | os.PathLike, version: int, stream: TensorStream) -> str:
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_safetensors(tmp / "model.safetensors", stream)
+    if stream.adapter is not None:
+        from . import adapter  # it writes with write_safetensors below
+
+        adapter.save(tmp, stream)
+    else:
+        write_safetensors(tmp / "model.safetensors", stream)
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     versions = sorted(p for p in final.parent.iterdir() if p.is_dir() and not p.name.endswith(".tmp"))

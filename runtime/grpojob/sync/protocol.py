@@ -24,14 +24,16 @@ space is derived from the token and `run`; every JSON value there is sealed with
 - `cmd/n` (counter) and `cmd/<k>`: the commands, in order. A server reads them from the count it
   saw before registering; it acts on those whose "targets" name it and skips the rest (and any
   that is not sealed with the token). Kinds:
-  * push: {"kind": "push", "version", "weights", "layout", "timeout", "targets", "routes":
+  * push: {"kind": "push", "version", "weights", "layout", "adapter", "timeout", "targets", "routes":
     {instance: [path per endpoint]}, "groups": {path: {"id", "world", "ranks": {instance: [rank
     or null per endpoint]}}} for the collective paths (nccl, gloo; the publisher is rank 0),
     "handoff": {"shm": segment, "cuda-ipc": {instance: [[handle per bucket] or null per
-    endpoint]}}}: every endpoint receives the buckets of `layout` over its route. The agent
+    endpoint]}}}: every endpoint receives the buckets of `layout` over its route. "adapter": null
+    for full weights; with LoRA the PEFT config of the adapter the buckets hold (sync.adapter). The agent
     hands it to its receivers with "keyspace": the space, so they find the keys below.
   * load: {"kind": "load", "version", "weights", "path", "targets"}: load the safetensors in
-    `path` (relative to the checkpoint dir; null = the model directory).
+    `path` (relative to the checkpoint dir; null = the model directory; a LoRA version is a PEFT
+    adapter directory).
 - `join/<group>/<rank>`: a receiver is about to build the group (so the publisher does not
   wait a whole timeout on a server that died before joining); rank 0's key: everyone joined.
 - `pg/<group>/`: the collective group's own rendezvous (c10d's keys).

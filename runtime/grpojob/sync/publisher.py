@@ -16,10 +16,12 @@
   side, or what weightSync.backend forces (refused, naming the server, where it cannot work).
 - `push` takes the full HF-named state dict (tensors on any device; tied duplicates are sent
   once), as a `stream.TensorStream` whose tensors are produced one by one while the buckets fill
-  (a trainer gathers each from its shards then) or as named tensors in memory, and brings every
+  (a trainer gathers each from its shards then; a LoRA trainer's holds only the adapter, whose
+  PEFT config travels in the command as "adapter") or as named tensors in memory, and brings every
   registered server to it over its route (`delivery`), then returns stats: version, seconds,
   bytes, buckets, servers (that acknowledged), dropped (replicas removed because they died or
-  failed), paths ({path: [replica]}), backend (the paths, in words) and gathered_peak_bytes /
+  failed), tensors, adapter (a LoRA push), paths ({path: [replica]}), backend (the paths, in
+  words) and gathered_peak_bytes /
   gathered_peak_tensors (the most of a stream's produced tensors alive at once). A
   server that dies mid-push is named in the log and dropped; the push is retried on the
   survivors, so the trainer's step goes on. With no server registered, `push` keeps the weights.
@@ -137,12 +139,14 @@ class WeightPublisher:
             self._set_current(version, wid)
         paths = out.paths
         stats = {"version": version, "seconds": time.perf_counter() - start, "bytes": retained.layout.nbytes,
+                 "tensors": len(retained.layout.names), "adapter": stream.adapter is not None,
                  "buckets": len(retained.layout.buckets), "servers": len(out.ok),
                  "dropped": [m.replica for m in out.dropped], "paths": paths, "paused_seconds": out.paused_seconds,
                  "backend": placement.describe(paths) if paths else None,
                  "gathered_peak_bytes": stream.peak_bytes, "gathered_peak_tensors": stream.peak_tensors}
         if targets:
-            log.info("pushed weights version %d to %d server(s) via %s in %.3f s (%.1f MiB)%s", version,
+            log.info("pushed %s version %d to %d server(s) via %s in %.3f s (%.3f MiB)%s",
+                     "the LoRA adapter of" if stream.adapter is not None else "weights", version,
                      len(out.ok), stats["backend"] or "no path", stats["seconds"], stats["bytes"] / 2**20,
                      f"; dropped {', '.join(stats['dropped'])}" if out.dropped else "")
         else:

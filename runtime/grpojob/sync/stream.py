@@ -7,6 +7,10 @@ and the others `drain`), so no rank ever holds the whole model. The stream is or
 (first appearance), the order in which `buckets.plan` lays the buckets out, so the buckets fill
 one after the other and each can be sent as soon as it is full.
 
+A LoRA trainer's stream holds only the adapter: `adapter` is then its PEFT config (the JSON of
+adapter_config.json), which travels with the tensors so that the receiver applies them to the
+base weights it keeps instead of replacing weights (`adapter.py`).
+
 A stream counts the tensors it produced that are still alive (weak references): `peak_bytes` and
 `peak_tensors` are the most of the gathered weights a push ever held at once.
 """
@@ -14,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
@@ -25,10 +29,12 @@ Spec = tuple[str, tuple[int, ...], torch.dtype]
 
 class TensorStream:
     def __init__(self, specs: Iterable[tuple[str, Sequence[int], torch.dtype]], fetch: Callable[[str], torch.Tensor],
-                 *, track: bool | Callable[[str], bool] = True):
+                 *, track: bool | Callable[[str], bool] = True, adapter: Optional[dict] = None):
         """`fetch(name)`: the tensor (called once per name, in `specs` order); `track`: whether
         (or for which names) the produced tensor is a copy made for the stream, counted while it
-        is alive (not a tensor that lives on anyway: a dict's, or a parameter itself)."""
+        is alive (not a tensor that lives on anyway: a dict's, or a parameter itself); `adapter`:
+        the PEFT config when the tensors are a LoRA adapter (PEFT's names), None for full weights."""
+        self.adapter = adapter
         specs = [(n, tuple(int(s) for s in shape), dt) for n, shape, dt in specs]
         first: dict[torch.dtype, int] = {}
         for _, _, dt in specs:
@@ -40,11 +46,11 @@ class TensorStream:
         self.live_tensors = self.live_bytes = self.peak_tensors = self.peak_bytes = 0
 
     @classmethod
-    def of(cls, named: Iterable[tuple[str, torch.Tensor]]) -> "TensorStream":
+    def of(cls, named: Iterable[tuple[str, torch.Tensor]], adapter: Optional[dict] = None) -> "TensorStream":
         """A stream over tensors already in memory (tied duplicates dropped, as buckets.dedup_tied)."""
         kept = bk.dedup_tied(named)
         table = dict(kept)
-        return cls([(n, tuple(t.shape), t.dtype) for n, t in kept], table.__getitem__, track=False)
+        return cls([(n, tuple(t.shape), t.dtype) for n, t in kept], table.__getitem__, track=False, adapter=adapter)
 
     @property
     def exhausted(self) -> bool:

@@ -8,6 +8,9 @@ are then loaded with the worker's in-place reload path (`reload_weights(weights_
 is_checkpoint_format=True)`): `model.load_weights` is not usable on CPU, where vLLM repacks
 linear weights at load time. With tied embeddings vLLM's CPU path keeps a separately packed copy
 in lm_head, so it is re-processed after every reload.
+With LoRA (`grpojob_receive_adapter`) a push is the adapter alone: every worker receives it (its
+route must be served) and worker 0 writes it as a PEFT adapter directory, which the engine then
+hands to vLLM's LoRA support as a new LoRARequest.
 """
 from __future__ import annotations
 
@@ -32,6 +35,20 @@ class WeightSyncExtension:
         if rx is None or rx.addr != store_addr or rx.instance != instance:
             rx = self._grpojob_receiver = PushReceiver(store_addr, instance, self.device)
         return self._grpojob_reload(rx.receive(cmd, endpoint=int(self.rank)))
+
+    def grpojob_receive_adapter(self, cmd_json: str, store_addr: str, instance: str, path: str) -> dict:
+        from .adapter import save
+        from .receiver import PushReceiver
+        from .stream import TensorStream
+
+        cmd = json.loads(cmd_json)
+        rx = getattr(self, "_grpojob_receiver", None)
+        if rx is None or rx.addr != store_addr or rx.instance != instance:
+            rx = self._grpojob_receiver = PushReceiver(store_addr, instance, self.device)
+        named = rx.receive(cmd, endpoint=int(self.rank))
+        if int(self.rank) == 0:
+            save(path, TensorStream.of(named, adapter=cmd["adapter"]))
+        return {"path": path}
 
     def grpojob_load_dir(self, path: str) -> dict:
         from .files import iter_dir

@@ -166,22 +166,32 @@ def gather_objects(obj: Any, env: DistEnv) -> Optional[list[Any]]:
     return out
 
 
-def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def _options(trainable_only: bool):
+    """trainable_only (LoRA): the adapter and its optimizer state, not the frozen base (which the
+    model directory holds); loading then leaves the base as it is."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False) if trainable_only else None
+
+
+def sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, trainable_only: bool = False) -> dict[str, Any]:
     """This rank's shards of the model and optimizer state ({"model", "optimizer"}), keyed by
     parameter names (the same for any world size and wrapper: DDP's `module.` is dropped), for
     torch.distributed.checkpoint. An optimizer without state gets it first (zero step), so the
     dict is also the skeleton a checkpoint loads into. Collective."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    msd, osd = get_state_dict(model, optimizer)
+    msd, osd = get_state_dict(model, optimizer, options=_options(trainable_only))
     return {"model": msd, "optimizer": osd}
 
 
-def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def load_sharded_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+                       trainable_only: bool = False) -> None:
     """Load a `sharded_state` dict (filled in place by torch.distributed.checkpoint.load). Collective."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                   options=_options(trainable_only))
 
 
 def load_full_state(model: nn.Module, optimizer: Optional[torch.optim.Optimizer], env: DistEnv,

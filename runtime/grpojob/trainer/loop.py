@@ -158,6 +158,7 @@ class Loop:
             wait_seconds=t1 - t0, rollout_idle_fraction=got.idle_fraction, groups_in_flight=got.in_flight,
             groups_resampled=got.resampled, groups_stale=got.stale, sync_seconds=t3 - te,
             generation_paused_seconds=report.paused_seconds if report else None,
+            sync_bytes=report.bytes if report else None, sync_tensors=report.tensors if report else None,
             weight_sync_backend=self.backend, rollouts=rollouts, published=report is not None,
             sample_ids=list(got.sample_ids), groups_from_environments=got.from_environments,
             environments=got.environments, extra={**prep.extra, **extra},

@@ -53,6 +53,8 @@ class StepRecord:
     groups_stale: int = 0
     sync_seconds: float = 0.0
     generation_paused_seconds: Optional[float] = None
+    sync_bytes: Optional[int] = None  # tensor bytes of this step's push (LoRA: the adapter's); None: no push
+    sync_tensors: Optional[int] = None  # tensors in it
     weight_sync_backend: Optional[str] = None
     rollouts: list[dict[str, Any]] = field(default_factory=list)  # replica, version, lag
     published: bool = False

@@ -37,10 +37,13 @@ class RemotePublisher:
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport:
         stats = self.sync.push(named_tensors, version)
         log.info("weights pushed", extra={"version": version, "seconds": round(stats["seconds"], 3),
-                                          "servers": stats["servers"], "backend": stats["backend"]})
+                                          "servers": stats["servers"], "backend": stats["backend"],
+                                          "bytes": stats["bytes"], "tensors": stats["tensors"],
+                                          "adapter": stats["adapter"]})
         return PushReport(version=version, seconds=stats["seconds"], backend=self.sync.backend_in_use(),
                           servers=stats["servers"], paused_seconds=stats.get("paused_seconds"),
-                          dropped=tuple(stats.get("dropped", ())))
+                          dropped=tuple(stats.get("dropped", ())), bytes=stats["bytes"], tensors=stats["tensors"],
+                          adapter=stats["adapter"])
 
     def servers(self) -> list[dict[str, Any]]:
         return [{"replica": s["replica"], "version": s["version"]} for s in self.sync.servers()]

@@ -27,6 +27,7 @@ from ..api import GRPOJob
 from ..auth import Auth
 from ..rollout.manager import Pipeline, RolloutManager, StepGroups
 from ..rollout.types import Completion, Generator, SamplingParams
+from ..sync.stream import TensorStream
 from . import dist
 
 log = logging.getLogger("grpojob.trainer.rollouts")
@@ -43,6 +44,9 @@ class PushReport:
     servers: int = 0
     paused_seconds: Optional[float] = None  # generation stopped for it (longest over servers)
     dropped: tuple[str, ...] = ()
+    bytes: Optional[int] = None  # tensor bytes pushed (LoRA: the adapter's only)
+    tensors: Optional[int] = None  # tensors pushed
+    adapter: bool = False  # a LoRA adapter, not full weights
 
 
 class WeightPublisher(Protocol):
@@ -145,9 +149,15 @@ class EnginePublisher:
 
     def publish(self, named_tensors, version: int) -> PushReport:
         t0 = time.perf_counter()
-        self.engine.load(((n, t.detach()) for n, t in named_tensors), version, f"inprocess-{version}")
+        config = named_tensors.adapter if isinstance(named_tensors, TensorStream) else None  # LoRA: the adapter
+        named = [(n, t.detach()) for n, t in named_tensors]
+        if config is not None:
+            self.engine.load_adapter(named, config, version, f"inprocess-{version}")
+        else:
+            self.engine.load(named, version, f"inprocess-{version}")
         return PushReport(version=version, seconds=time.perf_counter() - t0, backend=self.backend, servers=1,
-                          paused_seconds=self.engine.last_pause_seconds)
+                          paused_seconds=self.engine.last_pause_seconds, tensors=len(named),
+                          bytes=sum(t.numel() * t.element_size() for _, t in named), adapter=config is not None)
 
     def servers(self) -> list[dict[str, Any]]:
         return [{"replica": "in-process", "version": self.engine.version}]

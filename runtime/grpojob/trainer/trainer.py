@@ -36,9 +36,10 @@ from torch.distributed.tensor import DTensor
 from .. import algorithms
 from ..api import GRPOJob
 from ..rollout.types import Group
+from ..sync import adapter
 from ..sync.files import write_safetensors
 from ..sync.stream import TensorStream
-from . import dist
+from . import dist, lora
 from .batch import Prepared, prepare, skips_zero_advantage
 from .logprobs import PolicyLogprobs
 from .packing import MicroBatch, TrainSeq, dummy
@@ -70,9 +71,12 @@ class GRPOTrainer:
         self.model.config.use_cache = False
         if spec.training.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        layers = getattr(self.model.base_model, "layers", None)  # before LoRA wraps the model
+        # spec.model.lora: PEFT injects the adapter into self.model's layers in place; self.model
+        # stays the Hugging Face model, `self.peft` is PEFT's handle on it (trainer.lora).
+        self.peft: Optional[nn.Module] = lora.attach(self.model, spec.model.lora) if spec.model.lora else None
         self.model.train()
         self.strategy = dist.strategy(spec.training.strategy, self.env)
-        layers = getattr(self.model.base_model, "layers", None)
         self.shape: TrainShape = for_device(self.env.device, self.model)  # per-device choices (sizing)
         log.info("trainer shape: %s", self.shape.describe())
         self.policy = dist.wrap(PolicyLogprobs(self.model, self.shape), self.strategy, self.env, list(layers or []))
@@ -113,10 +117,13 @@ class GRPOTrainer:
             raise TrainerError(f"spec.model.path: cannot load a causal LM from '{spec.model.path}': {e}") from e
         return model.to(self.env.device)
 
-    def build_reference(self) -> PolicyLogprobs:
+    def build_reference(self) -> nn.Module:
         """A frozen copy of the initial policy (load_model, eval, no gradients), not wrapped for data
         parallelism: the KL reference when klBeta > 0. A trainer that folds a KL penalty into the
-        reward builds its own with this and scores sequences with token_logprobs."""
+        reward builds its own with this and scores sequences with token_logprobs. With LoRA: the
+        policy itself with its adapter disabled (the base model; no second copy)."""
+        if self.peft is not None:
+            return lora.AdapterOff(self.peft, dist.unwrap(self.policy))
         ref = self.load_model().eval()
         for p in ref.parameters():
             p.requires_grad_(False)
@@ -299,7 +306,10 @@ class GRPOTrainer:
         `dtype` when given): each full tensor is produced only when it is taken, gathered from
         this rank's shard (FSDP2: DTensor.full_tensor()), so no rank holds the whole model.
         Collective: every rank walks it to the end in the same order (rank 0 takes the tensors,
-        the others `drain()`). Tied weights appear once (the first name)."""
+        the others `drain()`). Tied weights appear once (the first name). With LoRA: the adapter
+        alone, under PEFT's names, its config in `stream.adapter` (the base never changes)."""
+        if self.peft is not None:
+            return lora.stream(self.peft, dtype)
         params: dict[str, Tensor] = {}
         seen: set[int] = set()
         for name, t in self.model.state_dict(keep_vars=True).items():
@@ -326,21 +336,25 @@ class GRPOTrainer:
         (torch.distributed.checkpoint.state_dict.get_state_dict: FQN keys that are the same for
         any world size and wrapper, DTensors under FSDP2), what a checkpoint saves with
         torch.distributed.checkpoint and loads in place. Collective."""
-        return dist.sharded_state(self.policy, self.optimizer)
+        return dist.sharded_state(self.policy, self.optimizer, trainable_only=self.peft is not None)
 
     def load_sharded_state(self, state: dict[str, Any]) -> None:
         """Load a `sharded_state()` (filled by torch.distributed.checkpoint.load) into the wrapped
         policy and optimizer. Collective."""
-        dist.load_sharded_state(self.policy, self.optimizer, state)
+        dist.load_sharded_state(self.policy, self.optimizer, state, trainable_only=self.peft is not None)
 
     def export_model(self, path: Optional[Path]) -> None:
         """Write the policy as a Hugging Face model directory (config, tokenizer and one
         model.safetensors, loadable by transformers and vLLM), streamed tensor by tensor from
         `weight_stream()`: no rank holds the whole model. Collective; rank 0 writes (`path` is
-        read there only)."""
+        read there only). With LoRA: the adapter in PEFT's format (adapter_config.json,
+        adapter_model.safetensors) and the tokenizer."""
         stream = self.weight_stream()
         try:
-            if self.env.is_leader and path is not None:
+            if self.env.is_leader and path is not None and stream.adapter is not None:
+                adapter.save(path, stream)
+                self.tokenizer.save_pretrained(path)
+            elif self.env.is_leader and path is not None:
                 path = Path(path)
                 path.mkdir(parents=True, exist_ok=True)
                 self.model.config.save_pretrained(path)
