@@ -5,7 +5,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import StringConstraints, field_validator, model_validator
 
-from . import plugins
+from . import colocation, plugins
 from .base import FreeForm, Model, field, invalid
 from .status import GRPOJobStatus
 from .workload import RESERVED_VOLUME_PREFIX, EnvVar, Resources, Toleration, Volume, WorkloadSpec
@@ -407,6 +407,7 @@ _SOURCES_CEL = [
      "message": "rewards: at least 1 reward is required unless rollout.workflow is none or mode is service"},
     {"rule": f"!({_SERVICE}) || !has(self.environments) || size(self.environments) == 0",
      "message": "environments: mode service runs no training loop for environments to feed"},
+    *colocation.CEL,
 ]
 
 
@@ -442,6 +443,7 @@ class GRPOJobSpec(Model):
         "docs/service.md): the user's own process prepares samples and advantages and drives training "
         "(Tinker-style). dataset, rewards and training.steps are not used then.")
     model: ModelSpec = field(description="The policy model.")
+    placement: colocation.Placement = field(colocation.SEPARATE, description=colocation.DESCRIPTION)
     dataset: Optional[DatasetSpec] = field(None, description="Prompts (and reference answers) of the trainer's "
                                            "own workflow; required unless rollout.workflow is none.")
     rewards: list[RewardSpec] = field(default_factory=list, description="Reward functions, summed with their "
@@ -492,6 +494,9 @@ class GRPOJobSpec(Model):
                              "is in flight when weights are pushed, so there is nothing to resume")
         if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
             raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
+        problem = colocation.first_problem(self)
+        if problem:
+            raise invalid(*problem)
         code_volume = (self.code.volume or {}).get("name")
         for role in ("trainer", "rollout"):
             if code_volume and code_volume in [v.get("name") for v in getattr(self, role).volumes]:
