@@ -480,6 +480,9 @@ class GRPOJobSpec(Model):
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOJobSpec":
         self._sources()
+        problem = colocation.first_problem(self)
+        if problem:
+            raise invalid(*problem)
         t = self.training
         longest = self.max_prompt_length + self.rollout.sampling.max_tokens
         if t.micro_batch_tokens < longest:
@@ -494,9 +497,6 @@ class GRPOJobSpec(Model):
                              "is in flight when weights are pushed, so there is nothing to resume")
         if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
             raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
-        problem = colocation.first_problem(self)
-        if problem:
-            raise invalid(*problem)
         code_volume = (self.code.volume or {}).get("name")
         for role in ("trainer", "rollout"):
             if code_volume and code_volume in [v.get("name") for v in getattr(self, role).volumes]:
