@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..api.colocation import COLOCATED
 from ..api.spec import GRPOJobSpec
 from ..plan import ENV_SYNC_ADDR
 from .rollouts import PushReport
@@ -31,7 +32,8 @@ class RemotePublisher:
         from ..sync import WeightPublisher
 
         self.sync = WeightPublisher(spec.weight_sync, host=host, port=port, device=device, token=token,
-                                    initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir)
+                                    initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir,
+                                    colocated=spec.placement == COLOCATED)
         self.rollout_addresses = self.sync.rollout_addresses
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport:
