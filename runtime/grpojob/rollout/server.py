@@ -19,6 +19,7 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
   server holds a version older than min_version, 503 while the engine loads and once it broke
   (the message is the engine's error).
 - POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
+- POST /sleep, POST /wake_up, POST /memory: turn-taking with a colocated trainer, see turns.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
 from . import engine as engines
 from . import openai_api as oai
+from .turns import Turns
 from .types import SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
@@ -77,6 +79,7 @@ class Server:
         self.started = False
         self.start_error: Optional[str] = None
         self.metrics = prom.build(ROLLOUT, CollectorRegistry())
+        self.turns = Turns(self)  # sleep and wake (spec.placement colocated)
 
     # ---- app ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -87,6 +90,7 @@ class Server:
             web.get("/metrics", self.prometheus), web.get("/info", self.info),
             web.post("/generate", self.generate), web.get("/v1/models", self.models),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
+            *self.turns.routes(),
         ])
         return app
 

