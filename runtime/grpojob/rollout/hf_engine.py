@@ -221,8 +221,7 @@ class HFEngine:
         return None
 
     def _take_turn(self, turn: _Turn) -> None:
-        start = time.perf_counter()
-        sleeping = turn is self._sleep
+        start, sleeping = time.perf_counter(), turn is self._sleep
         if sleeping:
             turn.result = {"freed_bytes": self._decoder.release(), "parked_rows": len(self._decoder.rows)}
             if self.device.type == "cuda":
@@ -241,23 +240,20 @@ class HFEngine:
         asleep: {freed_bytes, parked_rows, seconds, decode_steps}. Level 1 only (weights stay)."""
         if level != 1:
             raise ValueError(f"the hf engine sleeps at level 1 only (it keeps the weights), not {level}")
-        return await self._turn("sleep")
+        return await self._turn(sleep=True)
 
     async def wake(self) -> dict:
         """Give the KV slots back and generate again: {seconds, decode_steps}."""
-        return await self._turn("wake")
+        return await self._turn(sleep=False)
 
-    async def _turn(self, kind: str) -> dict:
+    async def _turn(self, sleep: bool) -> dict:
         turn = _Turn()
         with self._cond:
             if self._error:
                 raise RuntimeError(self._error)
-            if (kind == "sleep") == self.asleep:  # already there
+            if sleep == self.asleep:  # already there
                 return {"seconds": 0.0, "decode_steps": self.decode_steps}
-            if kind == "sleep":
-                self._sleep = turn
-            else:
-                self._wake = turn
+            self._sleep, self._wake = (turn, None) if sleep else (None, turn)
             self._cond.notify_all()
         await asyncio.to_thread(turn.done.wait)
         if self._error:
