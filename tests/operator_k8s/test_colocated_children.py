@@ -83,3 +83,21 @@ def test_colocated_contradictions_are_refused_with_their_field_paths():
     assert "shm on CPU, cuda-ipc on GPU" in errors[0].message
     _, errors = check(job_manifest("j", placement="together"))
     assert errors[0].path == "spec.placement" and "colocated" in errors[0].message
+
+
+def test_a_colocated_pods_engine_container_is_not_the_trainer():
+    """The kubelet's view of a colocated trainer pod: the engine container's restarts and exits are
+    not the trainer's (backoffLimit counts the trainer's), and its engine failure is reported."""
+    from grpojob.api import plugins
+    from grpojob_operator import names as n
+    from grpojob_operator.views import pod_view
+
+    meta = {"name": "j-trainer-0", "namespace": "ml", "labels": {n.LABEL_JOB: "j", n.LABEL_ROLE: "trainer"}}
+    broken = plugins.failure_message(plugins.ENGINE_FAILED, ["rollout server j-trainer-0: CUDA out of memory"])
+    status = {"phase": "Running", "containerStatuses": [
+        {"name": "rollout", "restartCount": 3, "ready": True,
+         "lastState": {"terminated": {"exitCode": 1, "message": broken}}},
+        {"name": "trainer", "restartCount": 0, "ready": True, "lastState": {}}]}
+    _, view = pod_view(meta, status)
+    assert view.restarts == 0 and not view.clean_exit
+    assert view.engine_failure == "rollout server j-trainer-0: CUDA out of memory"
