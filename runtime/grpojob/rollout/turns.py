@@ -29,7 +29,6 @@ class Turns:
     def __init__(self, server):
         self.server = server
         self.memory = StageMemory(torch.device("cpu"))  # this process's host peak per phase
-        self.sleeps = self.wakes = 0
 
     def routes(self) -> list:
         return [web.post("/sleep", self.sleep), web.post("/wake_up", self.wake),
@@ -49,7 +48,13 @@ class Turns:
         return host.get(phase)
 
     async def _body(self, request: web.Request) -> dict:
-        return await request.json() if request.can_read_body else {}
+        try:
+            doc = await request.json() if request.can_read_body else {}
+        except ValueError:
+            raise web.HTTPBadRequest(text="the request body is not JSON") from None
+        if not isinstance(doc, dict):
+            raise web.HTTPBadRequest(text="the request body must be a JSON object")
+        return doc
 
     async def sleep(self, request: web.Request) -> web.Response:
         if (resp := self._refuse()) is not None:
@@ -59,7 +64,6 @@ class Turns:
             result = await self.server.engine.sleep(int(level))
         except ValueError as e:
             return web.json_response({"error": str(e), "replica": self.server.replica}, status=400)
-        self.sleeps += 1
         log.info("engine asleep", extra={"turn": "sleep", "at": time.time(), **_numbers(result)})
         return web.json_response({"replica": self.server.replica, "asleep": True, **result,
                                   "host_peak_bytes": self._peak("generate")})
@@ -68,7 +72,6 @@ class Turns:
         if (resp := self._refuse()) is not None:
             return resp
         result = await self.server.engine.wake()
-        self.wakes += 1
         log.info("engine awake", extra={"turn": "wake", "at": time.time(), **_numbers(result)})
         return web.json_response({"replica": self.server.replica, "asleep": False, **result,
                                   "host_peak_bytes": self._peak("train")})

@@ -173,8 +173,8 @@ class Loop:
         out: dict = {}
         if self.turns is not None:
             try:
-                out = {"sleep": self.turns.sleep, "wake": self.turns.wake}.get(kind, self.turns.mark)(
-                    *(() if kind in ("sleep", "wake") else (kind,)))
+                out = self.turns.sleep() if kind == "sleep" else self.turns.wake() if kind == "wake" else \
+                    self.turns.mark(kind)
             except TurnError as e:  # an engine restarting: it catches up when it registers again
                 log.warning("the colocated engine did not %s: %s", kind, e)
                 out = {"error": str(e)}
