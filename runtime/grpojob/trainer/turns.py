@@ -11,15 +11,12 @@ resident memory in the phase that just ended.
 from __future__ import annotations
 
 import json
-import logging
 import time
 import urllib.error
 import urllib.request
 from typing import Callable, Optional
 
 import torch
-
-log = logging.getLogger("grpojob.trainer.turns")
 
 DESCRIPTION = "colocated (turn-taking)"  # /status placement: generation and training alternate
 
