@@ -41,6 +41,7 @@ def test_every_colocated_refusal_names_its_field():
         "spec.mode": {"mode": "service"},
         "spec.rollout.port": {"rollout": {"port": 29600}},
         "spec.rollout.tensorParallelSize": {"rollout": {"tensorParallelSize": 2}},
+        "spec.rollout.resources": {"rollout": {"resources": {"limits": {"nvidia.com/gpu": 1}}}},
     }
     for path, extra in cases.items():
         _, errors = check({"apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "c"},

@@ -69,6 +69,11 @@ def problems(spec: "GRPOJobSpec") -> list[tuple[str, str]]:
     if spec.rollout.port in taken:
         out.append(("rollout.port", f"{spec.rollout.port} is also {taken[spec.rollout.port]}; placement "
                     "colocated runs both in one pod (one network namespace): pick another port"))
+    devices = sorted({name for part in ("requests", "limits") for name in (spec.rollout.resources.get(part) or {})
+                      if name.endswith("/gpu")})
+    if devices:
+        out.append(("rollout.resources", f"asks for {', '.join(devices)}: a colocated engine shares the trainer "
+                    "pod's devices (spec.trainer.resources); devices asked for here would be other ones"))
     if spec.rollout.tensor_parallel_size > spec.trainer.processes_per_replica:
         out.append(("rollout.tensorParallelSize", f"{spec.rollout.tensor_parallel_size} exceeds "
                     f"trainer.processesPerReplica ({spec.trainer.processes_per_replica}): a colocated engine "
