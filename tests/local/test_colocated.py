@@ -12,7 +12,7 @@ from grpojob.local.progress import read_records
 from .test_run import grpojob_run, processes_of, workdir  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.slow
-STEPS = 60  # as the separate run's learning test (test_run): about 80 s on 2 cores
+STEPS = 60  # as the separate run's learning test (test_run): 40-80 s on 2 shared cores
 
 
 def _turns(log_path) -> list[dict]:
