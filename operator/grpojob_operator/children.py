@@ -2,7 +2,8 @@
 
 Commands, environment and ports come from `grpojob.plan.roles` (the one renderer `grpojob run` uses
 too); this module only decides where those processes run: a trainer StatefulSet behind a headless
-Service, a rollout Deployment behind a Service, a Deployment per environment (spec.environments),
+Service, a rollout Deployment behind a Service (with spec.placement colocated: a second container of
+the trainer pod instead), a Deployment per environment (spec.environments),
 the runtime config in a ConfigMap, the job's NetworkPolicies (`network`), and optional gang
 scheduling and monitoring objects. Every pod mounts the job's Secret (`token_secret`) read-only:
 the token its endpoints require (grpojob.auth). The Secret is not among `build`'s children: its
@@ -20,6 +21,7 @@ from typing import Any, Optional
 
 from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
+from grpojob.api.colocation import COLOCATED
 from grpojob.api.spec import CODE_DIR, EPHEMERAL, GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
@@ -208,7 +210,8 @@ CLAIM_RETENTION = {"whenDeleted": "Delete", "whenScaled": "Retain"}
 
 
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
-                        owner: Optional[dict[str, Any]]) -> Manifest:
+                        owner: Optional[dict[str, Any]], engine: Optional[plan.Role] = None) -> Manifest:
+    """`engine`: the rollout role of placement colocated, a second container of each trainer pod."""
     name, spec = job.metadata.name, job.spec
     w = spec.trainer
     template = checkpoint_claim_template(job)
@@ -226,6 +229,8 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
     })
     pod = pods.pod_spec(w, container, volumes, TRAINER_GRACE_SECONDS, gang.scheduler(job),
                         pods.init_containers(role, container))
+    if engine is not None:
+        pod["containers"].append(colocated_engine(job, engine, image, mounts))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner, gang.workload_labels(job)),
             "spec": {
@@ -237,6 +242,19 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
                 **({"volumeClaimTemplates": [template], "persistentVolumeClaimRetentionPolicy": dict(CLAIM_RETENTION)}
                    if template is not None else {}),
             }}
+
+
+def colocated_engine(job: GRPOJob, role: plan.Role, image: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    """spec.placement colocated: the rollout server as a second container of the trainer pod. It mounts
+    what the trainer mounts (the same emptyDirs: /dev/shm in memory, which the weight push goes
+    through, /tmp, $HOME), takes the image, environment, resources and security context of
+    spec.rollout, and listens on loopback only (the plan): the kubelet cannot probe it, so the
+    trainer's pod reports it through the trainer (an engine that exits is restarted by the kubelet
+    and caught up by the weight-sync store)."""
+    w = job.spec.rollout
+    container = pods.container("rollout", role, w, image, copy.deepcopy(mounts), {})
+    container["ports"] = []  # loopback only: nothing outside the pod reaches it
+    return container
 
 
 def rollout_service(job: GRPOJob, role: plan.Role, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
@@ -310,7 +328,8 @@ def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image:
 
 def volcano_podgroup(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
     name, spec = job.metadata.name, job.spec
-    pg: dict[str, Any] = {"minMember": spec.trainer.replicas + spec.rollout.replicas}
+    rollout_pods = 0 if spec.placement == COLOCATED else spec.rollout.replicas
+    pg: dict[str, Any] = {"minMember": spec.trainer.replicas + rollout_pods}
     if spec.scheduling.queue_name:
         pg["queue"] = spec.scheduling.queue_name
     if spec.trainer.priority_class_name:
@@ -349,17 +368,16 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None, owner: O
     objs = []
     if network.wanted(job):  # before the pods: none runs unguarded
         objs += network_policies(job, {"trainer": trainer, "rollout": rollout}, namespace, owner, cluster)
-    objs += [
-        config_map(job, namespace, owner),
-        trainer_service(job, trainer, namespace, owner),
-        rollout_service(job, rollout, namespace, owner),
-    ]
+    colocated = rollout.pod_of == trainer.name  # spec.placement colocated: no rollout pods of their own
+    objs += [config_map(job, namespace, owner), trainer_service(job, trainer, namespace, owner)]
+    if not colocated:
+        objs.append(rollout_service(job, rollout, namespace, owner))
     if job.spec.scheduling.gang == "volcano":  # before the pods, so none schedules without its group
         objs.append(volcano_podgroup(job, namespace, owner))
-    objs += [
-        trainer_statefulset(job, trainer, namespace, image, scale.trainer, owner),
-        rollout_deployment(job, rollout, namespace, image, scale.rollout, owner),
-    ]
+    objs.append(trainer_statefulset(job, trainer, namespace, image, scale.trainer, owner,
+                                    engine=rollout if colocated else None))
+    if not colocated:
+        objs.append(rollout_deployment(job, rollout, namespace, image, scale.rollout, owner))
     # Environments feed the trainer: they run while it does (suspend and cleanup stop them too).
     objs += [environment_deployment(job, r, namespace, image, r.replicas if scale.trainer else 0, owner)
              for r in environments]

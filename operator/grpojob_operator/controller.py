@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping, Optional
 import kopf
 
 from grpojob.api import API_VERSION, KIND, GRPOJob, GRPOJobStatus, check
+from grpojob.api.colocation import COLOCATED
 from grpojob.plan import ENVIRONMENT_ROLE
 
 from . import changes, children, network
@@ -157,7 +158,9 @@ class Controller:
             reason = "ImmutableFieldChanged"
 
         trainer_pods = sorted((p for p in pods if p.role == "trainer"), key=lambda p: p.name)
-        rollout_pods = [p for p in pods if p.role == "rollout"]
+        # spec.placement colocated: the engine is a container of the trainer pods, ready with them.
+        rollout_pods = trainer_pods if job is not None and job.spec.placement == COLOCATED else \
+            [p for p in pods if p.role == "rollout"]
         environment_pods = [p for p in pods if p.role == ENVIRONMENT_ROLE]
         token, token_error = None, ""
         if job is not None and prev.phase not in ("Succeeded", "Failed"):

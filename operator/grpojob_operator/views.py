@@ -59,8 +59,15 @@ def _first(status: Mapping[str, Any], parse: Callable[[str], Any], init: bool = 
     return next((found for m in _termination_messages(status, init) if (found := parse(m)) is not None), None)
 
 
-def _clean_exit(status: Mapping[str, Any]) -> bool:
-    for cs in status.get("containerStatuses") or []:
+def _own(status: Mapping[str, Any], role: str) -> list[Mapping[str, Any]]:
+    """The statuses of the role's own container (a colocated trainer pod also runs the engine's
+    container, whose restarts and exits are not the trainer's); all of them when none is named so."""
+    every = status.get("containerStatuses") or []
+    return [cs for cs in every if cs.get("name") == role] or every
+
+
+def _clean_exit(status: Mapping[str, Any], role: str) -> bool:
+    for cs in _own(status, role):
         term = (cs.get("lastState") or {}).get("terminated")
         return bool(term) and term.get("exitCode") == 0
     return False
@@ -72,14 +79,15 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tup
     job, role = labels.get(n.LABEL_JOB), labels.get(n.LABEL_ROLE)
     if not job or role not in (*n.ROLES, plan.ENVIRONMENT_ROLE):
         return None
-    restarts = sum(int(cs.get("restartCount") or 0) for cs in status.get("containerStatuses") or [])
+    restarts = sum(int(cs.get("restartCount") or 0) for cs in _own(status, role))
     view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",
                    ready=_ready(status), restarts=restarts, message=_last_exit(status),
-                   deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status),
+                   deleting=bool(meta.get("deletionTimestamp")), clean_exit=_clean_exit(status, role),
                    # a plug-in failure, in any container (init containers first)
                    failure=_first(status, plugins.parse_failure, init=True),
                    completed_step=_first(status, plugins.parse_completion) if role == "trainer" else None,
-                   engine_failure=_first(status, plugins.parse_engine_failure) if role == "rollout" else None)
+                   # a rollout server's, or a colocated engine's in a trainer pod
+                   engine_failure=_first(status, plugins.parse_engine_failure) if role in n.ROLES else None)
     return (meta.get("namespace", ""), job), view
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
+from .api.colocation import COLOCATED
 from .api.plugins import CODE_DIR_ENV
 from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
 from .auth import ENV_METRICS_AUTH, ENV_TOKEN_FILE
@@ -88,6 +89,9 @@ class Role:
     # Run once per replica before `command`, with the same environment (spec.code.pip): an init
     # container in pods, a step before the processes start with `grpojob run`.
     setup: Optional[list[str]] = None
+    # The role whose pods this one's processes join (spec.placement colocated: the rollout server
+    # is a second container of the trainer pod); None: pods of its own.
+    pod_of: Optional[str] = None
 
 
 ENVIRONMENT_ROLE = "environment"  # GRPOJOB_ROLE of every environment process
@@ -191,6 +195,11 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
         setup=setup,
     )
+    if spec.placement == COLOCATED:
+        # In the trainer's pod (one network namespace, one /dev/shm): the trainer reaches its engine on
+        # loopback, and nothing outside the pod does.
+        rollout = replace(rollout, env={**rollout.env, ENV_ADVERTISE_HOST: "127.0.0.1"},
+                          per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, pod_of=trainer.name)
     return [trainer, rollout, *environment_roles(job, where, base, trainer_port, setup)]
 
 

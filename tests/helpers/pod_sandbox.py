@@ -77,9 +77,10 @@ def env_of(container: dict[str, Any], pod_name: str, index: int, overrides: Mapp
 
 def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, config: Mapping[str, str],
            claims: Mapping[str, Path], env: Mapping[str, str],
-           secrets: Optional[Mapping[str, Mapping[str, str]]] = None) -> str:
+           secrets: Optional[Mapping[str, Mapping[str, str]]] = None, volumes_dir: Optional[Path] = None) -> str:
     """The shell script that builds the container's filesystem in a fresh mount namespace and
-    execs its command inside it."""
+    execs its command inside it. `volumes_dir`: where the pod's volumes live (the containers of
+    one pod share them, /dev/shm too); default: the container's own workdir."""
     root, layers = workdir / "root", workdir / "layers"
     lines = ["set -eu", f"mkdir -p {root} {layers}", f"mount -t tmpfs tmpfs {layers}",
              f"mkdir {layers}/upper {layers}/work",
@@ -90,7 +91,7 @@ def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, con
     volumes = {v["name"]: v for v in pod.get("volumes", [])}
     for m in container.get("volumeMounts", []):
         v = volumes[m["name"]]
-        src = workdir / "volumes" / m["name"]
+        src = (volumes_dir or workdir / "volumes") / m["name"]
         read_only = bool(m.get("readOnly"))
         if "emptyDir" in v:
             src.mkdir(parents=True, exist_ok=True)
@@ -157,12 +158,18 @@ def script(pod: dict[str, Any], container: dict[str, Any], workdir: Path, *, con
 
 def start(pod: dict[str, Any], workdir: Path, *, pod_name: str, index: int = 0, config: Mapping[str, str],
           claims: Optional[Mapping[str, Path]] = None, overrides: Optional[Mapping[str, str]] = None,
-          secrets: Optional[Mapping[str, Mapping[str, str]]] = None, log: Path) -> subprocess.Popen:
-    """Start the pod's (only) container; its stdout and stderr go to `log`. `secrets`: Secret name
-    -> its data (key -> text)."""
-    (container,) = pod["containers"]
-    env = env_of(container, pod_name, index, overrides or {}, secrets)
-    text = script(pod, container, workdir, config=config, claims=claims or {}, env=env, secrets=secrets)
+          secrets: Optional[Mapping[str, Mapping[str, str]]] = None, log: Path, container: Optional[str] = None,
+          volumes_dir: Optional[Path] = None) -> subprocess.Popen:
+    """Start the pod's container (`container` names one of several); its stdout and stderr go to
+    `log`. `secrets`: Secret name -> its data (key -> text). The containers of one pod are started
+    one by one with the same `volumes_dir` (their shared volumes) and separate workdirs."""
+    if container is None:
+        (spec,) = pod["containers"]
+    else:
+        (spec,) = [c for c in pod["containers"] if c["name"] == container]
+    env = env_of(spec, pod_name, index, overrides or {}, secrets)
+    text = script(pod, spec, workdir, config=config, claims=claims or {}, env=env, secrets=secrets,
+                  volumes_dir=volumes_dir)
     (workdir / "run.sh").write_text(text)
     with open(log, "wb") as out:
         return subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", str(workdir / "run.sh")],

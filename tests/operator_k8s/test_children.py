@@ -76,6 +76,10 @@ VARIANTS = {
         scheduling={"gang": "kueue", "queueName": "gpu"},
         monitoring={"podMonitor": True}),
     "volcano": job_manifest("j", scheduling={"gang": "volcano", "queueName": "q"}),
+    # spec.placement colocated: the engine is a second container of the one trainer pod
+    "colocated": job_manifest("j", placement="colocated", trainer={"replicas": 1},
+                              rollout={"replicas": 1, "backend": "vllm", "resources": {"requests": {"cpu": "2"}}},
+                              scheduling={"gang": "volcano", "queueName": "q"}),
 }
 
 

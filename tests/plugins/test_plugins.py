@@ -53,6 +53,16 @@ def code(tmp_path, monkeypatch):
 
         class GlooOnly(NoSync):
             weight_sync = ("auto", "gloo")
+
+        class Sleeps(NoSync):
+            weight_sync = ("auto", "shm")
+            sleep_mode = True
+            async def sleep(self, level): ...
+            async def wake(self): ...
+
+        class SaysItSleeps(NoSync):
+            weight_sync = ("auto", "shm")
+            sleep_mode = True
     '''))
     monkeypatch.setenv(plugins.CODE_DIR_ENV, str(tmp_path))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -122,6 +132,23 @@ def test_an_engine_declares_the_weight_sync_it_receives(code):
         spec = job(rollout={"backend": "engines:GlooOnly"}, weightSync={"backend": "shm"}).spec
         engine.build("engines:GlooOnly", spec)
     assert engine.weight_sync("hf") == ("auto", "cuda-ipc", "shm", "gloo", "checkpoint")
+
+
+def test_a_colocated_engine_must_declare_sleep_mode(code):
+    """spec.placement colocated puts the engine to sleep while the trainer trains."""
+    colocated = dict(placement="colocated", trainer={"replicas": 1}, rollout={"replicas": 1})
+    assert check_plugins(job(**{**colocated, "rollout": {"replicas": 1, "backend": "engines:Sleeps"}})) == []
+    errors = check_plugins(job(**{**colocated, "rollout": {"replicas": 1, "backend": "engines:GlooOnly"}}))
+    assert [(e.path, e.message) for e in errors] == [("spec.rollout.backend", "'engines:GlooOnly' has no sleep mode "
+                                                      "(sleep_mode = True, async sleep and wake), which "
+                                                      "spec.placement colocated needs")]
+    errors = check_plugins(job(rollout={"backend": "engines:SaysItSleeps"}))
+    assert "declares sleep_mode, and must define sleep and wake" in errors[0].message
+    from grpojob.rollout import engine
+
+    with pytest.raises(ValueError, match="spec.rollout.backend: the engine engines:GlooOnly has no sleep mode"):
+        engine.build("engines:GlooOnly", job(**{**colocated, "rollout": {"replicas": 1,
+                                                                        "backend": "engines:GlooOnly"}}).spec)
 
 
 def test_grpojob_validate_imports_every_plugin_and_names_the_field(code, tmp_path, capsys):

@@ -131,6 +131,21 @@ def test_bad_requests_name_the_field(synced):
     assert status == 409 and body["policy_version"] == version
 
 
+def test_sleep_and_wake_over_http_report_the_engines_numbers(synced):
+    """The turn-taking endpoints (spec.placement colocated), with the job's token like the rest."""
+    srv = synced["srv"]
+    assert http(srv.url + "/sleep", {"level": 1}, token=None)[0] == 401
+    status, body = http(srv.url + "/sleep", {"level": 2})
+    assert status == 400 and "level 1 only" in body["error"]
+    status, slept = http(srv.url + "/sleep", {"level": 1})
+    assert status == 200 and slept["asleep"] and slept["freed_bytes"] > 0 and slept["host_peak_bytes"] > 0
+    status, woke = http(srv.url + "/wake_up", {})
+    assert status == 200 and not woke["asleep"] and woke["decode_steps"] == slept["decode_steps"]
+    status, marked = http(srv.url + "/memory", {"phase": "sync"})
+    assert status == 200 and marked["host_peak_bytes"] > 0
+    assert srv.generate([5, 6, 7], temperature=0, max_tokens=3)["completions"]  # generating again
+
+
 def test_generate_without_sampling_takes_the_jobs_rollout_sampling(synced):
     """No `sampling` in the request: the job's rollout.sampling (maxTokens 12 here), not the request
     model's defaults (256 tokens, more than this 128-token context holds)."""

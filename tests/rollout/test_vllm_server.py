@@ -114,6 +114,27 @@ def test_openai_chat_and_completions(vllm_server, tied_tokenizer):
     assert status == 400 and "echo" in body["error"]["message"]
 
 
+def test_sleep_holds_generation_until_wake(vllm_server, tied_tokenizer):
+    """Turn-taking (spec.placement colocated): asleep, the server answers no generation (on CPU vLLM
+    has no sleep mode: it pauses, keeping requests); after wake the request gets the same tokens."""
+    import threading
+
+    srv = vllm_server["srv"]
+    p = tied_tokenizer.encode(PROMPTS[0])
+    before = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)["completions"][0]["completion_ids"]
+    status, slept = http(srv.url + "/sleep", {"level": 1})
+    assert status == 200 and slept["asleep"] is True and slept["slept"] is False  # paused, not asleep, on CPU
+    done: list = []
+    waiter = threading.Thread(target=lambda: done.append(srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)))
+    waiter.start()
+    waiter.join(1.0)
+    assert not done  # held while asleep
+    status, woke = http(srv.url + "/wake_up", {})
+    assert status == 200 and woke["asleep"] is False
+    waiter.join(60)
+    assert done and done[0]["completions"][0]["completion_ids"] == before
+
+
 def test_a_restarted_trainer_gets_the_model_directory_back(vllm_server, tied_tokenizer):
     """The trainer restarts without a checkpoint: version 0 is the model directory again, so the
     server (holding a pushed version) reloads it through its workers before it is ready."""

@@ -10,8 +10,8 @@ import pytest
 
 from grpojob.sync.credentials import Credentials
 from grpojob.sync.membership import Membership, Refused, Registration
-from grpojob.sync.placement import (Endpoint, PlacementError, check_local_run, local, remove_probe, route,
-                                    shares_memory, write_probe)
+from grpojob.sync.placement import (Endpoint, PlacementError, check_local_run, colocated_route, local, remove_probe,
+                                    route, shares_memory, write_probe)
 
 from ..rollout.harness import REPO
 
@@ -56,6 +56,25 @@ def test_impossible_explicit_choices_are_refused_with_the_reason(backend, traine
 ])
 def test_possible_explicit_choices_are_kept(backend, trainer, server, shared):
     assert route(backend, trainer, server, shared) == backend
+
+
+@pytest.mark.parametrize("backend, trainer, server, path", [
+    ("auto", CPU, CPU, "shm"), ("auto", GPU_A, GPU_A, "cuda-ipc"), ("auto", GPU_A, CPU, "shm"),
+    ("shm", GPU_A, GPU_A, "shm"), ("cuda-ipc", GPU_A, GPU_A, "cuda-ipc"),
+])
+def test_colocated_pushes_go_through_memory(backend, trainer, server, path):
+    """spec.placement colocated: auto is shared memory on the CPU, CUDA IPC on the trainer's GPU."""
+    assert colocated_route(backend, trainer, server, True) == path
+
+
+@pytest.mark.parametrize("backend, shared, message", [
+    ("auto", False, "placement colocated needs the engine in the trainer's pod"),
+    ("gloo", True, "gloo copies the weights over the network"), ("nccl", True, "nccl copies the weights"),
+    ("checkpoint", True, "checkpoint copies the weights over the network or through files"),
+])
+def test_colocated_refuses_network_paths(backend, shared, message):
+    with pytest.raises(PlacementError, match=message):
+        colocated_route(backend, CPU, CPU, shared)
 
 
 def test_endpoints_travel_as_json_and_bad_ones_are_named():

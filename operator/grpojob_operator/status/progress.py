@@ -23,7 +23,7 @@ def progress(prev: Progress, t: Optional[TrainerStatus], job: GRPOJob) -> Progre
     return Progress(step=t.step, total_steps=total, policy_version=t.policy_version, reward_mean=t.reward_mean,
                     kl=t.kl, tokens_per_second=t.tokens_per_second, last_checkpoint_step=t.last_checkpoint_step,
                     weights_in_sync=t.weights_in_sync, rollouts=[r.model_copy() for r in t.rollouts],
-                    weight_sync_backend=t.weight_sync_backend,
+                    weight_sync_backend=t.weight_sync_backend, placement=t.placement,
                     # a restarted trainer has not evaluated yet: the last evaluation stays
                     evaluation=t.evaluation.model_copy() if t.evaluation is not None else prev.evaluation)
 

@@ -5,7 +5,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import StringConstraints, field_validator, model_validator
 
-from . import plugins
+from . import colocation, plugins
 from .base import FreeForm, Model, field, invalid
 from .data import DatasetSpec, EvaluationSpec, SamplingSpec
 from .lora import LoraSpec
@@ -362,6 +362,7 @@ _SOURCES_CEL = [
      "message": "environments: mode service runs no training loop for environments to feed"},
     {"rule": "!has(self.evaluation) || (has(self.rewards) && size(self.rewards) > 0)",
      "message": "rewards: evaluation scores its completions with spec.rewards: at least 1 reward is required"},
+    *colocation.CEL,
 ]
 
 
@@ -397,6 +398,7 @@ class GRPOJobSpec(Model):
         "docs/service.md): the user's own process prepares samples and advantages and drives training "
         "(Tinker-style). dataset, rewards and training.steps are not used then.")
     model: ModelSpec = field(description="The policy model.")
+    placement: colocation.Placement = field(colocation.SEPARATE, description=colocation.DESCRIPTION)
     dataset: Optional[DatasetSpec] = field(None, description="Prompts (and reference answers) of the trainer's "
                                            "own workflow; required unless rollout.workflow is none.")
     rewards: list[RewardSpec] = field(default_factory=list, description="Reward functions, summed with their "
@@ -451,6 +453,9 @@ class GRPOJobSpec(Model):
     def _consistent(self) -> "GRPOJobSpec":
         self._sources()
         self._evaluation()
+        problem = colocation.first_problem(self)
+        if problem:
+            raise invalid(*problem)
         t = self.training
         longest = self.max_prompt_length + self.rollout.sampling.max_tokens
         if t.micro_batch_tokens < longest:

@@ -60,6 +60,8 @@ class Progress(Model):
     weight_sync_backend: Optional[str] = field(None, description="Weight-sync path in use (nccl, cuda-ipc, "
                                                "gloo, checkpoint).")
     evaluation: Optional[EvaluationStatus] = field(None, description="The last evaluation (spec.evaluation).")
+    placement: Optional[str] = field(None, description="separate, or colocated (turn-taking): generation and "
+                                     "training alternate on the device (docs/colocated.md).")
 
 
 class ReplicaStatus(Model):
@@ -118,6 +120,8 @@ class TrainerStatus(Model):
     weights_in_sync: Optional[bool] = field(None, description="Every rollout serves policyVersion.")
     rollouts: list[RolloutLag] = field(default_factory=list, description="Policy lag of each rollout server.")
     weight_sync_backend: Optional[str] = field(None, description="Weight-sync path in use.")
+    placement: Optional[str] = field(None, description="separate, or colocated (turn-taking): the engine "
+                                     "sleeps while the trainer trains, nothing overlaps on the device.")
     stage_memory: dict[str, StageMemory] = field(
         default_factory=dict, description="Peak memory per stage of the last step (generate, train, sync, "
         "checkpoint), rank 0's process.")

@@ -9,6 +9,7 @@ from pydantic import ValidationError
 
 from . import k8s, plugins
 from .base import FIELD_ERROR
+from .colocation import COLOCATED
 from .spec import EPHEMERAL, GRPOJob
 
 
@@ -138,6 +139,9 @@ def check_plugins(job: GRPOJob) -> list[FieldError]:
             errors.append(FieldError(path, f"'{name}' {why}"))
         elif kind == "engine":
             errors += _engine_sync(job, obj)
+            if job.spec.placement == COLOCATED and getattr(obj, "sleep_mode", False) is not True:
+                errors.append(FieldError(path, f"'{name}' has no sleep mode (sleep_mode = True, async sleep and "
+                                         "wake), which spec.placement colocated needs"))
     return errors
 
 

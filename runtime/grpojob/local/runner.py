@@ -336,9 +336,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         job, run_dir = prepare(args.file, args.set, args.run_dir, args.backend, out)
         done = len(read_records(run_dir / "metrics.jsonl"))
-        print(f"grpojob run: {job.metadata.name} in {run_dir} ({job.spec.rollout.replicas} x "
-              f"{job.spec.rollout.backend} rollout, trainer {job.spec.trainer.replicas} x "
-              f"{job.spec.trainer.processes_per_replica}"
+        t = job.spec.trainer
+        where = f"{job.spec.rollout.replicas} x {job.spec.rollout.backend} rollout, trainer {t.replicas} x " \
+            f"{t.processes_per_replica}" if job.spec.placement == "separate" else \
+            f"{job.spec.rollout.backend} engine colocated with trainer {t.replicas} x {t.processes_per_replica}, taking turns"
+        print(f"grpojob run: {job.metadata.name} in {run_dir} ({where}"
               + "".join(f", environment {e.name} x {e.replicas}" for e in job.spec.environments) + ")"
               + (f", resuming after step {done}" if done else ""),
               file=out)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from ..api import plugins
+from ..api.colocation import COLOCATED
 from ..api.spec import GRPOJobSpec
 from .types import Completion, SamplingParams
 
@@ -90,6 +91,17 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
+    # Sleep mode (spec.placement colocated), for an engine class that declares `sleep_mode = True`:
+    async def sleep(self, level: int) -> dict:
+        """Stop generating (requests that come meanwhile wait; those in flight may be kept) and give
+        the device back (level 1: keep the weights, free the KV cache); return once asleep, with
+        numbers for the trainer's step record (seconds, freed_bytes, decode_steps: any of them)."""
+        ...
+
+    async def wake(self) -> dict:
+        """Take the device back and generate again; the same kind of numbers."""
+        ...
+
 
 @dataclass(frozen=True)
 class Builtin:
@@ -122,7 +134,14 @@ def check_class(cls) -> Optional[str]:
         return f"must declare weight_sync, a tuple of the weightSync.backend values it receives ({', '.join(ALL_SYNC)})"
     if not isinstance(getattr(cls, "backend", None), str):
         return "must declare backend, its name (a str class attribute)"
+    if sleeps(cls) and not all(inspect.iscoroutinefunction(getattr(cls, m, None)) for m in ("sleep", "wake")):
+        return "declares sleep_mode, and must define sleep and wake with `async def`"
     return None
+
+
+def sleeps(cls) -> bool:
+    """The engine class declares sleep mode (`sleep_mode = True`): it can be colocated."""
+    return getattr(cls, "sleep_mode", False) is True
 
 
 def engine_class(backend: str):
@@ -155,6 +174,9 @@ def build(backend: str, spec: GRPOJobSpec) -> Engine:
     if err:
         raise ValueError(f"spec.rollout.backend: {err}")
     cls = engine_class(backend)
+    if spec.placement == COLOCATED and not sleeps(cls):
+        raise ValueError(f"spec.rollout.backend: the engine {backend} has no sleep mode (sleep_mode = True, "
+                         "async sleep and wake), which placement colocated needs")
     if backend not in BUILTINS and spec.weight_sync.backend not in cls.weight_sync:
         raise ValueError(f"spec.weightSync.backend: {spec.weight_sync.backend}: the engine {backend} receives "
                          f"{', '.join(cls.weight_sync)} (its weight_sync)")

@@ -19,6 +19,12 @@ LoRA (spec.model.lora): a push carries only the adapter (`load_adapter`). The en
 of the base weight of every adapted layer (taken before its first merge) and swaps in
 W_base + scale * B @ A (grpojob.sync.adapter.merged), computed on the caller's thread; layers
 an earlier adapter touched and this one does not go back to their base.
+
+Sleep (spec.placement colocated: the trainer trains on the same device meanwhile): `sleep` returns
+once the scheduler stopped at a decode-step boundary and freed the KV slots; nothing is admitted
+or decoded until `wake`, which gives the slots back (rows in flight get their KV recomputed and go
+on). Requests that arrive meanwhile wait in the queue; weight swaps still land (the weights stay:
+level 1, the only level here).
 """
 from __future__ import annotations
 
@@ -69,8 +75,15 @@ class _Swap:
     error: Optional[BaseException] = None
 
 
+@dataclass
+class _Turn:
+    done: threading.Event = field(default_factory=threading.Event)
+    result: dict = field(default_factory=dict)
+
+
 class HFEngine:
     backend = "hf"
+    sleep_mode = True  # sleep/wake (grpojob.rollout.engine.Engine): spec.placement colocated
     last_pause_seconds: Optional[float] = None  # generation stopped by the last weight load
 
     def __init__(self, spec: GRPOJobSpec, *, device: Optional[str] = None, max_batch: int = 256):
@@ -93,6 +106,10 @@ class HFEngine:
         self._receiver = None
         self._error: Optional[str] = None
         self._base: dict[str, torch.Tensor] = {}  # LoRA: base weights of the adapted layers
+        self.decode_steps = 0  # decode steps run so far (a sleeping engine runs none)
+        self._sleep: Optional[_Turn] = None  # asked to sleep, answered once asleep
+        self._wake: Optional[_Turn] = None
+        self.asleep = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -167,12 +184,18 @@ class HFEngine:
         try:
             while True:
                 with self._cond:
-                    while not (self._closed or self._swaps or self._admissible() or self._decoder.rows):
+                    while not (self._closed or self._swap_due() or self._turn_due() or
+                               (not self.asleep and (self._admissible() or self._decoder.rows))):
                         self._cond.wait()
                     if self._closed:
                         return
+                    turn = self._turn_due()
+                if turn is not None:
+                    self._take_turn(turn)
+                    continue
+                with self._cond:
                     swaps = list(self._swaps) if self._swaps and (self.partial or not self._decoder.rows) else []
-                    admit = self._take() if not self._swaps else []
+                    admit = self._take() if not (self._swaps or self.asleep) else []
                 if swaps:
                     self._swap(swaps)
                     continue
@@ -181,13 +204,75 @@ class HFEngine:
                     self._admitting = admit
                     self._admit(admit)
                     self._admitting = []
+                if self.asleep:  # a swap woke the loop: no decoding until wake
+                    continue
                 self._finish(self._decoder.step(self.version))
+                self.decode_steps += 1
         except Exception as e:  # the model broke: every caller hears it, the server reports it
             log.exception("hf engine: the scheduler failed")
             self._fail(f"hf engine failed: {type(e).__name__}: {e}")
 
+    def _swap_due(self) -> bool:
+        """A swap can land now: not while rows it must wait for are parked by a sleep."""
+        return bool(self._swaps) and not (self.asleep and self._decoder.rows and not self.partial)
+
     def _admissible(self) -> bool:
-        return bool(self._queue) and not self._swaps and self._decoder.free > 0
+        return bool(self._queue) and not self._swaps and not self.asleep and self._decoder.free > 0
+
+    # ---- sleep and wake (the scheduler thread applies them between decode steps) ----------------
+    def _turn_due(self) -> Optional[_Turn]:
+        if self._sleep is not None and not self.asleep:
+            return self._sleep
+        if self._wake is not None and self.asleep:
+            return self._wake
+        return None
+
+    def _take_turn(self, turn: _Turn) -> None:
+        start, sleeping = time.perf_counter(), turn is self._sleep
+        if sleeping:
+            turn.result = {"freed_bytes": self._decoder.release(), "parked_rows": len(self._decoder.rows)}
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()  # the freed slots go back to the device, not to torch's cache
+        else:
+            self._decoder.restore()
+        turn.result.update(seconds=time.perf_counter() - start, decode_steps=self.decode_steps)
+        with self._cond:
+            self.asleep = sleeping
+            self._sleep = self._wake = None
+            self._cond.notify_all()
+        turn.done.set()
+
+    async def sleep(self, level: int = 1) -> dict:
+        """Stop generating at the next decode-step boundary and free the KV slots; returns once
+        asleep: {freed_bytes, parked_rows, seconds, decode_steps}. Level 1 only (weights stay)."""
+        if level != 1:
+            raise ValueError(f"the hf engine sleeps at level 1 only (it keeps the weights), not {level}")
+        return await self._turn(sleep=True)
+
+    async def wake(self) -> dict:
+        """Give the KV slots back and generate again: {seconds, decode_steps}."""
+        return await self._turn(sleep=False)
+
+    async def _turn(self, sleep: bool) -> dict:
+        turn = _Turn()
+        with self._cond:
+            if self._error:
+                raise RuntimeError(self._error)
+            if sleep == self.asleep:  # already there
+                return {"seconds": 0.0, "decode_steps": self.decode_steps}
+            self._sleep, self._wake = (turn, None) if sleep else (None, turn)
+            self._cond.notify_all()
+        await asyncio.to_thread(turn.done.wait)
+        if self._error:
+            raise RuntimeError(self._error)
+        return turn.result
+
+    def _release_turns(self) -> None:
+        """A sleep or wake waiting for a scheduler that stopped: answer it (the caller sees why)."""
+        for turn in (self._sleep, self._wake):
+            if turn is not None:
+                turn.done.set()
+        self._sleep = self._wake = None
 
     def _take(self) -> list[list[Row]]:
         """Rows to admit now, grouped by request (one prefill per group), within the free slots."""
@@ -236,8 +321,8 @@ class HFEngine:
                 self.version, self.weights = s.version, s.weights
             except Exception as e:  # noqa: BLE001 - the loader hears it
                 s.error = e
-        if self._decoder.rows:  # partial rollouts: the rows in flight go on with the new weights
-            self._decoder.recompute()
+        if self._decoder.rows and not self.asleep:  # partial rollouts: the rows in flight go on with the
+            self._decoder.recompute()  # new weights (asleep: their KV is rebuilt at wake)
         self.last_pause_seconds = time.perf_counter() - start
         with self._cond:
             for s in swaps:
@@ -254,6 +339,7 @@ class HFEngine:
             for s in self._swaps:
                 s.error = RuntimeError(why)
                 s.applied.set()
+            self._release_turns()
         for req in {id(r): r for r in pending}.values():
             self._resolve(req, error=RuntimeError(why))
 
@@ -342,6 +428,7 @@ class HFEngine:
                 s.error = RuntimeError(why)
                 s.applied.set()
             self._swaps = []
+            self._release_turns()
         for req in {id(r): r for r in pending}.values():
             self._resolve(req, error=RuntimeError(why))
 

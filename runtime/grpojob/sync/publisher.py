@@ -62,14 +62,16 @@ log = logging.getLogger("grpojob.sync")
 class WeightPublisher:
     def __init__(self, sync: WeightSyncSpec, *, token: str, host: str = "0.0.0.0", port: int = SYNC_STORE_PORT,
                  device: Optional[torch.device | str] = None, initial_version: Optional[int] = 0,
-                 checkpoint_dir: Optional[str] = None, heartbeat_timeout: float = 10.0):
+                 checkpoint_dir: Optional[str] = None, heartbeat_timeout: float = 10.0, colocated: bool = False):
         """`token`: the job's token (grpojob.auth), which the rollout servers prove they hold;
+        `colocated`: spec.placement colocated (routes by `placement.colocated_route`: no network copy);
         `device`: where the trainer's weights live (default: `grpojob.devices.default()`);
         `checkpoint_dir`: the directory shared with the rollout servers (backend checkpoint)."""
         if device is None:
             from .. import devices
             device = devices.default()
         self.sync = sync
+        self.colocated = colocated
         self.device = torch.device(device)
         self.endpoint = placement.local(self.device)
         placement.check_trainer(sync.backend, self.endpoint)
@@ -172,7 +174,8 @@ class WeightPublisher:
 
     # ---- internals ----------------------------------------------------------------------------
     def _route(self, endpoint: placement.Endpoint, shares_memory: bool) -> str:
-        return placement.route(self.sync.backend, self.endpoint, endpoint, shares_memory)
+        choose = placement.colocated_route if self.colocated else placement.route
+        return choose(self.sync.backend, self.endpoint, endpoint, shares_memory)
 
     def _set_current(self, version: int, wid: str) -> None:
         self._current = {"version": version, "weights": wid}

@@ -103,7 +103,8 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
         run_path = Path(run_dir) if run_dir else None
         callbacks = Callbacks.build(job, run_path) if env.is_leader else None
         loop = Loop(trainer, side.source, side.publisher, checkpoints, run_dir=run_path,
-                    board=board, on_step=on_step, suspend=suspend, callbacks=callbacks, evaluation=side.evaluation)
+                    board=board, on_step=on_step, suspend=suspend, callbacks=callbacks, evaluation=side.evaluation,
+                    turns=side.turns)
     except BaseException:
         side.close()
         raise

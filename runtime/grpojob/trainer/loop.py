@@ -1,7 +1,9 @@
 """The training loop: a short loop over explicit components.
 
     groups  = source.next_step()                 # GroupSource: rank 0's manager, shared out
+    turns.sleep()                                # placement colocated: the engine gives the device back
     update  = trainer.step_training(groups)      # GRPOTrainer: advantages, packed updates
+    turns.wake()                                 # ... and takes it again, before the push
     report  = publisher.publish(stream, v)       # every weightSync.everySteps steps: rank 0 pushes the
                                                  # weights as every rank gathers them, tensor by tensor
     evaluation.start(step, v) ... .finish()      # spec.evaluation: after a push, done before the next
@@ -35,11 +37,13 @@ from ..evaluation import EvalRecord
 from ..rollout.engine import torch_dtype_name
 from . import dist
 from .callbacks import Callbacks
+from ..api.colocation import COLOCATED
 from .memory import StageMemory
 from .record import StepRecord
 from .rollouts import GroupSource, PushReport, WeightPublisher
 from .server import StatusBoard
 from .trainer import GRPOTrainer
+from .turns import DESCRIPTION as TURN_TAKING, EngineTurns, TurnError
 
 log = logging.getLogger("grpojob.trainer")
 
@@ -52,7 +56,9 @@ class Loop:
                  checkpoints: CheckpointManager, *, run_dir: Optional[Path] = None,
                  board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
                  suspend: Optional[threading.Event] = None, callbacks: Optional[Callbacks] = None,
-                 evaluation=None):
+                 evaluation=None, turns: Optional[EngineTurns] = None):
+        """`turns`: rank 0's way to put a colocated engine to sleep and wake it (spec.placement
+        colocated; None elsewhere: the other ranks only wait for it at each step's sleep)."""
         self.trainer, self.source, self.publisher, self.checkpoints = trainer, source, publisher, checkpoints
         self.callbacks = callbacks or Callbacks([])  # rank 0's trackers and user callbacks
         self.spec, self.env = trainer.spec, trainer.env
@@ -64,6 +70,9 @@ class Loop:
         # rank 0's grpojob.evaluation.evaluator.Evaluation (spec.evaluation; None elsewhere), and a
         # finished evaluation waiting to be reported before the next step's record
         self.evaluation, self._evaluated = evaluation, None
+        self.turns = turns
+        self.colocated = self.spec.placement == COLOCATED
+        self.placement = TURN_TAKING if self.colocated else "separate"
 
     def request_suspend(self) -> None:
         """Finish the current step, checkpoint, stop."""
@@ -77,7 +86,7 @@ class Loop:
     def run(self) -> str:
         """Train to training.steps, or until suspended. Returns the final phase."""
         tr, total = self.trainer, self.spec.training.steps
-        self._status(phase="starting", step=tr.step, policy_version=tr.version,
+        self._status(phase="starting", step=tr.step, policy_version=tr.version, placement=self.placement,
                      last_checkpoint_step=self.checkpoints.last_step)
         if tr.version > 0:  # resumed: the rollouts must serve the resumed policy first
             self.publish()
@@ -125,10 +134,12 @@ class Loop:
             return None
         t1 = time.perf_counter()
         self.memory.mark("generate")
+        turns = {"sleep": self._turn("sleep")}  # colocated: nothing generates while the step trains
         prep, stats = tr.step_training(got.groups)
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
         self.memory.mark("train")
+        turns["wake"] = self._turn("wake")
         self._finish_evaluation()  # started after the previous push: it ends before the next one
         te = time.perf_counter()
         report = None
@@ -140,6 +151,7 @@ class Loop:
             self._start_evaluation()
         t3 = time.perf_counter()
         self.memory.mark("sync")
+        turns["sync"] = self._turn("sync")
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")
             self.checkpoint()
@@ -166,7 +178,25 @@ class Loop:
                            "train": round(t2 - t1, 6), "sync": round(t3 - te, 6), "checkpoint": round(t4 - t3, 6),
                            # the wait for the evaluation (spec.evaluation) before this step's push
                            **({"evaluate": round(te - t2, 6)} if spec.evaluation is not None else {})},
-            stage_host_peak_bytes=host_peaks, stage_device_peak_bytes=device_peaks, step_seconds=seconds)
+            stage_host_peak_bytes=host_peaks, stage_device_peak_bytes=device_peaks, step_seconds=seconds,
+            placement=self.placement, **_turn_fields(turns))
+
+    def _turn(self, kind: str) -> dict:
+        """placement colocated: rank 0 puts the engine to sleep (every rank waits until it is
+        asleep), wakes it, or reads its memory peak after the push ("sync"); {} elsewhere."""
+        if not self.colocated:
+            return {}
+        out: dict = {}
+        if self.turns is not None:
+            try:
+                out = self.turns.sleep() if kind == "sleep" else self.turns.wake() if kind == "wake" else \
+                    self.turns.mark(kind)
+            except TurnError as e:  # an engine restarting: it catches up when it registers again
+                log.warning("the colocated engine did not %s: %s", kind, e)
+                out = {"error": str(e)}
+        if kind == "sleep" and self.env.world > 1:  # no rank trains before the engine is asleep
+            dist.all_max(torch.zeros(1), self.env)
+        return out
 
     def _rollouts(self) -> list[dict]:
         """Every rollout server's version and lag behind the trainer (rank 0; [] elsewhere)."""
@@ -236,6 +266,10 @@ class Loop:
         log.info("step %d/%d reward %.3f loss %.4f %.0f tok/s wait %.2fs", record.step, self.spec.training.steps,
                  record.reward_mean or 0.0, record.loss, record.tokens_per_second or 0.0, record.wait_seconds,
                  extra={"record": doc})
+        log.info("step %d peak memory (MiB): %s", record.step, memory_line(record),
+                 extra={"memory": {"placement": record.placement, "trainer_host": record.stage_host_peak_bytes,
+                                   "trainer_device": record.stage_device_peak_bytes,
+                                   "engine_host": record.engine_host_peak_bytes}})
         self.callbacks.on_step_end(record)
         if self.on_step is not None:
             self.on_step(record)
@@ -287,6 +321,37 @@ class Loop:
         tensor; rank 0 writes)."""
         if self.run_dir is not None:  # the same on every rank
             self.trainer.export_model(self.run_dir / FINAL_MODEL_DIR)
+
+
+PEAK_KEY = "host_peak_bytes"  # the engine's peak in the phase a turn ended (grpojob.rollout.turns)
+TURN_PHASE = {"sleep": "generate", "wake": "train", "sync": "sync"}
+
+
+def _turn_fields(turns: dict[str, dict]) -> dict:
+    """The step record's turns and engine peaks from the three turns' replies ({} when separate)."""
+    if not any(turns.values()):
+        return {}
+    peaks = {TURN_PHASE[k]: int(v[PEAK_KEY]) for k, v in turns.items() if v.get(PEAK_KEY) is not None}
+    return {"turns": {k: {n: x for n, x in v.items() if n != PEAK_KEY} for k, v in turns.items()},
+            "engine_host_peak_bytes": peaks}
+
+
+def _mib(value: Optional[int]) -> str:
+    return "-" if value is None else f"{value / 2**20:.0f}"
+
+
+def memory_line(record: StepRecord) -> str:
+    """Peak memory per phase in MiB: the trainer (rank 0: host, and device on CUDA) and a colocated
+    engine's process (host)."""
+    parts = []
+    for phase in ("generate", "train", "sync"):
+        text = f"{phase} trainer {_mib(record.stage_host_peak_bytes.get(phase))}"
+        if record.stage_device_peak_bytes:
+            text += f" (device {_mib(record.stage_device_peak_bytes.get(phase))})"
+        if record.engine_host_peak_bytes:
+            text += f" engine {_mib(record.engine_host_peak_bytes.get(phase))}"
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def _in_sync(rollouts: list[dict]) -> Optional[bool]:

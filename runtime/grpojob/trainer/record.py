@@ -69,6 +69,13 @@ class StepRecord:
     stage_host_peak_bytes: dict[str, int] = field(default_factory=dict)
     stage_device_peak_bytes: dict[str, int] = field(default_factory=dict)
     step_seconds: float = 0.0
+    # spec.placement: "separate", or "colocated (turn-taking)": the engine slept while the step
+    # trained. turns: {sleep|wake|sync: the engine's numbers} (seconds, decode_steps, freed_bytes,
+    # device_used_bytes on CUDA); engine_host_peak_bytes: the engine process's peak resident memory
+    # per phase (generate: until it slept, train: while asleep, sync: from wake through the push)
+    placement: str = "separate"
+    turns: dict[str, dict[str, Any]] = field(default_factory=dict)
+    engine_host_peak_bytes: dict[str, int] = field(default_factory=dict)
     time: float = field(default_factory=time.time)
     extra: dict[str, float] = field(default_factory=dict)  # plug-ins' own numbers
 
@@ -95,7 +102,8 @@ class StepRecord:
                   for s in {**self.stage_host_peak_bytes, **self.stage_device_peak_bytes}}
         return {"step": self.step, "policy_version": self.policy_version, "reward_mean": self.reward_mean,
                 "kl": self.kl, "tokens_per_second": self.tokens_per_second, "rollouts": self.rollouts,
-                "weight_sync_backend": self.weight_sync_backend, "stage_memory": stages}
+                "weight_sync_backend": self.weight_sync_backend, "stage_memory": stages,
+                "placement": self.placement}
 
 
 def _number(v: Any) -> bool:

@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 import torch
 
+from ..api.colocation import COLOCATED
 from ..api.spec import GRPOJobSpec
 from ..plan import ENV_SYNC_ADDR
 from .rollouts import PushReport
@@ -31,7 +32,8 @@ class RemotePublisher:
         from ..sync import WeightPublisher
 
         self.sync = WeightPublisher(spec.weight_sync, host=host, port=port, device=device, token=token,
-                                    initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir)
+                                    initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir,
+                                    colocated=spec.placement == COLOCATED)
         self.rollout_addresses = self.sync.rollout_addresses
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport:
@@ -44,6 +46,10 @@ class RemotePublisher:
                           servers=stats["servers"], paused_seconds=stats.get("paused_seconds"),
                           dropped=tuple(stats.get("dropped", ())), bytes=stats["bytes"], tensors=stats["tensors"],
                           adapter=stats["adapter"])
+
+    def server_urls(self) -> list[str]:
+        """Every registered server's base URL (whatever version it holds)."""
+        return [s["url"] for s in self.sync.servers()]
 
     def servers(self) -> list[dict[str, Any]]:
         return [{"replica": s["replica"], "version": s["version"]} for s in self.sync.servers()]

@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Optional, Protocol
 import torch
 
 from ..api import GRPOJob
+from ..api.colocation import COLOCATED
 from ..auth import Auth
 from ..rollout.manager import Pipeline, RolloutManager, StepGroups
 from ..rollout.types import Completion, Generator, SamplingParams
@@ -108,6 +109,7 @@ class Rollouts:
     engine_close: Optional[Any] = None  # a coroutine function closing the generator, run on the manager's loop
     generator: Optional[Generator] = None  # rank 0: what the manager generates with
     evaluation: Optional[Any] = None  # rank 0: grpojob.evaluation.evaluator.Evaluation (spec.evaluation)
+    turns: Optional[Any] = None  # rank 0, spec.placement colocated: trainer.turns.EngineTurns
 
     def sample(self, prompt_ids: list[int], n: int, sampling: SamplingParams, *, min_version: Optional[int],
                timeout: float) -> list[Completion]:
@@ -214,8 +216,14 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
     client = RolloutClient(publisher.rollout_addresses, token=auth.token,
                            timeout=float(spec.weight_sync.timeout_seconds) * 3)
     manager = RolloutManager(client, health=client.health, **pieces)
-    return _with_evaluation(Rollouts(GroupSource(env, manager), publisher, engine_close=client.close, generator=client),
-                            spec, tokenizer)
+    turns = None
+    if spec.placement == COLOCATED:
+        from .turns import EngineTurns
+
+        turns = EngineTurns(publisher.server_urls, auth.token, device=env.device,
+                            timeout=float(spec.weight_sync.timeout_seconds))
+    return _with_evaluation(Rollouts(GroupSource(env, manager), publisher, engine_close=client.close, generator=client,
+                                     turns=turns), spec, tokenizer)
 
 
 def _with_evaluation(side: Rollouts, spec, tokenizer) -> Rollouts:

@@ -1,0 +1,64 @@
+"""`grpojob run` with spec.placement colocated: the trainer and its engine take turns on the device
+(the engine sleeps while a step trains and wakes before the push), the weights go through shared
+memory, and the tiny task still learns."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpojob.local.progress import read_records
+
+from .test_run import grpojob_run, processes_of, workdir  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.slow
+STEPS = 60  # as the separate run's learning test (test_run): 40-80 s on 2 shared cores
+
+
+def _turns(log_path) -> list[dict]:
+    """The engine's sleep and wake events, in order, from the rollout server's JSON log."""
+    out = []
+    for line in log_path.read_text().splitlines():
+        if line.startswith("{") and '"turn"' in line:
+            out.append(json.loads(line))
+    return out
+
+
+def test_colocated_run_takes_turns_pushes_through_shared_memory_and_learns(workdir):  # noqa: F811
+    run_dir = workdir / "run"
+    proc = grpojob_run(run_dir, f"training.steps={STEPS}", "placement=colocated", "algorithm.maxStaleness=1",
+                       cwd=workdir)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+
+    # (a) it learns
+    first, last = records[0]["reward_mean"], max(r["reward_mean"] for r in records[-3:])
+    assert last >= first + 0.5, f"reward {first:.3f} -> {last:.3f}"
+    assert max(r["policy_staleness_max"] for r in records) <= 1  # maxStaleness still bounds the lag
+
+    # (b) the engine slept through every step's training and woke for generation: no decode step
+    # ran between its sleep and its wake, and it decoded again before the next step's sleep
+    for r in records:
+        assert r["placement"] == "colocated (turn-taking)"
+        sleep, wake = r["turns"]["sleep"], r["turns"]["wake"]
+        assert sleep["servers"] == wake["servers"] == 1 and sleep["freed_bytes"] > 0
+        assert sleep["decode_steps"] == wake["decode_steps"], r["step"]
+    for before, after in zip(records, records[1:]):
+        assert after["turns"]["sleep"]["decode_steps"] > before["turns"]["wake"]["decode_steps"]
+    events = _turns(run_dir / "logs" / "rollout-0.log")
+    assert [e["turn"] for e in events] == ["sleep", "wake"] * STEPS
+    assert all(a["at"] <= b["at"] for a, b in zip(events, events[1:]))
+
+    # (c) every push went through shared memory (weightSync.backend auto, colocated on the CPU)
+    assert {r["weight_sync_backend"] for r in records} == {"shm"}
+    trainer_log = (run_dir / "logs" / "trainer-0.log").read_text()
+    assert "via shm" in trainer_log
+
+    # peak memory per phase: the trainer's and the engine's, every step, and the log line
+    for r in records:
+        assert set(r["engine_host_peak_bytes"]) == {"generate", "train", "sync"}
+        assert {"generate", "train", "sync"} <= set(r["stage_host_peak_bytes"])
+    assert f"step {STEPS} peak memory (MiB): generate trainer" in trainer_log
+    assert processes_of(run_dir) == []

@@ -1,0 +1,65 @@
+"""A colocated job's rendered trainer pod runs: its two containers (trainer and engine), started
+as the kubelet would (tests/helpers/pod_sandbox.py: mount namespaces, the pod's user, read-only
+root, no capabilities), share the pod's emptyDirs, so the engine reads the trainer's /dev/shm and
+the weights go through shared memory; the engine sleeps through every step's training."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from grpojob import auth, plan
+from grpojob.api import parse
+from grpojob.local.processes import free_port
+from grpojob_operator import children
+from grpojob_operator import names as n
+from tests.helpers import pod_sandbox, statefulset
+
+from .conftest import job_manifest
+from .test_pod_sandbox import SECRETS, stop, wait_completed
+
+ok, why = pod_sandbox.available()
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
+
+
+def test_a_colocated_trainer_pod_trains_with_its_engine_through_shared_memory(tiny_dir, tmp_path):
+    models = tmp_path / "models"
+    shutil.copytree(tiny_dir, models / "tiny")
+    for p in [models, *models.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    trainer_port = free_port()
+    m = job_manifest("t", placement="colocated", model={"path": "/models/tiny", "volumeClaim": "models"},
+                     training={"steps": 2, "promptsPerStep": 4, "microBatchTokens": 512},
+                     trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port},
+                     rollout={"replicas": 1, "backend": "hf", "port": free_port(), "sampling": {"maxTokens": 8}},
+                     checkpoint={"storage": "ephemeral"})
+    kids = {o["kind"]: o for o in children.build(parse(m), namespace="ml")}
+    assert "Deployment" not in kids
+    pod = statefulset.pod_spec(kids["StatefulSet"], 0)
+    # The pod's network: the trainer's rendezvous and store on this machine (the pod IP is 127.0.0.1).
+    network = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()),
+               plan.ENV_SYNC_ADDR: f"127.0.0.1:{free_port()}"}
+    volumes = tmp_path / "pod-volumes"
+    procs, logs = [], []
+    try:
+        for name in ("trainer", "rollout"):
+            work = tmp_path / name
+            work.mkdir()
+            logs.append(work / "log")
+            procs.append(pod_sandbox.start(pod, work, pod_name="t-trainer-0", config=kids["ConfigMap"]["data"],
+                                           claims={"models": models}, overrides=network, secrets=SECRETS,
+                                           log=work / "log", container=name, volumes_dir=volumes))
+        done = wait_completed(trainer_port, SECRETS[n.token_name("t")][auth.TOKEN_KEY], procs, logs)
+        assert done["step"] == 2 and done["placement"] == "colocated (turn-taking)"
+        assert done["weightSyncBackend"] == "shm"
+    finally:
+        for p in procs:
+            stop(p)
+    records = [json.loads(line) for line in (volumes / "grpojob-run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["weight_sync_backend"] for r in records] == ["shm", "shm"]
+    for r in records:
+        assert r["turns"]["sleep"]["decode_steps"] == r["turns"]["wake"]["decode_steps"]
+    for log in logs:
+        text = log.read_text()
+        assert "Read-only file system" not in text and "Permission denied" not in text
