@@ -39,14 +39,19 @@ def test_colocated_run_takes_turns_pushes_through_shared_memory_and_learns(workd
     assert max(r["policy_staleness_max"] for r in records) <= 1  # maxStaleness still bounds the lag
 
     # (b) the engine slept through every step's training and woke for generation: no decode step
-    # ran between its sleep and its wake, and it decoded again before the next step's sleep
+    # ran between its sleep and its wake. With maxStaleness 1 the next step's groups may all be
+    # there before the engine wakes (a loaded machine): then it sleeps again without having
+    # decoded, with no KV slots to free (they come back as a forward writes them), so freeing and
+    # decoding between turns hold over the run, not at every step (it failed so under load).
     for r in records:
         assert r["placement"] == "colocated (turn-taking)"
         sleep, wake = r["turns"]["sleep"], r["turns"]["wake"]
-        assert sleep["servers"] == wake["servers"] == 1 and sleep["freed_bytes"] > 0
+        assert sleep["servers"] == wake["servers"] == 1
         assert sleep["decode_steps"] == wake["decode_steps"], r["step"]
+    assert sum(r["turns"]["sleep"]["freed_bytes"] > 0 for r in records) >= STEPS // 2
     for before, after in zip(records, records[1:]):
-        assert after["turns"]["sleep"]["decode_steps"] > before["turns"]["wake"]["decode_steps"]
+        assert after["turns"]["sleep"]["decode_steps"] >= before["turns"]["wake"]["decode_steps"]
+    assert records[-1]["turns"]["sleep"]["decode_steps"] > records[0]["turns"]["wake"]["decode_steps"]
     events = _turns(run_dir / "logs" / "rollout-0.log")
     assert [e["turn"] for e in events] == ["sleep", "wake"] * STEPS
     assert all(a["at"] <= b["at"] for a, b in zip(events, events[1:]))
