@@ -5,8 +5,6 @@ the adapter and, with --merged, a model that transformers loads and that matches
 from __future__ import annotations
 
 import asyncio
-import json
-import time
 
 import pytest
 import torch

@@ -33,7 +33,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 import torch
@@ -47,38 +46,10 @@ from ..sync.placement import Endpoint
 from ..sync.protocol import DISK
 from .engine import max_model_len, torch_dtype_name
 from .hf_generate import Decoder, Row, noise_keys, request_rows
+from .hf_requests import Request, Swap, Turn, settle
 from .types import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
-
-
-@dataclass
-class _Request:
-    prompt_ids: list[int]
-    n: int
-    sampling: SamplingParams
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    rows: list[Row] = field(default_factory=list)  # not yet admitted
-    done: dict = field(default_factory=dict)  # completion index -> Row
-
-    def cancelled(self) -> bool:
-        return self.future.done()
-
-
-@dataclass
-class _Swap:
-    named: list
-    version: int
-    weights: str
-    applied: threading.Event = field(default_factory=threading.Event)
-    error: Optional[BaseException] = None
-
-
-@dataclass
-class _Turn:
-    done: threading.Event = field(default_factory=threading.Event)
-    result: dict = field(default_factory=dict)
 
 
 class HFEngine:
@@ -97,8 +68,8 @@ class HFEngine:
         self.tokenizer = None
         self._decoder: Optional[Decoder] = None
         self._cond = threading.Condition()
-        self._queue: list[_Request] = []
-        self._swaps: list[_Swap] = []
+        self._queue: list[Request] = []
+        self._swaps: list[Swap] = []
         self._admitting: list[list[Row]] = []  # taken from the queue, not yet among the decoder's rows
         self._closed = False
         self._thread: Optional[threading.Thread] = None
@@ -107,8 +78,8 @@ class HFEngine:
         self._error: Optional[str] = None
         self._base: dict[str, torch.Tensor] = {}  # LoRA: base weights of the adapted layers
         self.decode_steps = 0  # decode steps run so far (a sleeping engine runs none)
-        self._sleep: Optional[_Turn] = None  # asked to sleep, answered once asleep
-        self._wake: Optional[_Turn] = None
+        self._sleep: Optional[Turn] = None  # asked to sleep, answered once asleep
+        self._wake: Optional[Turn] = None
         self.asleep = False
 
     async def start(self) -> None:
@@ -148,7 +119,7 @@ class HFEngine:
             raise ValueError(f"prompt of {len(prompt_ids)} tokens does not fit the context "
                              f"({self.context_len} tokens)")
         loop = asyncio.get_running_loop()
-        req = _Request(list(prompt_ids), n, sampling, loop.create_future(), loop)
+        req = Request(list(prompt_ids), n, sampling, loop.create_future(), loop)
         req.rows = request_rows(req, req.prompt_ids, n, sampling, noise_keys(sampling, n, self._noise))
         with self._cond:
             if self._error:
@@ -175,9 +146,9 @@ class HFEngine:
         try:
             result = self._load_model()
         except Exception as e:  # noqa: BLE001 - start() raises it
-            loop.call_soon_threadsafe(_settle, loaded, None, e)
+            loop.call_soon_threadsafe(settle, loaded, None, e)
             return
-        loop.call_soon_threadsafe(_settle, loaded, result, None)
+        loop.call_soon_threadsafe(settle, loaded, result, None)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -220,14 +191,14 @@ class HFEngine:
         return bool(self._queue) and not self._swaps and not self.asleep and self._decoder.free > 0
 
     # ---- sleep and wake (the scheduler thread applies them between decode steps) ----------------
-    def _turn_due(self) -> Optional[_Turn]:
+    def _turn_due(self) -> Optional[Turn]:
         if self._sleep is not None and not self.asleep:
             return self._sleep
         if self._wake is not None and self.asleep:
             return self._wake
         return None
 
-    def _take_turn(self, turn: _Turn) -> None:
+    def _take_turn(self, turn: Turn) -> None:
         start, sleeping = time.perf_counter(), turn is self._sleep
         if sleeping:
             turn.result = {"freed_bytes": self._decoder.release(), "parked_rows": len(self._decoder.rows)}
@@ -254,7 +225,7 @@ class HFEngine:
         return await self._turn(sleep=False)
 
     async def _turn(self, sleep: bool) -> dict:
-        turn = _Turn()
+        turn = Turn()
         with self._cond:
             if self._error:
                 raise RuntimeError(self._error)
@@ -305,13 +276,13 @@ class HFEngine:
             if len(req.done) == req.n:
                 self._resolve(req, [req.done[i].completion() for i in range(req.n)])
 
-    def _resolve(self, req: _Request, result=None, error: Optional[BaseException] = None) -> None:
+    def _resolve(self, req: Request, result=None, error: Optional[BaseException] = None) -> None:
         tokenizer = self.tokenizer
         for c in result or []:
             c.text = tokenizer.decode(c.completion_ids, skip_special_tokens=True)
-        req.loop.call_soon_threadsafe(_settle, req.future, result, error)
+        req.loop.call_soon_threadsafe(settle, req.future, result, error)
 
-    def _swap(self, swaps: list[_Swap]) -> None:
+    def _swap(self, swaps: list[Swap]) -> None:
         start = time.perf_counter()
         for s in swaps:
             try:
@@ -399,7 +370,7 @@ class HFEngine:
         self._apply(named, version, weights)
 
     def _apply(self, named: list, version: int, weights: str) -> None:
-        swap = _Swap(named, version, weights)
+        swap = Swap(named, version, weights)
         with self._cond:
             if self._error:
                 raise RuntimeError(self._error)
@@ -432,7 +403,3 @@ class HFEngine:
         for req in {id(r): r for r in pending}.values():
             self._resolve(req, error=RuntimeError(why))
 
-
-def _settle(future: asyncio.Future, result, error: Optional[BaseException]) -> None:
-    if not future.done():
-        future.set_exception(error) if error is not None else future.set_result(result)

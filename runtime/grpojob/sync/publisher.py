@@ -48,7 +48,6 @@ import torch
 from torch.distributed import DistError, TCPStore
 
 from ..api.spec import SYNC_STORE_PORT, WeightSyncSpec
-from . import buckets as bk
 from . import placement
 from .delivery import Delivery, Outcome
 from .credentials import Credentials
