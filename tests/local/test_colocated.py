@@ -67,3 +67,25 @@ def test_colocated_run_takes_turns_pushes_through_shared_memory_and_learns(workd
         assert {"generate", "train", "sync"} <= set(r["stage_host_peak_bytes"])
     assert f"step {STEPS} peak memory (MiB): generate trainer" in trainer_log
     assert processes_of(run_dir) == []
+
+
+def test_colocated_lora_pushes_only_the_adapter_through_shared_memory_and_learns(workdir, tiny_sharp_dir):  # noqa: F811
+    """LoRA and colocated combine: every push is the adapter alone (2 layers x 7 linear modules x
+    A and B = 28 tensors), through shared memory to the sleeping-and-waking engine, which merges
+    it; the tiny task learns (on the sharpened tiny model: tests/conftest.py says why LoRA needs it)."""
+    steps = 40  # reward about 0.1 -> 0.95 (maxStaleness 0; with 1 it stalls near 0.5 at this learning rate)
+    run_dir = workdir / "run"
+    proc = grpojob_run(run_dir, f"training.steps={steps}", "placement=colocated", "algorithm.maxStaleness=0",
+                       f"model.path={tiny_sharp_dir}", "model.lora.rank=8", "model.lora.alpha=16",
+                       "training.learningRate=0.01", cwd=workdir)
+    out, _ = proc.communicate(timeout=900)
+    assert proc.returncode == 0, out
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert {r["weight_sync_backend"] for r in records} == {"shm"}
+    assert {r["sync_tensors"] for r in records} == {28}
+    full = sum(p.stat().st_size for p in tiny_sharp_dir.glob("*.safetensors"))
+    assert all(r["sync_bytes"] < 0.2 * full for r in records)
+    first, last = records[0]["reward_mean"], max(r["reward_mean"] for r in records[-3:])
+    assert last >= first + 0.5, f"reward {first:.3f} -> {last:.3f}"
+    assert processes_of(run_dir) == []
