@@ -92,6 +92,16 @@ def cluster_errors(job: GRPOJob) -> list[FieldError]:
     if spec.weight_sync.backend == "checkpoint" and not spec.checkpoint.volume_claim:
         errors.append(FieldError("spec.checkpoint.volumeClaim", "required when weightSync.backend is "
                                  "checkpoint: rollout pods read the trainer's checkpoints from it"))
+    if spec.placement == COLOCATED:
+        gpus = sorted({k for part in ("requests", "limits") for k in (spec.trainer.resources.get(part) or {})
+                       if k.endswith("/gpu")})
+        if gpus:
+            # A device plugin hands a GPU to the one container whose limits name it; the colocated
+            # engine is the pod's second container and would not see it (docs/colocated.md).
+            errors.append(FieldError("spec.placement", f"colocated with {', '.join(gpus)} in trainer.resources: "
+                                     "on a cluster the engine is a second container of the trainer pod, and a "
+                                     "device plugin gives each GPU to one container only; use placement separate "
+                                     "on a GPU cluster (colocated GPUs work with grpojob run)"))
     return errors
 
 
