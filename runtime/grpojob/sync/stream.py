@@ -46,6 +46,29 @@ class TensorStream:
         self.live_tensors = self.live_bytes = self.peak_tensors = self.peak_bytes = 0
 
     @classmethod
+    def gathered(cls, tensors: dict[str, torch.Tensor], dtype: Optional[torch.dtype] = None,
+                 adapter: Optional[dict] = None) -> "TensorStream":
+        """A model's own tensors (parameters, or DTensor shards under FSDP2), each produced full when
+        taken (DTensor.full_tensor(): collective, every rank walks the stream) and, when floating
+        point, in `dtype` if given. Only gathered or converted tensors count as the stream's copies."""
+        from torch.distributed.tensor import DTensor
+
+        def out_dtype(t: torch.Tensor) -> torch.dtype:
+            return dtype if dtype is not None and t.is_floating_point() else t.dtype
+
+        def fetch(name: str) -> torch.Tensor:
+            t = tensors[name]
+            full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
+            return full.to(out_dtype(t))
+
+        def copied(name: str) -> bool:
+            t = tensors[name]
+            return isinstance(t, DTensor) or out_dtype(t) != t.dtype
+
+        return cls([(n, tuple(t.shape), out_dtype(t)) for n, t in tensors.items()], fetch, track=copied,
+                   adapter=adapter)
+
+    @classmethod
     def of(cls, named: Iterable[tuple[str, torch.Tensor]], adapter: Optional[dict] = None) -> "TensorStream":
         """A stream over tensors already in memory (tied duplicates dropped, as buckets.dedup_tied)."""
         kept = bk.dedup_tied(named)

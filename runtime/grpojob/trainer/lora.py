@@ -16,7 +16,6 @@ from typing import Any, Optional
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
 from ..api.lora import LoraSpec
 from ..sync.stream import TensorStream
@@ -84,16 +83,4 @@ def state(peft_model: nn.Module) -> dict[str, Tensor]:
 def stream(peft_model: nn.Module, dtype: Optional[torch.dtype] = None) -> TensorStream:
     """The adapter as a TensorStream carrying its config (`stream.adapter`): what a LoRA trainer
     pushes. Each tensor is gathered from its shards when taken (collective, like weight_stream)."""
-    tensors = state(peft_model)
-
-    def out_dtype(t: Tensor) -> torch.dtype:
-        return dtype if dtype is not None and t.is_floating_point() else t.dtype
-
-    def fetch(name: str) -> Tensor:
-        t = tensors[name]
-        full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
-        return full.to(out_dtype(t))
-
-    return TensorStream([(n, tuple(t.shape), out_dtype(t)) for n, t in tensors.items()], fetch,
-                        track=lambda n: isinstance(tensors[n], DTensor) or out_dtype(tensors[n]) != tensors[n].dtype,
-                        adapter=config_json(peft_model))
+    return TensorStream.gathered(state(peft_model), dtype, adapter=config_json(peft_model))

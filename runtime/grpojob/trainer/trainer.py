@@ -317,19 +317,7 @@ class GRPOTrainer:
                 seen.add(id(t))
                 params[name] = t
 
-        def out_dtype(t: Tensor) -> torch.dtype:
-            return dtype if dtype is not None and t.is_floating_point() else t.dtype
-
-        def fetch(name: str) -> Tensor:
-            t = params[name]
-            full = t.full_tensor() if isinstance(t, DTensor) else t.detach()
-            return full.to(out_dtype(t))
-
-        def copied(name: str) -> bool:  # a gathered or converted tensor, not the parameter itself
-            t = params[name]
-            return isinstance(t, DTensor) or out_dtype(t) != t.dtype
-
-        return TensorStream([(n, tuple(t.shape), out_dtype(t)) for n, t in params.items()], fetch, track=copied)
+        return TensorStream.gathered(params, dtype)
 
     def sharded_state(self) -> dict[str, Any]:
         """{"model": ..., "optimizer": ...}: this rank's shards of the policy and optimizer state
