@@ -22,7 +22,7 @@ from tests.local.test_run import ROOT, processes_of, workdir  # noqa: F401 - the
 
 pytestmark = pytest.mark.slow
 EXAMPLE = ROOT / "examples" / "plugins" / "nexrl-remote"
-STEPS = 30
+STEPS = 60  # with transformers 5.24 30 steps reached +0.24..+0.26 now and then (CI failed so); 60 reach +0.46..+0.91
 
 
 def test_the_remote_trainer_learns_the_toy_task_through_the_service(workdir, tiny_dir):  # noqa: F811
