@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
+from grpojob.api import colocation
 from grpojob.api.colocation import COLOCATED
 from grpojob.api.spec import CODE_DIR, EPHEMERAL, GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
@@ -93,8 +94,7 @@ def cluster_errors(job: GRPOJob) -> list[FieldError]:
         errors.append(FieldError("spec.checkpoint.volumeClaim", "required when weightSync.backend is "
                                  "checkpoint: rollout pods read the trainer's checkpoints from it"))
     if spec.placement == COLOCATED:
-        gpus = sorted({k for part in ("requests", "limits") for k in (spec.trainer.resources.get(part) or {})
-                       if k.endswith("/gpu")})
+        gpus = colocation.gpus(spec.trainer.resources)
         if gpus:
             # A device plugin hands a GPU to the one container whose limits name it; the colocated
             # engine is the pod's second container and would not see it (docs/colocated.md).

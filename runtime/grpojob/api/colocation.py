@@ -40,6 +40,12 @@ CEL = [
 ]
 
 
+def gpus(resources: dict) -> list[str]:
+    """The GPU resource names (vendor.com/gpu) a container's resources ask for."""
+    return sorted({name for part in ("requests", "limits") for name in (resources.get(part) or {})
+                   if name.endswith("/gpu")})
+
+
 def problems(spec: "GRPOJobSpec") -> list[tuple[str, str]]:
     """(field path relative to spec, why) of every setting colocated cannot work with; [] when
     placement is separate."""
@@ -69,8 +75,7 @@ def problems(spec: "GRPOJobSpec") -> list[tuple[str, str]]:
     if spec.rollout.port in taken:
         out.append(("rollout.port", f"{spec.rollout.port} is also {taken[spec.rollout.port]}; placement "
                     "colocated runs both in one pod (one network namespace): pick another port"))
-    devices = sorted({name for part in ("requests", "limits") for name in (spec.rollout.resources.get(part) or {})
-                      if name.endswith("/gpu")})
+    devices = gpus(spec.rollout.resources)
     if devices:
         out.append(("rollout.resources", f"asks for {', '.join(devices)}: a colocated engine shares the trainer "
                     "pod's devices (spec.trainer.resources); devices asked for here would be other ones"))

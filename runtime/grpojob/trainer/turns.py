@@ -14,7 +14,7 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
@@ -32,17 +32,18 @@ class EngineTurns:
         self._headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     def sleep(self) -> dict:
-        return self._all("/sleep", {"level": 1}, "asleep")
+        return self._all("/sleep", {"level": 1}, turn=True)
 
     def wake(self) -> dict:
-        return self._all("/wake_up", {}, "awake")
+        return self._all("/wake_up", {}, turn=True)
 
     def mark(self, phase: str) -> dict:
-        return self._all("/memory", {"phase": phase}, None)
+        return self._all("/memory", {"phase": phase}, turn=False)
 
-    def _all(self, path: str, body: dict, state: Optional[str]) -> dict:
+    def _all(self, path: str, body: dict, *, turn: bool) -> dict:
         """Every server's answer, folded: numbers summed (one engine when colocated), the seconds the
-        whole turn took, and the device's memory in use once every engine got there (CUDA)."""
+        whole call took, and after a turn (sleep, wake) the device's memory in use once every engine
+        got there (CUDA)."""
         t0 = time.perf_counter()
         replies = [self._post(url, path, body) for url in self.urls()]
         out: dict = {"servers": len(replies)}
@@ -51,7 +52,7 @@ class EngineTurns:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     out[key] = out.get(key, 0) + value
         out["seconds"] = time.perf_counter() - t0
-        if state is not None and self.device.type == "cuda":  # both processes' memory on this GPU
+        if turn and self.device.type == "cuda":  # both processes' memory on this GPU
             free, total = torch.cuda.mem_get_info(self.device)
             out["device_used_bytes"] = total - free
         return out
