@@ -161,15 +161,32 @@ def _running(srv) -> float:
     return float(line.split()[-1])
 
 
-def _push_mid_request(srv, pub, model, version, prompt):
+def _push_mid_request(srv, pub, model, version, prompt, tries: int = 3):
+    """Push while a LONG greedy request runs; (its completion, the push's stats). Under load the
+    server's /metrics can stall for a second or more while vLLM generates, so a request may end
+    before it was ever seen running: it is then sent again (it ends the same way, on the old weights)."""
     import threading
-    result: dict = {}
-    t = threading.Thread(target=lambda: result.update(out=srv.generate(prompt, temperature=0, max_tokens=LONG)))
-    t.start()
-    wait_for(lambda: _running(srv) > 0, 60, "the request running", interval=0.005)
-    stats = pub.push(model.state_dict().items(), version=version)
-    t.join(300)
-    return result["out"]["completions"][0], stats
+    for _ in range(tries):
+        result: dict = {}
+
+        def request():
+            try:
+                result["out"] = srv.generate(prompt, temperature=0, max_tokens=LONG)
+            except BaseException as e:  # surfaced below: a failed request must not read as "never ran"
+                result["error"] = e
+
+        t = threading.Thread(target=request)
+        t.start()
+        wait_for(lambda: result or _running(srv) > 0, 60, "the request running", interval=0.005, proc=srv.proc)
+        if "error" in result:
+            raise AssertionError(f"the request failed: {result['error']}; server: {srv.status('/info')[1]}")
+        if "out" in result:  # ended before a poll saw it: send it again
+            continue
+        stats = pub.push(model.state_dict().items(), version=version)
+        t.join(300)
+        assert "out" in result, f"the request failed: {result.get('error')}"
+        return result["out"]["completions"][0], stats
+    raise AssertionError(f"in {tries} tries the request always ended before /metrics showed it running")
 
 
 def _hf_greedy(model, ids, n):

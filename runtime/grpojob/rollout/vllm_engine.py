@@ -282,9 +282,9 @@ class VLLMEngine:
         t0 = time.perf_counter()
         mode = "abort" if self.partial else "wait"
         self._loop.call_soon_threadsafe(self._serving.clear)
-        asyncio.run_coroutine_threadsafe(self.llm.pause_generation(mode=mode, clear_cache=True),
-                                         self._loop).result(600)
-        try:
+        try:  # a pause that fails must not leave generation held for good
+            asyncio.run_coroutine_threadsafe(self.llm.pause_generation(mode=mode, clear_cache=True),
+                                             self._loop).result(600)
             yield
         finally:
             asyncio.run_coroutine_threadsafe(self.llm.resume_generation(), self._loop).result(60)
