@@ -21,12 +21,11 @@ from typing import Any, Optional
 
 from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
-from grpojob.api import colocation
 from grpojob.api.colocation import COLOCATED
 from grpojob.api.spec import CODE_DIR, EPHEMERAL, GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
-from . import gang, network, pods
+from . import colocated, gang, network, pods
 from . import names as n
 
 Manifest = dict[str, Any]
@@ -93,15 +92,8 @@ def cluster_errors(job: GRPOJob) -> list[FieldError]:
     if spec.weight_sync.backend == "checkpoint" and not spec.checkpoint.volume_claim:
         errors.append(FieldError("spec.checkpoint.volumeClaim", "required when weightSync.backend is "
                                  "checkpoint: rollout pods read the trainer's checkpoints from it"))
-    if spec.placement == COLOCATED:
-        gpus = colocation.gpus(spec.trainer.resources)
-        if gpus:
-            # A device plugin hands a GPU to the one container whose limits name it; the colocated
-            # engine is the pod's second container and would not see it (docs/colocated.md).
-            errors.append(FieldError("spec.placement", f"colocated with {', '.join(gpus)} in trainer.resources: "
-                                     "on a cluster the engine is a second container of the trainer pod, and a "
-                                     "device plugin gives each GPU to one container only; use placement separate "
-                                     "on a GPU cluster (colocated GPUs work with grpojob run)"))
+    if colocated.one_container(job):
+        errors += colocated.one_container_errors(job)
     return errors
 
 
@@ -221,7 +213,7 @@ CLAIM_RETENTION = {"whenDeleted": "Delete", "whenScaled": "Retain"}
 
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
                         owner: Optional[dict[str, Any]], engine: Optional[plan.Role] = None) -> Manifest:
-    """`engine`: the rollout role of placement colocated, a second container of each trainer pod."""
+    """`engine`: the rollout role of placement colocated, in each trainer pod (colocated.py)."""
     name, spec = job.metadata.name, job.spec
     w = spec.trainer
     template = checkpoint_claim_template(job)
@@ -233,14 +225,17 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
         source = {"name": pods.CHECKPOINTS_VOLUME, "emptyDir": {}}
     volumes, mounts = pods.volumes(_base_volumes(job) + [(
         source, {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})], w)
+    shared = engine is not None and colocated.one_container(job)
+    if shared:  # the engine runs in this container, next to the trainer
+        role = plan.one_container(role, engine, {v["name"]: v["value"] for v in spec.rollout.env if "value" in v})
     container = pods.container("trainer", role, w, image, mounts, {
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
     })
     pod = pods.pod_spec(w, container, volumes, TRAINER_GRACE_SECONDS, gang.scheduler(job),
                         pods.init_containers(role, container))
-    if engine is not None:
-        pod["containers"].append(colocated_engine(job, engine, image, mounts))
+    if engine is not None and not shared:
+        pod["containers"].append(colocated.engine_container(job, engine, image, mounts))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner, gang.workload_labels(job)),
             "spec": {
@@ -252,19 +247,6 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
                 **({"volumeClaimTemplates": [template], "persistentVolumeClaimRetentionPolicy": dict(CLAIM_RETENTION)}
                    if template is not None else {}),
             }}
-
-
-def colocated_engine(job: GRPOJob, role: plan.Role, image: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
-    """spec.placement colocated: the rollout server as a second container of the trainer pod. It mounts
-    what the trainer mounts (the same emptyDirs: /dev/shm in memory, which the weight push goes
-    through, /tmp, $HOME), takes the image, environment, resources and security context of
-    spec.rollout, and listens on loopback only (the plan): the kubelet cannot probe it, so the
-    trainer's pod reports it through the trainer (an engine that exits is restarted by the kubelet
-    and caught up by the weight-sync store)."""
-    w = job.spec.rollout
-    container = pods.container("rollout", role, w, image, copy.deepcopy(mounts), {})
-    container["ports"] = []  # loopback only: nothing outside the pod reaches it
-    return container
 
 
 def rollout_service(job: GRPOJob, role: plan.Role, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
@@ -378,15 +360,15 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None, owner: O
     objs = []
     if network.wanted(job):  # before the pods: none runs unguarded
         objs += network_policies(job, {"trainer": trainer, "rollout": rollout}, namespace, owner, cluster)
-    colocated = rollout.pod_of == trainer.name  # spec.placement colocated: no rollout pods of their own
+    engine_in_trainer_pod = rollout.pod_of == trainer.name  # spec.placement colocated: no rollout pods of their own
     objs += [config_map(job, namespace, owner), trainer_service(job, trainer, namespace, owner)]
-    if not colocated:
+    if not engine_in_trainer_pod:
         objs.append(rollout_service(job, rollout, namespace, owner))
     if job.spec.scheduling.gang == "volcano":  # before the pods, so none schedules without its group
         objs.append(volcano_podgroup(job, namespace, owner))
     objs.append(trainer_statefulset(job, trainer, namespace, image, scale.trainer, owner,
-                                    engine=rollout if colocated else None))
-    if not colocated:
+                                    engine=rollout if engine_in_trainer_pod else None))
+    if not engine_in_trainer_pod:
         objs.append(rollout_deployment(job, rollout, namespace, image, scale.rollout, owner))
     # Environments feed the trainer: they run while it does (suspend and cleanup stop them too).
     objs += [environment_deployment(job, r, namespace, image, r.replicas if scale.trainer else 0, owner)

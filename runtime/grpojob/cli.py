@@ -93,6 +93,11 @@ def _rollout() -> Command:
     return main
 
 
+def _colocated_pod() -> Command:
+    from .colocated_pod import main
+    return main
+
+
 def _install_code() -> Command:
     from .code import main
     return main
@@ -157,6 +162,10 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("rollout", help="(in pods) a rollout server")
     sp.set_defaults(fn=_lazy(_rollout))
+
+    sp = sub.add_parser("colocated-pod", help="(in pods) the trainer and its engine in one container "
+                        "(placement colocated with GPUs)")
+    sp.set_defaults(fn=_lazy(_colocated_pod))
 
     sp = sub.add_parser("install-code", help="(in pods) install spec.code.pip into $GRPOJOB_SITE_DIR")
     sp.set_defaults(fn=_lazy(_install_code))

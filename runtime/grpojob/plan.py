@@ -40,6 +40,9 @@ ENV_OPENAI_BASE_URLS = "GRPOJOB_OPENAI_BASE_URLS"
 # The job's token is the API key of the rollout servers' OpenAI endpoints: environment pods get it
 # as OPENAI_API_KEY from the job's Secret; processes started by `grpojob run` read GRPOJOB_TOKEN_FILE.
 ENV_OPENAI_API_KEY = "OPENAI_API_KEY"
+# spec.placement colocated with GPUs on a cluster: the engine's command and its own environment (JSON),
+# for the one container that runs it next to the trainer (grpojob.colocated_pod).
+ENV_COLOCATED_ENGINE = "GRPOJOB_COLOCATED_ENGINE"
 
 # The trajectory API is served on the trainer leader's HTTP port under this path.
 TRAJECTORY_PREFIX = "/trajectories"
@@ -125,6 +128,10 @@ def rollout_command() -> list[str]:
     return ["grpojob", "rollout"]
 
 
+def colocated_pod_command() -> list[str]:
+    return ["grpojob", "colocated-pod"]
+
+
 def install_code_command() -> list[str]:
     return ["grpojob", "install-code"]
 
@@ -201,6 +208,18 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         rollout = replace(rollout, env={**rollout.env, ENV_ADVERTISE_HOST: "127.0.0.1"},
                           per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, pod_of=trainer.name)
     return [trainer, rollout, *environment_roles(job, where, base, trainer_port, setup)]
+
+
+def one_container(trainer: Role, engine: Role, engine_env: Optional[dict[str, str]] = None) -> Role:
+    """spec.placement colocated where the trainer's pod has GPUs: a device plugin gives them to one
+    container only, so the trainer and its engine run in one container under grpojob.colocated_pod.
+    The container has the trainer's environment; the engine's command and the variables it sets
+    otherwise (its own, then `engine_env`: the user's spec.rollout.env) travel as JSON."""
+    own = {k: v for k, v in engine.env.items() if trainer.env.get(k) != v}
+    doc = {"command": list(engine.command), "env": {**own, **(engine_env or {})}}
+    return replace(trainer, command=colocated_pod_command(),
+                   env={**trainer.env, ENV_COLOCATED_ENGINE: json.dumps(doc, sort_keys=True)},
+                   per_replica_env={**engine.per_replica_env, **trainer.per_replica_env})
 
 
 def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trainer_port: int,

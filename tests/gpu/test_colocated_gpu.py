@@ -4,6 +4,7 @@ these pin cuda. The vLLM test also needs the `vllm` extra (a GPU build of vLLM).
 from __future__ import annotations
 
 import asyncio
+import os
 
 import pytest
 import torch
@@ -101,3 +102,29 @@ def test_vllm_sleeps_at_level_1_and_wakes_to_the_same_output(tiny_dir, tokenizer
             await engine.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_the_one_container_of_a_colocated_gpu_pod_trains_over_cuda_ipc(tmp_path, tiny_dir):
+    """`grpojob colocated-pod`, what a colocated trainer pod with GPUs runs (one container, since a
+    device plugin gives the GPU to one container): its trainer and engine share the GPU, the pushes
+    go over CUDA IPC, and the pod's SIGTERM stops both."""
+    import signal
+
+    from ..local.test_colocated_pod import container, no_process_left
+    from ..operator_k8s.test_pod_sandbox import wait_completed
+
+    proc, port, token = container(tmp_path, tiny_dir, None,
+                                  training={"steps": 3, "promptsPerStep": 4, "microBatchTokens": 512})
+    try:
+        done = wait_completed(port, token, [proc], [tmp_path / "log"], timeout=600)
+        assert done["step"] == 3 and done["weightSyncBackend"] == "cuda-ipc"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(120)  # with torchrun's code for a SIGTERM, as a trainer container of its own
+    assert "colocated pod: signal 15" in (tmp_path / "log").read_text()
+    no_process_left(tmp_path)
+    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    assert [r["weight_sync_backend"] for r in records] == ["cuda-ipc"] * 3

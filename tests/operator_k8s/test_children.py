@@ -264,20 +264,6 @@ def test_checkpoint_weight_sync_needs_a_shared_claim_on_a_cluster():
     assert [e.path for e in errors] == ["spec.checkpoint.volumeClaim"]
 
 
-def test_colocated_on_gpus_is_refused_on_a_cluster():
-    """Kubernetes device plugins allocate a device to the container whose resources.limits name it
-    (https://kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/device-plugins/):
-    the colocated engine, a second container of the trainer pod, would not see the trainer's GPU.
-    The operator refuses the spec (InvalidSpec) instead of rendering an engine that cannot start."""
-    gpu = {"limits": {"nvidia.com/gpu": 1}}
-    one = {"placement": "colocated", "rollout": {"replicas": 1}}
-    job = parse(job_manifest("j", trainer={"replicas": 1, "resources": gpu}, **one))
-    errors = children.cluster_errors(job)
-    assert [e.path for e in errors] == ["spec.placement"] and "nvidia.com/gpu" in errors[0].message
-    assert children.cluster_errors(parse(job_manifest("j", trainer={"replicas": 1}, **one))) == []
-    assert children.cluster_errors(parse(job_manifest("j", trainer={"resources": gpu}))) == []
-
-
 def test_image_default_and_override(monkeypatch):
     job = parse(job_manifest("j"))
     monkeypatch.delenv(n.IMAGE_ENV, raising=False)

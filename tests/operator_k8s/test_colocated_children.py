@@ -101,3 +101,48 @@ def test_a_colocated_pods_engine_container_is_not_the_trainer():
     _, view = pod_view(meta, status)
     assert view.restarts == 0 and not view.clean_exit
     assert view.engine_failure == "rollout server j-trainer-0: CUDA out of memory"
+
+
+GPU = {"limits": {"nvidia.com/gpu": 1}}
+
+
+def test_on_gpus_the_trainer_and_its_engine_share_one_container():
+    """Kubernetes device plugins give a device to the one container whose resources.limits name it
+    (https://kubernetes.io/docs/concepts/extend-kubernetes/compute-storage-net/device-plugins/): an
+    engine in a second container would not see the trainer's GPU. With GPUs the pod has one
+    container, `grpojob colocated-pod`, which runs both processes; the engine's command and its own
+    environment (the plan's, then the user's spec.rollout.env) travel as JSON."""
+    import json
+
+    m = colocated(trainer={"resources": GPU}, rollout={"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]})
+    objs = _kids(m)
+    assert children.cluster_errors(parse(m)) == []
+    pod = objs[-1]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["name"] == "trainer" and c["command"] == plan.colocated_pod_command()
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
+    env = env_of(c)
+    assert env[plan.ENV_ROLE] == "trainer" and "PET_NODE_RANK" in env
+    engine = json.loads(env[plan.ENV_COLOCATED_ENGINE])
+    assert engine["command"] == plan.rollout_command()
+    assert engine["env"][plan.ENV_ROLE] == "rollout" and engine["env"][plan.ENV_ADVERTISE_HOST] == "127.0.0.1"
+    assert engine["env"]["VLLM_LOGGING_LEVEL"] == "DEBUG" and "VLLM_LOGGING_LEVEL" not in env
+    assert plan.ENV_SYNC_ADDR not in engine["env"]  # the same as the trainer's: the container's
+    assert plan.ENV_REPLICA_ID in env  # the engine's name in logs: the pod's, from the downward API
+    assert restricted(pod) == []
+    assert validate_all(objs) == len(objs)
+
+
+def test_on_gpus_what_spec_rollout_says_about_its_own_container_is_refused():
+    """One container has one image, one set of resources and one security context: the operator
+    says where to put them (an InvalidSpec condition and Event with these paths)."""
+    m = colocated(trainer={"resources": GPU}, rollout={
+        "image": "other:1", "resources": {"requests": {"cpu": "2"}}, "securityContext": {"runAsUser": 5},
+        "env": [{"name": "A", "value": "1"},
+                {"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]})
+    errors = children.cluster_errors(parse(m))
+    assert [e.path for e in errors] == ["spec.rollout.image", "spec.rollout.resources",
+                                        "spec.rollout.securityContext", "spec.rollout.env[1].valueFrom"]
+    assert all("trainer's container" in e.message for e in errors)
+    # Without GPUs the engine keeps a container of its own, with all of these.
+    assert children.cluster_errors(parse(colocated(rollout={"image": "other:1"}))) == []

@@ -1,7 +1,11 @@
 """A colocated job's rendered trainer pod runs: its two containers (trainer and engine), started
 as the kubelet would (tests/helpers/pod_sandbox.py: mount namespaces, the pod's user, read-only
 root, no capabilities), share the pod's emptyDirs, so the engine reads the trainer's /dev/shm and
-the weights go through shared memory; the engine sleeps through every step's training."""
+the weights go through shared memory; the engine sleeps through every step's training.
+
+With GPUs in trainer.resources the pod has one container, which runs both processes
+(grpojob.colocated_pod): the same run, started as that one container. The sandbox has no device
+plugin, so the GPU limit is only rendered, and both processes compute on the CPU."""
 from __future__ import annotations
 
 import json
@@ -23,7 +27,8 @@ ok, why = pod_sandbox.available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
 
 
-def test_a_colocated_trainer_pod_trains_with_its_engine_through_shared_memory(tiny_dir, tmp_path):
+@pytest.mark.parametrize("gpus", [0, 1], ids=["two-containers", "one-container-with-gpus"])
+def test_a_colocated_trainer_pod_trains_with_its_engine_through_shared_memory(tiny_dir, tmp_path, gpus):
     models = tmp_path / "models"
     shutil.copytree(tiny_dir, models / "tiny")
     for p in [models, *models.rglob("*")]:
@@ -31,19 +36,22 @@ def test_a_colocated_trainer_pod_trains_with_its_engine_through_shared_memory(ti
     trainer_port = free_port()
     m = job_manifest("t", placement="colocated", model={"path": "/models/tiny", "volumeClaim": "models"},
                      training={"steps": 2, "promptsPerStep": 4, "microBatchTokens": 512},
-                     trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port},
+                     trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port,
+                              **({"resources": {"limits": {"nvidia.com/gpu": gpus}}} if gpus else {})},
                      rollout={"replicas": 1, "backend": "hf", "port": free_port(), "sampling": {"maxTokens": 8}},
                      checkpoint={"storage": "ephemeral"})
     kids = {o["kind"]: o for o in children.build(parse(m), namespace="ml")}
     assert "Deployment" not in kids
     pod = statefulset.pod_spec(kids["StatefulSet"], 0)
+    containers = [c["name"] for c in pod["containers"]]
+    assert containers == (["trainer"] if gpus else ["trainer", "rollout"])
     # The pod's network: the trainer's rendezvous and store on this machine (the pod IP is 127.0.0.1).
     network = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()),
                plan.ENV_SYNC_ADDR: f"127.0.0.1:{free_port()}"}
     volumes = tmp_path / "pod-volumes"
     procs, logs = [], []
     try:
-        for name in ("trainer", "rollout"):
+        for name in containers:
             work = tmp_path / name
             work.mkdir()
             logs.append(work / "log")
@@ -63,3 +71,6 @@ def test_a_colocated_trainer_pod_trains_with_its_engine_through_shared_memory(ti
     for log in logs:
         text = log.read_text()
         assert "Read-only file system" not in text and "Permission denied" not in text
+    if gpus:  # both processes logged to the one container's log; the pod's SIGTERM reached both
+        assert "colocated pod: trainer (pid" in text and "colocated pod: signal 15" in text
+        assert "stopping (SIGTERM)" in text  # the engine's own word

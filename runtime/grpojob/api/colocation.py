@@ -3,8 +3,8 @@
 separate (default): rollout servers in pods of their own (a Deployment), weights pushed over the
 network (or CUDA IPC / shared memory where `grpojob run` puts both on one host).
 colocated: one engine next to the trainer, sharing its device(s): a second container of the trainer
-pod on a cluster (sharing the pod's /dev/shm, an emptyDir in memory), a second process of the same
-`grpojob run` locally. Generation and training take turns on the device (the engine sleeps while
+pod on a cluster (sharing the pod's /dev/shm, an emptyDir in memory; with GPUs, a second process of
+the trainer's container: grpojob.colocated_pod), a second process of the same `grpojob run` locally. Generation and training take turns on the device (the engine sleeps while
 the trainer trains), and weights reach the engine with no network copy: shared memory on the CPU,
 CUDA IPC on a GPU (docs/colocated.md).
 """
@@ -20,7 +20,8 @@ Placement = Literal["separate", "colocated"]
 DESCRIPTION = (
     "separate: rollout servers run in pods of their own (rollout.replicas), weights are pushed to them. "
     "colocated: one engine runs next to the trainer and shares its device(s): a second container of the "
-    "single trainer pod on a cluster, a second process locally; no rollout Deployment or Service. "
+    "single trainer pod on a cluster (with GPUs in trainer.resources, a second process of the trainer's "
+    "container, which then also runs the engine), a second process locally; no rollout Deployment or Service. "
     "Generation and training take turns (the engine sleeps while the trainer trains, then wakes to "
     "generate; algorithm.maxStaleness still bounds the lag, but nothing overlaps on the device), and "
     "weights reach the engine with no network copy (weightSync.backend auto: shared memory on CPU, "

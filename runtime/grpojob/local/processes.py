@@ -85,31 +85,42 @@ class Child:
     name: str  # e.g. trainer-0, rollout-1
     argv: list[str]
     env: dict[str, str]
-    log_path: Path
+    log_path: Optional[Path]  # None: this process's stdout and stderr (a pod's container log)
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
     started_at: float = 0.0  # time.monotonic() of the last start
+    # Where it leaves its termination message; default: next to its log file, or, with neither,
+    # this process's own (a pod's /dev/termination-log, left as the kubelet made it).
+    termination_path: Optional[Path] = None
 
     @property
-    def termination_log(self) -> Path:
+    def termination_log(self) -> Optional[Path]:
         """Where the process leaves its termination message (the kubelet's terminationMessagePath)."""
+        if self.termination_path is not None or self.log_path is None:
+            return self.termination_path
         return self.log_path.with_suffix(".termination")
 
     def start(self) -> None:
         """Start (or start again: the log is appended to). Call it from the main thread only: the
         parent-death signal fires when the thread that forked the child ends."""
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.termination_log.unlink(missing_ok=True)
-        env = {**self.env, failures.ENV_TERMINATION_LOG: str(self.termination_log)}
+        env = dict(self.env)
+        if self.termination_log is not None:
+            self.termination_log.parent.mkdir(parents=True, exist_ok=True)
+            self.termination_log.unlink(missing_ok=True)
+            env[failures.ENV_TERMINATION_LOG] = str(self.termination_log)
         argv = [sys.executable, "-m", "grpojob.lifeline", str(os.getpid()), "--", *self.argv]
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+        log = None
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
+        if log is not None:
+            log.close()
         self.started_at = time.monotonic()
 
     def termination(self) -> Optional[tuple[str, str]]:
         """(reason, message) the process wrote before it exited, or None."""
-        return failures.read(self.termination_log)
+        return failures.read(self.termination_log) if self.termination_log is not None else None
 
     @property
     def pid(self) -> int:
@@ -146,7 +157,7 @@ class Child:
         """The last lines of the log, led by the last error the process logged (under torchrun the
         real error sits above the launcher's own report)."""
         try:
-            with open(self.log_path, "rb") as f:
+            with open(self.log_path or "", "rb") as f:
                 text = f.read().decode(errors="replace")
         except OSError:
             return "(no log)"
@@ -160,7 +171,7 @@ class Child:
     def last_error(self) -> Optional[str]:
         """The last error the process logged, in one line (a JSON log line's message), or None."""
         try:
-            with open(self.log_path, "rb") as f:
+            with open(self.log_path or "", "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
                 lines = f.read().decode(errors="replace").splitlines()
         except OSError:
