@@ -22,7 +22,8 @@ from typing import Any, Optional
 from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
 from grpojob.api.colocation import COLOCATED
-from grpojob.api.spec import CODE_DIR, EPHEMERAL, GROUP
+from grpojob.api.operations import CODE_DIR, EPHEMERAL
+from grpojob.api.spec import GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
 from . import colocated, gang, network, pods

@@ -12,7 +12,7 @@ import copy
 from typing import Any, Optional
 
 from grpojob import plan
-from grpojob.api.spec import CODE_DIR
+from grpojob.api.operations import CODE_DIR
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
 from . import names as n

@@ -11,7 +11,7 @@ import pytest
 
 from grpojob import plan
 from grpojob.api import parse, plugins
-from grpojob.api.spec import CODE_DIR
+from grpojob.api.operations import CODE_DIR
 from grpojob.api.status import TrainerStatus
 from grpojob_operator import children, pods
 from grpojob_operator import names as n

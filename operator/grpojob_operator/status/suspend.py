@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from grpojob.api import GRPOJob, GRPOJobStatus
-from grpojob.api.spec import EPHEMERAL
+from grpojob.api.operations import EPHEMERAL
 
 from .conditions import Conditions, parse_time
 from .observe import Observation, leader_exited_cleanly, leader_up

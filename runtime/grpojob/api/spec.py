@@ -1,16 +1,17 @@
 """The GRPOJob spec (v1alpha1): the one source of truth for the CRD, the operator and the runtime."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Optional
+from typing import Literal, Optional
 
-from pydantic import StringConstraints, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from . import colocation, plugins
 from .base import FreeForm, Model, field, invalid
 from .data import DatasetSpec, EvaluationSpec, SamplingSpec
 from .lora import LoraSpec
+from .operations import CheckpointSpec, CodeSpec, MonitoringSpec, NetworkSpec, RunPolicy, SchedulingSpec
 from .status import GRPOJobStatus
-from .workload import RESERVED_VOLUME_PREFIX, EnvVar, Resources, Toleration, Volume, WorkloadSpec
+from .workload import EnvVar, Resources, Toleration, WorkloadSpec
 
 GROUP = "grpojob.io"
 VERSION = "v1alpha1"
@@ -26,7 +27,6 @@ MAX_ENVIRONMENTS = 32
 # Ports every process of a job agrees on (cluster defaults; `grpojob run` remaps them locally).
 RENDEZVOUS_PORT = 29500  # torchrun master port on trainer pod 0
 SYNC_STORE_PORT = 29600  # weight-sync TCPStore hosted by trainer rank 0
-CODE_DIR = "/opt/grpojob/code"  # spec.code's modules in the pods
 
 
 _plugin = plugins.checked_name
@@ -228,125 +228,6 @@ class WeightSyncSpec(Model):
     timeout_seconds: int = field(600, ge=1, description="Timeout of every weight-sync collective.")
 
 
-PERSISTENT, EPHEMERAL = "persistent", "ephemeral"  # checkpoint.storage
-# A Kubernetes resource quantity (the API's own pattern for Quantity).
-QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
-
-
-class CheckpointSpec(Model):
-    volume_claim: Optional[str] = field(None, description="An existing PersistentVolumeClaim for checkpoints, "
-                                        "mounted at path in trainer pods (and rollout pods with backend "
-                                        "checkpoint). Unset: storage decides.")
-    storage: Literal["persistent", "ephemeral"] = field(
-        PERSISTENT, description="Where trainer pods keep checkpoints without volumeClaim. persistent: a "
-        "PersistentVolumeClaim per trainer pod (the StatefulSet's volumeClaimTemplates: size, "
-        "storageClassName), kept while the job is suspended and deleted with the job; the cluster needs a "
-        "default StorageClass unless storageClassName names one. ephemeral: an emptyDir, deleted with its "
-        "pod: a restart keeps it, but suspend would lose it, so suspend is refused.")
-    size: str = field("10Gi", description="Size of each trainer pod's checkpoint claim (storage persistent): "
-                      "room for keepLast checkpoints of model and optimizer.", pattern=QUANTITY_PATTERN,
-                      max_length=64)
-    storage_class_name: Optional[str] = field(None, description="StorageClass of the checkpoint claims (storage "
-                                              "persistent); unset: the cluster's default StorageClass.",
-                                              pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    path: str = field("/checkpoints", description="Checkpoint directory (locally: relative to the run dir).")
-    every_steps: int = field(50, ge=1, description="Save every N steps (and always at the end).")
-    keep_last: int = field(3, ge=1, description="Keep the newest K checkpoints.")
-    resume: bool = field(True, description="Resume from the newest checkpoint when one exists.")
-
-    @model_validator(mode="after")
-    def _storage(self) -> "CheckpointSpec":
-        if self.volume_claim and self.storage == EPHEMERAL:
-            raise invalid("storage", "ephemeral contradicts volumeClaim (checkpoints on that claim); "
-                          "remove one of them")
-        return self
-
-
-class RunPolicy(Model):
-    suspend: bool = field(False, description="Checkpoint, then scale trainer and rollouts to zero; "
-                          "false resumes from the checkpoint.")
-    backoff_limit: int = field(3, ge=0, description="Trainer restarts tolerated before the job fails.")
-    active_deadline_seconds: Optional[int] = field(None, ge=1, description="Fail the job after this long.")
-    ttl_seconds_after_finished: Optional[int] = field(None, ge=0, description="Delete the job this long "
-                                                       "after it finished.")
-    clean_pod_policy: Literal["None", "Running", "All"] = field(
-        "All", description="On completion: delete no pods, the ones still running, or all.")
-
-
-class SchedulingSpec(Model):
-    gang: Literal["none", "kueue", "volcano"] = field(
-        "none", description="Gang scheduling. kueue: the trainer pods are one Kueue pod group (all nodes "
-        "start together) and each rollout pod is admitted on its own, so scaling the rollouts restarts no "
-        "trainer pod; volcano: one PodGroup of trainer and rollout pods.")
-    queue_name: Optional[str] = field(None, description="Kueue LocalQueue or Volcano queue.")
-    scheduler_name: Optional[str] = field(None, description="Pod scheduler (volcano sets it by default).")
-
-
-TRACKERS = ("tensorboard", "wandb", "mlflow")
-
-
-class MonitoringSpec(Model):
-    pod_monitor: bool = field(False, description="Create a Prometheus Operator PodMonitor for the job's pods.")
-    log_format: Literal["json", "text"] = field("json", description="Structured log format of the processes.")
-    report_to: list[Literal["tensorboard", "wandb", "mlflow"]] = field(
-        default_factory=list, description="Experiment trackers fed every step's record by the trainer leader: "
-        "tensorboard (event files in the run dir's tensorboard/), wandb (WANDB_* variables apply; offline in "
-        "the run dir's wandb/ unless WANDB_MODE or WANDB_API_KEY says otherwise), mlflow (MLFLOW_TRACKING_URI, "
-        "default a file store in the run dir's mlruns/). Needs the `trackers` extra.")
-    callbacks: list[str] = field(default_factory=list, description="Callback classes ('module:Class' or "
-                                 "'path/to/file.py:Class'), constructed without arguments, with "
-                                 "on_step_end(record) and on_checkpoint(step, path), called on the trainer leader.")
-
-    @field_validator("report_to")
-    @classmethod
-    def _unique(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("names a tracker twice")
-        return v
-
-    @field_validator("callbacks")
-    @classmethod
-    def _callbacks(cls, v: list[str]) -> list[str]:
-        for i, name in enumerate(v):
-            err = plugins.check_name("callback", name)
-            if err:
-                raise invalid(f"[{i}]", err)
-        return v
-
-
-class CodeSpec(Model):
-    """User code in every pod: modules on PYTHONPATH, pip requirements, and (per role) an image."""
-
-    config_map: Optional[str] = field(None, description="A ConfigMap whose keys are Python files (kubectl create "
-                                      f"configmap NAME --from-file=DIR), mounted at {CODE_DIR} and put on "
-                                      "PYTHONPATH in every pod.")
-    volume: Optional[Volume] = field(None, description=f"A Kubernetes volume of Python code (any source: a "
-                                     f"PersistentVolumeClaim, a ConfigMap with items...) mounted at {CODE_DIR} "
-                                     "and put on PYTHONPATH in every pod; instead of configMap.")
-    local_path: Optional[str] = field(None, description="`grpojob run`: the directory put on PYTHONPATH in place "
-                                      "of configMap or volume (relative to where it is started); pods ignore it.")
-    pip: list[str] = field(default_factory=list, description="pip requirements installed when a pod starts (an init "
-                           "container, into an emptyDir on PYTHONPATH) and by `grpojob run` (into the run dir).")
-    pip_args: list[str] = field(default_factory=list, description="Extra pip install arguments, e.g. "
-                                "[--index-url, URL] or [--no-index, --find-links, /opt/grpojob/code/wheels].")
-
-    @model_validator(mode="after")
-    def _one_source(self) -> "CodeSpec":
-        if self.config_map is not None and self.volume is not None:
-            raise invalid("volume", "set configMap or volume, not both")
-        name = (self.volume or {}).get("name", "")
-        if name.startswith(RESERVED_VOLUME_PREFIX):
-            raise invalid("volume.name", f"'{name}': names starting with {RESERVED_VOLUME_PREFIX} are reserved "
-                          "for the operator's volumes")
-        return self
-
-    @property
-    def has_modules(self) -> bool:
-        """Pods get a code directory (a local run: when localPath is set)."""
-        return self.config_map is not None or self.volume is not None
-
-
 # rollout.workflow none (environments only) is the one case without a dataset and rewards; the API
 # server refuses the rest at `kubectl apply`, as the model validator does (GRPOJobSpec._sources).
 _NO_WORKFLOW = f"has(self.rollout) && has(self.rollout.workflow) && self.rollout.workflow == '{plugins.NO_WORKFLOW}'"
@@ -364,26 +245,6 @@ _SOURCES_CEL = [
      "message": "rewards: evaluation scores its completions with spec.rewards: at least 1 reward is required"},
     *colocation.CEL,
 ]
-
-
-Namespace = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)]
-
-
-class NetworkSpec(Model):
-    """Who may reach the job's pods (Kubernetes NetworkPolicies the operator creates)."""
-
-    policy: bool = field(True, description="Create the job's NetworkPolicies: trainer ports accept only "
-                         "the job's own pods and the operator's namespace; rollout ports only the job's "
-                         "trainer (and environment) pods and agentNamespaces; the metrics port also the "
-                         "monitoring namespaces. Every endpoint but the health probes also needs the job's "
-                         "token (the Secret <name>-token), whatever this says.")
-    agent_namespaces: list[Namespace] = field(default_factory=list, description="Namespaces whose pods may call "
-                                        "the rollout servers (OpenAI endpoints, /generate), e.g. where agents "
-                                        "run, and in mode service the trainer's HTTP port (the training API, where "
-                                        "the user's loop runs); they still need the job's token.")
-    monitoring_namespaces: Optional[list[Namespace]] = field(
-        None, description="Namespaces whose pods may scrape the metrics port (Prometheus); default: the "
-        "operator's setting (chart value networkPolicy.monitoringNamespaces).")
 
 
 class GRPOJobSpec(Model):

@@ -10,7 +10,8 @@ from pydantic import ValidationError
 from . import k8s, plugins
 from .base import FIELD_ERROR
 from .colocation import COLOCATED
-from .spec import EPHEMERAL, GRPOJob
+from .operations import EPHEMERAL
+from .spec import GRPOJob
 
 
 @dataclass(frozen=True)
