@@ -88,6 +88,8 @@ TRAINER = (
               "during each stage of the last step; no sample on CPU.", ("stage",)),
     MetricDef("grpojob_weight_sync_seconds", "histogram", "Duration of a weight push to all rollout servers.",
               (), _STAGE_BUCKETS),
+    MetricDef("grpojob_weight_sync_bytes_total", "counter", "Tensor bytes of the weight pushes, each counted once "
+              "whatever the number of rollout servers (with model.lora: the adapter's alone).", record="sync_bytes"),
     MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group; no sample "
               "when the trainer generates in-process."),
     # spec.mode service: the training API's calls (grpojob.trainer.service), by operation.

@@ -51,7 +51,8 @@ def test_status_metrics_and_suspend(served):
 
     board.observe({"step": 3, "policy_version": 3, "reward_mean": 0.5, "reward_std": 0.1,
                    "rewards": {"toy": 0.5}, "rewards_std": {"toy": 0.1}, "loss": 0.01, "kl": None,
-                   "stage_seconds": {"generate": 0.2, "train": 0.1}, "step_seconds": 0.4, "published": True})
+                   "stage_seconds": {"generate": 0.2, "train": 0.1}, "step_seconds": 0.4, "published": True,
+                   "sync_bytes": 4096})
     board.update(phase="running", step=3, policy_version=3, reward_mean=0.5, weights_in_sync=True)
     doc = json.loads(_get(base + "/status")[1])
     assert doc["phase"] == "running" and doc["step"] == 3 and doc["rewardMean"] == 0.5
@@ -63,6 +64,7 @@ def test_status_metrics_and_suspend(served):
     assert 'grpojob_reward_mean{reward="toy"} 0.5' in text
     assert 'grpojob_stage_seconds_count{stage="generate"} 1.0' in text
     assert "grpojob_weight_sync_seconds_count 1.0" in text
+    assert "grpojob_weight_sync_bytes_total 4096.0" in text  # what was pushed (LoRA: the adapter alone)
     for m in TRAINER:
         assert m.name in text
 
