@@ -146,15 +146,17 @@ def _batch(spans: Tensor, width: int) -> tuple[_Batch, Tensor]:
 # ---- the functions transformers calls ---------------------------------------------------------------
 @functools.lru_cache(maxsize=None)
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, flex_attention_mask
+    # The registries of transformers' documented attention interface (docs: "Attention Interface");
+    # the mask function is the one its flex backend uses, as that page's example takes sdpa_mask.
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import flex_attention_mask
 
     AttentionInterface.register(FLEX, flex_forward)
     AttentionInterface.register(SEGMENTS, segments_forward)
     # A flex call without a mask (rows packed by position ids alone) gets transformers' own flex
     # mask. SEGMENTS has no mask function: its model calls get attention_mask=None and the layout
     # as the `segments` keyword (transformers passes model keywords down to attention).
-    ALL_MASK_ATTENTION_FUNCTIONS.register(FLEX, flex_attention_mask)
+    AttentionMaskInterface.register(FLEX, flex_attention_mask)
 
 
 @functools.lru_cache(maxsize=None)
