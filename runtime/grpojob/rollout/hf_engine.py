@@ -341,13 +341,13 @@ class HFEngine:
                      weights: str) -> None:
         """Merge a LoRA adapter (PEFT names and config) into the base weights and switch the
         version, as `load` does."""
-        named = list(named)
-        for name in lora.pairs(named):
+        adapted = lora.pairs(named)
+        for name in adapted:
             if name in self._params and name not in self._required:  # merging would change its twin too
                 raise ValueError(f"the adapter adapts {name}, which is tied to another weight of the model")
             if name in self._params and name not in self._base:
                 self._base[name] = self._params[name].detach().clone()
-        swapped = lora.merged(self._base, named, config)
+        swapped = lora.merged(self._base, adapted, config)
         touched = {n for n, _ in swapped}
         swapped += [(n, w) for n, w in self._base.items() if n not in touched]
         self._apply(swapped, version, weights)

@@ -78,14 +78,14 @@ def pairs(named: Iterable[tuple[str, torch.Tensor]]) -> dict[str, tuple[torch.Te
     return {k: (a[k], b[k]) for k in a}
 
 
-def merged(base: Mapping[str, torch.Tensor], named: Iterable[tuple[str, torch.Tensor]],
+def merged(base: Mapping[str, torch.Tensor], adapted: Mapping[str, tuple[torch.Tensor, torch.Tensor]],
            config: Mapping[str, Any]) -> list[tuple[str, torch.Tensor]]:
     """(weight name, W_base + scale * B @ A) for every adapted module, in the base's dtype and
-    device (computed in float32). `base`: the base weights by state-dict name."""
+    device (computed in float32). `base`: the base weights by state-dict name; `adapted`: pairs()."""
     check_supported(config)
     s = scale(config)
     out = []
-    for name, (a, b) in pairs(named).items():
+    for name, (a, b) in adapted.items():
         w = base.get(name)
         if w is None:
             raise ValueError(f"the adapter adapts '{name[:-len('.weight')]}', which the model lacks")
