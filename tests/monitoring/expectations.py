@@ -79,6 +79,7 @@ PANELS = {
     "Resampled and stale groups": COUNT,
     "Rollout server lag": COUNT,
     "Weight sync duration": POSITIVE,
+    "Bytes per weight push": POSITIVE,  # the scene's job pushes its full weights every step
     "Policy version": Range(1, positive=True),
     "Rollout servers in the sync group": Range(1, 1),  # the issue: at least one server, here exactly one
     "Importance weights": POSITIVE,
