@@ -31,8 +31,7 @@ from . import names as n
 
 Manifest = dict[str, Any]
 
-# The trainer checkpoints on SIGTERM before it exits; give it time to write a large model.
-TRAINER_GRACE_SECONDS = 300
+# The trainer pod's grace period is plan.TRAINER_GRACE_SECONDS (its one container may also run the engine).
 ROLLOUT_GRACE_SECONDS = 30
 ENVIRONMENT_GRACE_SECONDS = 30
 # vLLM may load a large model for many minutes before /healthz answers.
@@ -228,12 +227,12 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
         source, {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})], w)
     shared = engine is not None and colocated.one_container(job)
     if shared:  # the engine runs in this container, next to the trainer
-        role = plan.one_container(role, engine, {v["name"]: v["value"] for v in spec.rollout.env if "value" in v})
+        role = colocated.container_role(job, role, engine)
     container = pods.container("trainer", role, w, image, mounts, {
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
     })
-    pod = pods.pod_spec(w, container, volumes, TRAINER_GRACE_SECONDS, gang.scheduler(job),
+    pod = pods.pod_spec(w, container, volumes, plan.TRAINER_GRACE_SECONDS, gang.scheduler(job),
                         pods.init_containers(role, container))
     if engine is not None and not shared:
         pod["containers"].append(colocated.engine_container(job, engine, image, mounts))

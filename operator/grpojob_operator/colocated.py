@@ -38,6 +38,12 @@ def one_container_errors(job: GRPOJob) -> list[FieldError]:
     return errors
 
 
+def container_role(job: GRPOJob, trainer: plan.Role, engine: plan.Role) -> plan.Role:
+    """The one container's role (plan.one_container); the engine alone gets the plain values of
+    spec.rollout.env (one_container_errors refuses the others)."""
+    return plan.one_container(trainer, engine, {v["name"]: v["value"] for v in job.spec.rollout.env if "value" in v})
+
+
 def engine_container(job: GRPOJob, role: plan.Role, image: str, mounts: list[dict[str, Any]]) -> dict[str, Any]:
     """spec.placement colocated: the rollout server as a second container of the trainer pod. It mounts
     what the trainer mounts (the same emptyDirs: /dev/shm in memory, which the weight push goes

@@ -32,8 +32,9 @@ from .logs import setup as setup_logging
 
 log = logging.getLogger("grpojob.colocated_pod")
 
-# Below the trainer pod's terminationGracePeriodSeconds (300): the trainer may be saving a checkpoint.
-STOP_GRACE_SECONDS = 280.0
+# Inside the trainer pod's grace period, so that the kubelet's SIGKILL comes after ours: the trainer
+# may be saving a checkpoint.
+STOP_GRACE_SECONDS = plan.TRAINER_GRACE_SECONDS - 20.0
 
 
 def _children() -> tuple[Child, Child]:

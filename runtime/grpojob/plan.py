@@ -57,6 +57,9 @@ REPLICA_HOST = "host"  # rollout: pod IP
 REPLICA_NAME = "name"  # rollout: pod name
 
 CONFIG_FILE = "grpojob.json"  # file name inside the ConfigMap / run dir
+# The trainer pod's terminationGracePeriodSeconds: the trainer checkpoints on SIGTERM before it exits,
+# and a large model takes time to write.
+TRAINER_GRACE_SECONDS = 300
 
 
 @dataclass(frozen=True)

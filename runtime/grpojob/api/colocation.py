@@ -4,9 +4,10 @@ separate (default): rollout servers in pods of their own (a Deployment), weights
 network (or CUDA IPC / shared memory where `grpojob run` puts both on one host).
 colocated: one engine next to the trainer, sharing its device(s): a second container of the trainer
 pod on a cluster (sharing the pod's /dev/shm, an emptyDir in memory; with GPUs, a second process of
-the trainer's container: grpojob.colocated_pod), a second process of the same `grpojob run` locally. Generation and training take turns on the device (the engine sleeps while
-the trainer trains), and weights reach the engine with no network copy: shared memory on the CPU,
-CUDA IPC on a GPU (docs/colocated.md).
+the trainer's container: grpojob.colocated_pod), a second process of the same `grpojob run` locally.
+Generation and training take turns on the device (the engine sleeps while the trainer trains), and
+weights reach the engine with no network copy: shared memory on the CPU, CUDA IPC on a GPU
+(docs/colocated.md).
 """
 from __future__ import annotations
 

@@ -156,8 +156,10 @@ class Child:
     def tail(self, lines: int = 12) -> str:
         """The last lines of the log, led by the last error the process logged (under torchrun the
         real error sits above the launcher's own report)."""
+        if self.log_path is None:  # its output went to this process's own
+            return "(no log)"
         try:
-            with open(self.log_path or "", "rb") as f:
+            with open(self.log_path, "rb") as f:
                 text = f.read().decode(errors="replace")
         except OSError:
             return "(no log)"
@@ -170,8 +172,10 @@ class Child:
 
     def last_error(self) -> Optional[str]:
         """The last error the process logged, in one line (a JSON log line's message), or None."""
+        if self.log_path is None:
+            return None
         try:
-            with open(self.log_path or "", "rb") as f:
+            with open(self.log_path, "rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
                 lines = f.read().decode(errors="replace").splitlines()
         except OSError:
