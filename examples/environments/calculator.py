@@ -48,7 +48,7 @@ _WORD = re.compile(r"-?\d+|[^\W\d_]+|[^\s\w]")
 
 
 def log(event: str, **fields: Any) -> None:
-    print(json.dumps({"event": event, **fields}), flush=True)
+    print(json.dumps({"time": round(time.time(), 3), "event": event, **fields}), flush=True)
 
 
 def calculate(expression: str) -> str:
