@@ -50,32 +50,18 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from ..rewards.shaping import shaped_rewards, zero_variance
 from ..trajectories.queue import EnvironmentQueue, Queued, Refused
 from .client import RolloutError
-from .pipeline import WAIT_CHECK_SECONDS, Pipeline, SampleClient, StepGroups, WaitReport, derive_seed, group_version
-from .types import Generator, Group, Sample, Workflow
+from .pipeline import (WAIT_CHECK_SECONDS, IdleClock, Pipeline, SampleClient, StepGroups, WaitReport, derive_seed,
+                       group_version)
+from .types import Generator, Group, Prompts, Sample, Scorer, Workflow
 
 __all__ = ["Pipeline", "RolloutManager", "StepGroups", "derive_seed", "group_version"]
 
 log = logging.getLogger("grpojob.rollout.manager")
-
-
-
-class Scorer(Protocol):
-    async def score_group(self, group: Group) -> None: ...
-
-
-class Prompts(Protocol):
-    def next(self) -> Sample: ...
-
-    def sample_at(self, seq: int) -> Sample: ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
 
 
 @dataclass(order=True)
@@ -116,8 +102,7 @@ class RolloutManager:
         self._stale = 0
         self._error: Optional[BaseException] = None
         self._started = False
-        self._idle_since: Optional[float] = time.monotonic()
-        self._idle, self._window = 0.0, time.monotonic()
+        self._idle = IdleClock()  # the share of each step's wait with nothing generating
         self._loop = asyncio.new_event_loop()
         self._changed: Optional[asyncio.Condition] = None
         self._thread = threading.Thread(target=self._loop.run_forever, name="grpojob-rollout-manager",
@@ -256,9 +241,8 @@ class RolloutManager:
         while (len(self._inflight) + len(self._ready) < self._wanted()
                and len(self._inflight) < self.pipeline.max_concurrency):
             sample = heapq.heappop(self._requeue)[1] if self._requeue else self.prompts.next()
-            if not self._inflight and self._idle_since is not None:
-                self._idle += time.monotonic() - self._idle_since
-                self._idle_since = None
+            if not self._inflight:
+                self._idle.busy()
             task = asyncio.ensure_future(self._one(sample))
             self._inflight[sample.seq] = task
             task.add_done_callback(lambda _t, seq=sample.seq: self._release(seq))  # also when cancelled
@@ -267,7 +251,7 @@ class RolloutManager:
         """A sample's generation ended: its slot is free (before its group is handed on, so the
         next fill counts it as ready, not as in flight)."""
         if self._inflight.pop(seq, None) is not None and not self._inflight:
-            self._idle_since = time.monotonic()
+            self._idle.idle()
 
     async def _one(self, sample: Sample) -> None:
         """Generate and score one sample's group until it is fresh enough, then make it ready."""
@@ -349,18 +333,13 @@ class RolloutManager:
             self._waiting, self._step_reserved = "", None
             self._wait.done()
         self.taken += 1
-        now = time.monotonic()
-        if self._idle_since is not None:
-            self._idle += now - self._idle_since
-            self._idle_since = now
-        idle = self._idle / max(now - self._window, 1e-9)
-        self._idle, self._window = 0.0, now
+        now, idle = time.monotonic(), self._idle.fraction()
         stale, self._stale = self._stale, 0
         self._fill()
         per_env, parts = self.environments.trained([r.submitted for r in taken if r.submitted is not None])
         return StepGroups(groups=[r.group for r in taken], wait_seconds=now - t0,
                           score_seconds=sum(r.score_seconds for r in taken),
-                          idle_fraction=min(1.0, idle) if self.workflow is not None else None,
+                          idle_fraction=idle if self.workflow is not None else None,
                           in_flight=len(self._inflight) + len(self._ready) + self.environments.queued(),
                           resampled=max(0, len(taken) - p.prompts_per_step), stale=stale,
                           sample_ids=[r.group.sample.index for r in taken if r.submitted is None],

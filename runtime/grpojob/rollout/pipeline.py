@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -126,3 +127,31 @@ class WaitReport:
         if self._said is not None and self.on_wait is not None:
             self.on_wait("")
         self._said = None
+
+
+class IdleClock:
+    """The share of time with nothing generating, over the window since the last `fraction()`
+    (a step's StepGroups.idle_fraction). Starts idle."""
+
+    def __init__(self):
+        now = time.monotonic()
+        self._since: Optional[float] = now  # idle since (None: generating)
+        self._idle, self._window = 0.0, now
+
+    def busy(self) -> None:
+        if self._since is not None:
+            self._idle += time.monotonic() - self._since
+            self._since = None
+
+    def idle(self) -> None:
+        self._since = time.monotonic()
+
+    def fraction(self) -> float:
+        """The idle share since the last call (0..1); the window restarts."""
+        now = time.monotonic()
+        if self._since is not None:
+            self._idle += now - self._since
+            self._since = now
+        share = self._idle / max(now - self._window, 1e-9)
+        self._idle, self._window = 0.0, now
+        return min(1.0, share)

@@ -90,3 +90,19 @@ class Workflow(Protocol):
 
     async def run(self, client: Generator, sample: Sample) -> Group:
         ...
+
+
+class Scorer(Protocol):
+    """Scores a group in place (grpojob.rewards.RewardScorer)."""
+    async def score_group(self, group: Group) -> None: ...
+
+
+class Prompts(Protocol):
+    """The prompt stream (grpojob.data): samples in order, and any one again by its position."""
+    def next(self) -> Sample: ...
+
+    def sample_at(self, seq: int) -> Sample: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
