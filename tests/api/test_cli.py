@@ -92,4 +92,4 @@ def test_checkpoint_storage_choices_are_checked_and_ephemeral_warns():
     r = grpojob("validate", tiny, "--set", "checkpoint.size=lots")
     assert r.returncode == 1 and "spec.checkpoint.size: must be a quantity such as 8, 500m or 16Gi" in r.stderr
     r = grpojob("validate", tiny, "--set", "checkpoint.storageClassName=Fast_SSD")
-    assert r.returncode == 1 and "spec.checkpoint.storageClassName: must match" in r.stderr
+    assert r.returncode == 1 and "spec.checkpoint.storageClassName: must be a DNS-1123 subdomain" in r.stderr

@@ -156,6 +156,8 @@ def test_the_example_and_its_valid_variants_pass_both():
     doc = copy.deepcopy(EXAMPLE)
     t = doc["spec"]["trainer"]
     t["resources"]["requests"].update({"ephemeral-storage": "100Gi", "hugepages-2Mi": "1Gi", "cpu": 0})
+    # hugepages cannot be overcommitted: the API server wants a limit equal to the request
+    t["resources"]["limits"]["hugepages-2Mi"] = "1024Mi"
     t["env"] = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": None}}},
                 {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     t["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [

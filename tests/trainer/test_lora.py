@@ -9,6 +9,7 @@ import asyncio
 import pytest
 import torch
 
+from grpojob.api import InvalidSpec
 from grpojob.checkpoint import export as export_mod
 from grpojob.checkpoint import layout
 from grpojob.rollout.hf_engine import HFEngine
@@ -75,7 +76,12 @@ def test_tiny_model_learns_with_lora_through_the_hf_engine(tiny_sharp_dir, tmp_p
 
 
 def test_lora_on_the_output_layer_is_refused(tiny_dir):
-    job = lora_job(tiny_dir, lora={"targetModules": ["q_proj", "lm_head"]})
+    """Validation refuses it (grpojob.api.lora.output_layer_problems); the trainer applies the same
+    rule, to its model's own output layer, to a spec that skipped validation."""
+    with pytest.raises(InvalidSpec, match=r"spec.model.lora.targetModules\[1\]: the output layer \(lm_head\)"):
+        lora_job(tiny_dir, lora={"targetModules": ["q_proj", "lm_head"]})
+    job = lora_job(tiny_dir, lora={"targetModules": ["q_proj"]})
+    job.spec.model.lora.target_modules = ["q_proj", "lm_head"]
     with pytest.raises(TrainerError, match="spec.model.lora.targetModules: the output layer"):
         GRPOTrainer(job)
 

@@ -41,3 +41,13 @@ def invalid(subpath: str, message: str) -> PydanticCustomError:
     """The error a model validator raises about one of its own fields, `subpath` relative to the
     model (`volumes[0].name`): reported at that field's full path."""
     return PydanticCustomError(FIELD_ERROR, "{subpath}: {message}", {"subpath": subpath, "message": message})
+
+
+FIELD_ERRORS = "field_errors"  # a validator's several errors, each about one field (validate.errors_of)
+
+
+def invalid_all(problems: list[tuple[str, str]]) -> PydanticCustomError:
+    """The error a validator raises to report every problem it found at once: (subpath relative to
+    the model or value, message) pairs, each reported at its field's full path."""
+    summary = "; ".join(f"{p}: {m}" if p else m for p, m in problems)
+    return PydanticCustomError(FIELD_ERRORS, "{summary}", {"summary": summary, "errors": list(problems)})

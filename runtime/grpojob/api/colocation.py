@@ -11,7 +11,7 @@ weights reach the engine with no network copy: shared memory on the CPU, CUDA IP
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal, Optional
+from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
     from .spec import GRPOJobSpec
@@ -88,6 +88,3 @@ def problems(spec: "GRPOJobSpec") -> list[tuple[str, str]]:
     return out
 
 
-def first_problem(spec: "GRPOJobSpec") -> Optional[tuple[str, str]]:
-    found = problems(spec)
-    return found[0] if found else None

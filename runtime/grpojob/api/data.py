@@ -6,8 +6,8 @@ from typing import Literal, Optional
 
 from pydantic import field_validator, model_validator
 
-from . import plugins
-from .base import FreeForm, Model, field, invalid
+from . import arguments, plugins
+from .base import FreeForm, Model, field, invalid_all
 
 MAX_PASS_AT = 16  # values of evaluation.passAt
 
@@ -47,8 +47,15 @@ class DatasetSpec(Model):
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetSpec":
+        problems = []
         if sum(x is not None for x in (self.path, self.factory, self.class_)) != 1:
-            raise ValueError("set exactly one of path, factory and class")
+            problems.append(("", "set exactly one of path, factory and class"))
+        builtin = arguments.BUILTIN_DATASETS.get(self.factory or "")
+        if builtin is not None:  # a plug-in's args are bound when it is imported (validate.check_plugins)
+            problems += [(f"args{sub}", msg) for sub, msg in
+                         arguments.problems(builtin, self.args, f"the built-in dataset {self.factory}")]
+        if problems:
+            raise invalid_all(problems)
         return self
 
 
@@ -87,10 +94,10 @@ class EvaluationSpec(Model):
 
     @model_validator(mode="after")
     def _ks(self) -> "EvaluationSpec":
-        for i, k in enumerate(self.pass_at):
-            if not 1 <= k <= self.samples_per_prompt:
-                raise invalid(f"passAt[{i}]", f"{k}: pass@k needs 1 <= k <= samplesPerPrompt "
-                              f"({self.samples_per_prompt})")
+        problems = [(f"passAt[{i}]", f"{k}: pass@k needs 1 <= k <= samplesPerPrompt ({self.samples_per_prompt})")
+                    for i, k in enumerate(self.pass_at) if not 1 <= k <= self.samples_per_prompt]
+        if problems:
+            raise invalid_all(problems)
         return self
 
     @property

@@ -7,7 +7,8 @@ from typing import Annotated, Literal, Optional
 from pydantic import StringConstraints, field_validator, model_validator
 
 from . import plugins
-from .base import Model, field, invalid
+from .base import Model, field, invalid, invalid_all
+from .names import LABEL_VALUE_MAX, ObjectName
 from .workload import RESERVED_VOLUME_PREFIX, Volume
 
 CODE_DIR = "/opt/grpojob/code"  # spec.code's modules in the pods
@@ -15,11 +16,10 @@ CODE_DIR = "/opt/grpojob/code"  # spec.code's modules in the pods
 PERSISTENT, EPHEMERAL = "persistent", "ephemeral"  # checkpoint.storage
 # A Kubernetes resource quantity (the API's own pattern for Quantity).
 QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
-DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
 
 class CheckpointSpec(Model):
-    volume_claim: Optional[str] = field(None, description="An existing PersistentVolumeClaim for checkpoints, "
+    volume_claim: Optional[ObjectName] = field(None, description="An existing PersistentVolumeClaim for checkpoints, "
                                         "mounted at path in trainer pods (and rollout pods with backend "
                                         "checkpoint). Unset: storage decides.")
     storage: Literal["persistent", "ephemeral"] = field(
@@ -31,9 +31,9 @@ class CheckpointSpec(Model):
     size: str = field("10Gi", description="Size of each trainer pod's checkpoint claim (storage persistent): "
                       "room for keepLast checkpoints of model and optimizer.", pattern=QUANTITY_PATTERN,
                       max_length=64)
-    storage_class_name: Optional[str] = field(None, description="StorageClass of the checkpoint claims (storage "
-                                              "persistent); unset: the cluster's default StorageClass.",
-                                              pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    storage_class_name: Optional[ObjectName] = field(None, description="StorageClass of the checkpoint claims "
+                                                     "(storage persistent); unset: the cluster's default "
+                                                     "StorageClass.")
     path: str = field("/checkpoints", description="Checkpoint directory (locally: relative to the run dir).")
     every_steps: int = field(50, ge=1, description="Save every N steps (and always at the end).")
     keep_last: int = field(3, ge=1, description="Keep the newest K checkpoints.")
@@ -63,8 +63,11 @@ class SchedulingSpec(Model):
         "none", description="Gang scheduling. kueue: the trainer pods are one Kueue pod group (all nodes "
         "start together) and each rollout pod is admitted on its own, so scaling the rollouts restarts no "
         "trainer pod; volcano: one PodGroup of trainer and rollout pods.")
-    queue_name: Optional[str] = field(None, description="Kueue LocalQueue or Volcano queue.")
-    scheduler_name: Optional[str] = field(None, description="Pod scheduler (volcano sets it by default).")
+    # A queue is an object (a DNS-1123 subdomain) whose name Kueue reads from a label (a label value:
+    # at most 63 characters).
+    queue_name: Optional[ObjectName] = field(None, description="Kueue LocalQueue or Volcano queue.",
+                                             max_length=LABEL_VALUE_MAX)
+    scheduler_name: Optional[ObjectName] = field(None, description="Pod scheduler (volcano sets it by default).")
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
@@ -92,17 +95,16 @@ class MonitoringSpec(Model):
     @field_validator("callbacks")
     @classmethod
     def _callbacks(cls, v: list[str]) -> list[str]:
-        for i, name in enumerate(v):
-            err = plugins.check_name("callback", name)
-            if err:
-                raise invalid(f"[{i}]", err)
+        problems = [(f"[{i}]", err) for i, name in enumerate(v) if (err := plugins.check_name("callback", name))]
+        if problems:
+            raise invalid_all(problems)
         return v
 
 
 class CodeSpec(Model):
     """User code in every pod: modules on PYTHONPATH, pip requirements, and (per role) an image."""
 
-    config_map: Optional[str] = field(None, description="A ConfigMap whose keys are Python files (kubectl create "
+    config_map: Optional[ObjectName] = field(None, description="A ConfigMap whose keys are Python files (kubectl create "
                                       f"configmap NAME --from-file=DIR), mounted at {CODE_DIR} and put on "
                                       "PYTHONPATH in every pod.")
     volume: Optional[Volume] = field(None, description=f"A Kubernetes volume of Python code (any source: a "
@@ -117,12 +119,15 @@ class CodeSpec(Model):
 
     @model_validator(mode="after")
     def _one_source(self) -> "CodeSpec":
+        problems = []
         if self.config_map is not None and self.volume is not None:
-            raise invalid("volume", "set configMap or volume, not both")
+            problems.append(("volume", "set configMap or volume, not both"))
         name = (self.volume or {}).get("name", "")
         if name.startswith(RESERVED_VOLUME_PREFIX):
-            raise invalid("volume.name", f"'{name}': names starting with {RESERVED_VOLUME_PREFIX} are reserved "
-                          "for the operator's volumes")
+            problems.append(("volume.name", f"'{name}': names starting with {RESERVED_VOLUME_PREFIX} are reserved "
+                             "for the operator's volumes"))
+        if problems:
+            raise invalid_all(problems)
         return self
 
     @property

@@ -5,13 +5,14 @@ from typing import Literal, Optional
 
 from pydantic import field_validator, model_validator
 
-from . import colocation, plugins
-from .base import FreeForm, Model, field, invalid
+from . import colocation, consistency, plugins
+from .base import FreeForm, Model, field, invalid, invalid_all
 from .data import DatasetSpec, EvaluationSpec, SamplingSpec
 from .lora import LoraSpec
+from .names import Annotations, LabelName, Labels, ObjectName, annotations_field, labels_field
 from .operations import CheckpointSpec, CodeSpec, MonitoringSpec, NetworkSpec, RunPolicy, SchedulingSpec
 from .status import GRPOJobStatus
-from .workload import EnvVar, Resources, Toleration, WorkloadSpec
+from .workload import MAX_TOLERATIONS, EnvVar, Resources, Toleration, WorkloadSpec
 
 GROUP = "grpojob.io"
 VERSION = "v1alpha1"
@@ -36,7 +37,7 @@ class ModelSpec(Model):
     path: str = field(description="Directory of a Hugging Face model (config, safetensors, tokenizer). "
                       "On a cluster: a path inside the image or on `volumeClaim`, mounted at /models.",
                       min_length=1)
-    volume_claim: Optional[str] = field(None, description="PersistentVolumeClaim holding the model, "
+    volume_claim: Optional[ObjectName] = field(None, description="PersistentVolumeClaim holding the model, "
                                         "mounted read-only at /models in trainer and rollout pods.")
     tokenizer: Optional[str] = field(None, description="Tokenizer directory, when not the model's own.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = field(
@@ -204,12 +205,13 @@ class EnvironmentSpec(Model):
                                  "ResourceRequirements).")
     env: list[EnvVar] = field(default_factory=list, description="Extra environment variables (Kubernetes "
                               "EnvVar; `grpojob run` takes values only).")
-    node_selector: dict[str, str] = field(default_factory=dict, description="Kubernetes node selector.")
-    tolerations: list[Toleration] = field(default_factory=list, description="Kubernetes tolerations.")
-    priority_class_name: Optional[str] = field(None, description="Kubernetes priority class.")
-    service_account_name: Optional[str] = field(None, description="Service account of the pods.")
-    labels: dict[str, str] = field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = field(default_factory=dict, description="Extra pod annotations.")
+    node_selector: Labels = field(**labels_field("Kubernetes node selector (label keys and values)."))
+    tolerations: list[Toleration] = field(default_factory=list, max_length=MAX_TOLERATIONS,
+                                          description=f"Kubernetes tolerations. At most {MAX_TOLERATIONS}.")
+    priority_class_name: Optional[ObjectName] = field(None, description="Kubernetes priority class.")
+    service_account_name: Optional[ObjectName] = field(None, description="Service account of the pods.")
+    labels: Labels = field(**labels_field("Extra pod labels."))
+    annotations: Annotations = field(**annotations_field("Extra pod annotations."))
 
     def workload(self) -> WorkloadSpec:
         """The pod settings as the other roles' (for the operator's pod rendering)."""
@@ -312,70 +314,11 @@ class GRPOJobSpec(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> "GRPOJobSpec":
-        self._sources()
-        self._evaluation()
-        problem = colocation.first_problem(self)
-        if problem:
-            raise invalid(*problem)
-        t = self.training
-        longest = self.max_prompt_length + self.rollout.sampling.max_tokens
-        if t.micro_batch_tokens < longest:
-            raise ValueError(
-                f"training.microBatchTokens ({t.micro_batch_tokens}) must hold one whole sequence: "
-                f"dataset.maxPromptLength + rollout.sampling.maxTokens = {longest}")
-        a = self.algorithm
-        if a.partial_rollouts and a.max_staleness == 0:
-            # The floor follows the published version, so at maxStaleness 0 no generation runs
-            # while weights are pushed, whatever weightSync.everySteps is: nothing to resume.
-            raise ValueError("algorithm.partialRollouts needs algorithm.maxStaleness >= 1: at 0 no generation "
-                             "is in flight when weights are pushed, so there is nothing to resume")
-        if self.weight_sync.backend == "nccl" and self.rollout.backend == "hf":
-            raise ValueError("weightSync.backend nccl needs rollout.backend vllm on GPUs; use auto or gloo")
-        code_volume = (self.code.volume or {}).get("name")
-        for role in ("trainer", "rollout"):
-            if code_volume and code_volume in [v.get("name") for v in getattr(self, role).volumes]:
-                raise invalid("code.volume.name", f"'{code_volume}' is also a volume of spec.{role}.volumes")
+        """Every cross-field rule (api/consistency.py), each problem at its field path, all at once."""
+        problems = consistency.problems(self)
+        if problems:
+            raise invalid_all(problems)
         return self
-
-    def _evaluation(self) -> None:
-        ev = self.evaluation
-        if ev is None:
-            return
-        if self.mode == "service":
-            raise invalid("evaluation", "mode service runs no training loop to evaluate in: the client's own "
-                          "loop evaluates (sample through the service), or use mode train")
-        if not self.rewards:
-            raise invalid("rewards", "evaluation scores its completions with spec.rewards: at least 1 reward "
-                          "is required")
-        sync = self.weight_sync.every_steps
-        if ev.every_steps % sync:
-            raise invalid("evaluation.everySteps", f"{ev.every_steps} is not a multiple of weightSync.everySteps "
-                          f"({sync}): an evaluation runs on the weights pushed after its step")
-        longest = ev.dataset.max_prompt_length + self.evaluation_sampling.max_tokens
-        if longest > self.context_length:
-            raise invalid("evaluation.dataset.maxPromptLength", f"{ev.dataset.max_prompt_length} + the evaluation's "
-                          f"maxTokens {self.evaluation_sampling.max_tokens} = {longest} tokens exceed the rollout "
-                          f"servers' context ({self.context_length}: rollout.maxModelLen, default "
-                          "dataset.maxPromptLength + rollout.sampling.maxTokens)")
-
-    def _sources(self) -> None:
-        """Where the groups come from: the trainer's own workflow needs a dataset and rewards;
-        with rollout.workflow none the environments bring both; in mode service the user's
-        process does (and environments have no loop to feed)."""
-        if self.mode == "service":
-            if self.environments:
-                raise invalid("environments", "mode service runs no training loop for environments to feed: "
-                              "leave environments out, or use mode train")
-        elif self.rollout.workflow != plugins.NO_WORKFLOW:
-            if self.dataset is None:
-                raise invalid("dataset", "required unless rollout.workflow is none (groups only from environments)")
-            if not self.rewards:
-                raise invalid("rewards", "at least 1 reward is required unless rollout.workflow is none "
-                              "(environments score their own groups)")
-        names = [e.name for e in self.environments]
-        for i, name in enumerate(names):
-            if name in names[:i]:
-                raise invalid(f"environments[{i}].name", f"'{name}' is used twice")
 
 
 class ObjectMeta(Model):
@@ -384,7 +327,7 @@ class ObjectMeta(Model):
     # Children are named <name>-trainer / -rollout and must stay DNS-1035 labels with room for hashes.
     name: str = field("grpojob", description="Job name.", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
                       max_length=40)
-    namespace: Optional[str] = field(None, description="Namespace.")
+    namespace: Optional[LabelName] = field(None, description="Namespace.")
 
 
 class GRPOJob(Model):

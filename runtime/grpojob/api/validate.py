@@ -7,8 +7,8 @@ from typing import Any, Iterable, Optional
 
 from pydantic import ValidationError
 
-from . import k8s, plugins
-from .base import FIELD_ERROR
+from . import arguments, k8s, lora, plugins
+from .base import FIELD_ERROR, FIELD_ERRORS
 from .colocation import COLOCATED
 from .operations import EPHEMERAL
 from .spec import GRPOJob
@@ -43,6 +43,8 @@ def _path(loc: Iterable[Any]) -> str:
 
 
 def _join(path: str, sub: str) -> str:
+    if not sub:
+        return path
     return path + sub if sub.startswith("[") or not path else f"{path}.{sub.lstrip('.')}"
 
 
@@ -88,7 +90,7 @@ def errors_of(exc: ValidationError) -> list[FieldError]:
     out: list[FieldError] = []
     for err in exc.errors():
         loc = list(err["loc"])
-        if err["type"] == k8s.ERROR_TYPE:  # a Kubernetes sub-object: one error per problem inside it
+        if err["type"] in (k8s.ERROR_TYPE, FIELD_ERRORS):  # one error per problem found inside the value
             out += [FieldError(_join(_path(loc), sub), msg) for sub, msg in err["ctx"]["errors"]]
             continue
         if err["type"] == FIELD_ERROR:
@@ -123,11 +125,35 @@ def plugin_refs(job: GRPOJob) -> list[tuple[str, str, str]]:
     return [(p, k, n) for p, k, n in refs if plugins.is_reference(n)]
 
 
+def _datasets(job: GRPOJob) -> dict[str, Any]:
+    """Field path -> DatasetSpec of every dataset the job reads."""
+    spec = job.spec
+    found = {"spec.dataset": spec.dataset}
+    if spec.evaluation is not None:
+        found["spec.evaluation.dataset"] = spec.evaluation.dataset
+    return {k: v for k, v in found.items() if v is not None}
+
+
+def check_local(job: GRPOJob) -> list[FieldError]:
+    """What only this machine can decide: a LoRA target that matches no layer of the model, read
+    from the local checkpoint's safetensors headers (a model elsewhere is not checked)."""
+    spec = job.spec
+    if spec.model.lora is None or spec.model.volume_claim:
+        return []
+    modules = lora.checkpoint_modules(spec.model.path)
+    if not modules:
+        return []
+    return [FieldError(f"spec.model.lora.targetModules{sub}", msg)
+            for sub, msg in lora.unmatched_targets(spec.model.lora.target_modules, modules)]
+
+
 def check_plugins(job: GRPOJob) -> list[FieldError]:
-    """Import every plug-in the job names and check it is of its kind: errors with field paths.
-    (The runtime and the CLI do this; the operator cannot import users' code.)"""
-    errors = []
+    """Import every plug-in the job names and check it is of its kind, and bind a dataset plug-in's
+    args to its signature: errors with field paths. Also check_local. (The runtime and the CLI do
+    this; the operator cannot import users' code.)"""
+    errors = check_local(job)
     rewards = {f"spec.rewards[{i}].name": r for i, r in enumerate(job.spec.rewards)}
+    datasets = _datasets(job)
     for path, kind, name in plugin_refs(job):
         try:
             obj = plugins.resolve(name)
@@ -138,6 +164,10 @@ def check_plugins(job: GRPOJob) -> list[FieldError]:
         why = plugins.check_object(kind, obj, *([rewards[path]] if kind == "reward" else []))
         if why:
             errors.append(FieldError(path, f"'{name}' {why}"))
+        elif kind in ("dataset", "dataset_class"):
+            where = path.rsplit(".", 1)[0]
+            errors += [FieldError(f"{where}.args{sub}", msg) for sub, msg in
+                       arguments.problems(obj, datasets[where].args, f"'{name}'")]
         elif kind == "engine":
             errors += _engine_sync(job, obj)
             if job.spec.placement == COLOCATED and getattr(obj, "sleep_mode", False) is not True:

@@ -7,11 +7,15 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import model_validator
 
-from .base import Model, field, invalid
+from .base import Model, field, invalid_all
 from .k8s import K8s
+from .names import Annotations, Labels, ObjectName, annotations_field, labels_field
 
 # Volume names the operator gives its own pod volumes (config, run dir, caches, /tmp...).
 RESERVED_VOLUME_PREFIX = "grpojob-"
+# A role's tolerations carry CEL rules (tools/vendor_k8s_schemas.py): the API server costs a rule
+# under an unbounded list as if the list filled a request (docs/real-cluster-rules.md).
+MAX_TOLERATIONS = 32
 
 Toleration = Annotated[dict[str, Any], K8s("Toleration")]
 Resources = Annotated[dict[str, Any], K8s("ResourceRequirements")]
@@ -31,13 +35,14 @@ class WorkloadSpec(Model):
                                  "ResourceRequirements, e.g. limits: {nvidia.com/gpu: 8}).")
     env: list[EnvVar] = field(default_factory=list, description="Extra environment variables (Kubernetes "
                               "EnvVar: value or valueFrom); one named like a grpojob variable replaces it.")
-    node_selector: dict[str, str] = field(default_factory=dict, description="Kubernetes node selector.")
-    tolerations: list[Toleration] = field(default_factory=list, description="Kubernetes tolerations.")
+    node_selector: Labels = field(**labels_field("Kubernetes node selector (label keys and values)."))
+    tolerations: list[Toleration] = field(default_factory=list, max_length=MAX_TOLERATIONS,
+                                          description=f"Kubernetes tolerations. At most {MAX_TOLERATIONS}.")
     affinity: Optional[Affinity] = field(None, description="Kubernetes affinity.")
-    priority_class_name: Optional[str] = field(None, description="Kubernetes priority class.")
-    service_account_name: Optional[str] = field(None, description="Service account of the pods.")
-    labels: dict[str, str] = field(default_factory=dict, description="Extra pod labels.")
-    annotations: dict[str, str] = field(default_factory=dict, description="Extra pod annotations.")
+    priority_class_name: Optional[ObjectName] = field(None, description="Kubernetes priority class.")
+    service_account_name: Optional[ObjectName] = field(None, description="Service account of the pods.")
+    labels: Labels = field(**labels_field("Extra pod labels."))
+    annotations: Annotations = field(**annotations_field("Extra pod annotations."))
     volumes: list[Volume] = field(default_factory=list, description="Extra pod volumes (Kubernetes Volume; "
                                   f"names starting with {RESERVED_VOLUME_PREFIX} are the operator's).")
     volume_mounts: list[VolumeMount] = field(
@@ -53,18 +58,23 @@ class WorkloadSpec(Model):
 
     @model_validator(mode="after")
     def _volumes(self) -> "WorkloadSpec":
+        """Volume names unique and not the operator's, mounts of existing volumes at distinct paths
+        (validation.go validateVolumes, validateVolumeMounts): every problem at once."""
+        problems = []
         names = [v.get("name", "") for v in self.volumes]
         for i, name in enumerate(names):
             if name.startswith(RESERVED_VOLUME_PREFIX):
-                raise invalid(f"volumes[{i}].name", f"'{name}': names starting with {RESERVED_VOLUME_PREFIX} "
-                              "are reserved for the operator's volumes")
+                problems.append((f"volumes[{i}].name", f"'{name}': names starting with {RESERVED_VOLUME_PREFIX} "
+                                 "are reserved for the operator's volumes"))
             if name in names[:i]:
-                raise invalid(f"volumes[{i}].name", f"'{name}' is used twice")
+                problems.append((f"volumes[{i}].name", f"'{name}' is used twice"))
         paths: list[str] = []
         for i, m in enumerate(self.volume_mounts):
             if m.get("name") not in names:
-                raise invalid(f"volumeMounts[{i}].name", f"'{m.get('name')}' names no entry of volumes")
+                problems.append((f"volumeMounts[{i}].name", f"'{m.get('name')}' names no entry of volumes"))
             if m.get("mountPath") in paths:
-                raise invalid(f"volumeMounts[{i}].mountPath", f"'{m.get('mountPath')}' is mounted twice")
+                problems.append((f"volumeMounts[{i}].mountPath", f"'{m.get('mountPath')}' is mounted twice"))
             paths.append(m.get("mountPath"))
+        if problems:
+            raise invalid_all(problems)
         return self

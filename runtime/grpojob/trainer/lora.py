@@ -17,7 +17,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
-from ..api.lora import LoraSpec
+from ..api.lora import OUTPUT_LAYER, LoraSpec, output_layer_problems
 from ..sync.stream import TensorStream
 
 
@@ -29,16 +29,15 @@ def attach(model: nn.Module, spec: LoraSpec) -> nn.Module:
 
     config = LoraConfig(r=spec.rank, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
                         target_modules=spec.peft_target_modules(), task_type="CAUSAL_LM")
+    # The validator's own rule (grpojob.api.lora), on this model's output layer by its real name.
     head = model.get_output_embeddings()
+    head_name = next((name for name, m in model.named_modules() if m is head), OUTPUT_LAYER)
+    for _, why in output_layer_problems(spec.target_modules, head_name):
+        raise TrainerError(f"spec.model.lora.targetModules: {why}")
     try:
         peft_model = get_peft_model(model, config)
     except ValueError as e:  # e.g. target modules not found in the model
         raise TrainerError(f"spec.model.lora.targetModules: {e}") from e
-    if model.get_output_embeddings() is not head:
-        # PolicyLogprobs reads the output layer's weight directly (the fused, tiled log-softmax),
-        # so an adapter there would never see a gradient.
-        raise TrainerError("spec.model.lora.targetModules: the output layer (lm_head) cannot take an adapter; "
-                           "name the decoder's linear layers (or all-linear, which leaves lm_head out)")
     return peft_model
 
 
