@@ -5,6 +5,9 @@ group size, completion length, prompts per optimizer step and learning rate, on 
 - CPU: both float32 (TRL: use_cpu=True, bf16=False; TRL needs no gradient checkpointing there).
 - CUDA: ours bf16 autocast over float32 master weights (its default on GPU); TRL bf16=True,
   use_cpu=False. Peak GPU memory is printed for both.
+The reward is the toy task's plus a small term that differs between completions (`varied`): a
+random model scores 0 on every completion of the toy task, and ours skips groups whose rewards are
+all equal (no gradient at beta 0) while TRL trains them, so the train stages would not compare.
 Both sample with transformers models in process (TRL: `generate`, use_vllm=False; ours: the hf
 engine's continuously batched decoder). Throughput is end-to-end training tokens per second
 (prompt + completion tokens of every sampled completion, per second of full steps: generate,
@@ -31,7 +34,9 @@ import statistics
 import tempfile
 import time
 import warnings
+import zlib
 from pathlib import Path
+from typing import Optional
 
 # Model shapes: (architecture, defaults for this benchmark). qwen2.5-0.5b has Qwen2.5-0.5B's
 # layers and its full 151,936-entry vocabulary (the tokenizer covers only the first ids).
@@ -63,10 +68,30 @@ def build_model(shape: str, out: Path) -> Path:
     return out
 
 
+def varied(prompt: str, completion: str, answer=None, **_) -> float:
+    """The toy reward plus a term in [0, 0.01) from the completion's text: groups never score alike."""
+    from grpojob.rewards.builtin import toy
+
+    return toy(prompt, completion, answer=answer) + (zlib.crc32(completion.encode()) % 1000) / 100_000
+
+
+# Dense bf16 tensor-core peak (FLOP/s) of the GPUs the MFU is printed for (their datasheets, no sparsity).
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def peak_flops(device: str) -> Optional[float]:
+    if device != "cuda":
+        return None
+    import torch
+
+    name = torch.cuda.get_device_name()
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
 def job_doc(model: Path, a: argparse.Namespace) -> dict:
     return {"apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "bench"},
             "spec": {"model": {"path": str(model)}, "dataset": {"factory": "toy", "maxPromptLength": 32},
-                     "rewards": [{"name": "toy"}],
+                     "rewards": [{"name": f"{Path(__file__).resolve()}:varied"}],
                      "algorithm": {"name": "grpo", "groupSize": a.group, "lossAggregation": "token-mean"},
                      "training": {"steps": a.steps, "promptsPerStep": a.prompts, "learningRate": a.lr,
                                   "microBatchTokens": a.micro_batch_tokens},
@@ -120,8 +145,9 @@ class Ours:
         self.trainer, self.loop = self.run.trainer, self.run.loop
         self.loop.source.start()
         self.seconds: list[float] = []
-        self.train_seconds: list[float] = []
+        self.train_seconds: list[float] = []  # the step record's train stage
         self.tokens: list[int] = []
+        self.trained: list[int] = []  # tokens the train stage ran forward/backward on
         self.memory = Memory(a.device == "cuda")
 
     def step(self) -> None:
@@ -136,9 +162,10 @@ class Ours:
         self.seconds.append(time.perf_counter() - t0)
         self.train_seconds.append(record.stage_seconds["train"])
         self.tokens.append(record.tokens)
+        self.trained.append(record.trained_tokens)
 
     def close(self) -> None:
-        self.run.rollouts.close()
+        self.run.close()  # waits for a checkpoint in flight: the work directory goes next
 
 
 def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ours, dict]:
@@ -150,10 +177,8 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
     from trl import GRPOConfig, GRPOTrainer
 
     from grpojob.data.builtin import toy as toy_rows
-    from grpojob.rewards.builtin import toy as toy_reward
-
     def reward(prompts, completions, answer, **_):
-        return [toy_reward(p, c, answer=x) for p, c, x in zip(prompts, completions, answer)]
+        return [varied(p, c, answer=x) for p, c, x in zip(prompts, completions, answer)]
 
     ours = Ours(model, a, work)
     n = a.prompts * a.group
@@ -186,6 +211,8 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
 
     trl._generate_and_score_completions = timed  # instrumentation only: times TRL's own call
 
+    began = time.monotonic()
+
     class Alternate(TrainerCallback):
         start = 0.0
         seen = 0
@@ -202,6 +229,12 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
             tokens.append(state.num_input_tokens_seen - Alternate.seen)
             Alternate.seen = state.num_input_tokens_seen
             ours.step()
+            if a.max_seconds and time.monotonic() - began > a.max_seconds and len(seconds) >= 2:
+                print(f"--max-seconds {a.max_seconds:.0f} reached after {len(seconds)} steps of each: "
+                      "reporting what was measured", flush=True)
+                control.should_training_stop = True
+            print(f"step {len(seconds)}: trl {seconds[-1]:.2f} s, grpojob {ours.seconds[-1]:.2f} s "
+                  f"(train stage {ours.train_seconds[-1]:.2f} s, {ours.trained[-1]} tokens trained)", flush=True)
 
     trl.add_callback(Alternate())
     trl.train()
@@ -315,6 +348,7 @@ def main() -> None:
     p.add_argument("--accumulation", type=int, default=4, help="TRL: gradient accumulation micro-batches")
     p.add_argument("--model", type=Path, help="an existing model directory instead of building one")
     p.add_argument("--no-generation", action="store_true", help="skip the generation engines' comparison")
+    p.add_argument("--max-seconds", type=float, help="stop stepping after this long and report what was measured")
     a = p.parse_args()
     for k, v in SHAPES[a.shape][1].items():
         if getattr(a, k) is None:
@@ -328,6 +362,7 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         model = a.model or build_model(a.shape, work / "model")
@@ -336,7 +371,8 @@ def main() -> None:
               f"per step, {a.steps} steps (first one is warm-up), {where}")
         mine, theirs = run_side_by_side(model, a, work)
         mine.close()
-        gen = None if a.no_generation else generation(model, a)
+        over = a.max_seconds is not None and time.monotonic() - started > a.max_seconds
+        gen = None if a.no_generation or over else generation(model, a)
     rows = [("grpojob", mine.seconds, mine.train_seconds, mine.tokens),
             ("trl", theirs["seconds"], theirs["train_seconds"], theirs["tokens"])]
     print(f"{'trainer':<10} {'tokens/s':>10} {'train-only tokens/s':>20} {'tokens':>8} {'median s/step':>14}")
@@ -345,6 +381,16 @@ def main() -> None:
         rates[name] = (_rate(seconds, tokens), _rate(train, tokens))
         print(f"{name:<10} {rates[name][0]:>10.0f} {rates[name][1]:>20.0f} {sum(tokens[1:]):>8d} "
               f"{statistics.median(seconds[1:]):>14.2f}")
+    trained = [(t, s) for t, s in zip(mine.trained[1:], mine.train_seconds[1:]) if t > 0]
+    if not trained:
+        print("grpojob trained no token after its first step (every group scored alike): no train-stage figure")
+    else:  # 6 FLOPs per parameter per trained token (forward 2, backward 4)
+        params = sum(p.numel() for p in mine.trainer.model.parameters())
+        flops = statistics.median(6 * params * t / s for t, s in trained)
+        peak = peak_flops(a.device)
+        print(f"grpojob train stage: {statistics.median(t / s for t, s in trained):.0f} trained tokens/s over "
+              f"{len(trained)} steps, {flops / 1e12:.1f} TFLOP/s"
+              + (f", MFU {flops / peak:.1%} of {peak / 1e12:.0f} TFLOP/s bf16" if peak else ""))
     if a.device == "cuda":
         gib = 2 ** 30
         state = Memory.state_bytes(mine.trainer.model, mine.trainer.optimizer)

@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # the trainer package imports torch.distributed; checkpoint h
     from ..trainer.trainer import GRPOTrainer
 
 log = logging.getLogger("grpojob.checkpoint")
+CLOSE_WAIT_SECONDS = 120.0  # how long the end of a run waits for a save in flight
 
 # DCP warns on every single-process save and load (one trainer rank, `grpojob export`); that is
 # this package's intent, not a misconfiguration.
@@ -130,13 +131,20 @@ class CheckpointManager:
         self._committed: list[tuple[int, Path]] = []
         self._lock = threading.Lock()
         multi = self.env.initialized and self.env.world > 1
-        self.single = not multi  # no process group: DCP writes and reads in this process alone
-        self.pg = None
+        self.single = not multi  # one rank: DCP writes and reads in this process alone
+        self.pg = self._group()
         if multi:
-            import torch.distributed as tdist
-
-            self.pg = tdist.new_group(backend="gloo")  # the background save's collectives
             self._check_shared(dist)
+
+    def _group(self):
+        """A gloo group of its own whenever a process group exists, one rank included: DCP's
+        asynchronous save asserts that the group it uses (or, given none, the default one, which
+        is NCCL on GPUs) has a CPU backend, and its collectives then stay off the training group."""
+        import torch.distributed as tdist
+
+        if not (self.env.initialized and tdist.is_available() and tdist.is_initialized()):
+            return None
+        return tdist.new_group(backend="gloo")
 
     def _check_shared(self, dist) -> None:
         """Every rank writes into the same directory: it must be one filesystem for all of them."""
@@ -231,6 +239,19 @@ class CheckpointManager:
 
             raise TrainerError(f"checkpoint of step {save.step} failed: {save.error}") from save.error
 
+    def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
+        """At the end of a run, however it ends: the pending save is committed before the files
+        it writes into can go away, or the log says it was dropped (it failed, or outlasted
+        `timeout`: a peer that died mid-save)."""
+        save, self.pending = self.pending, None
+        if save is None:
+            return
+        if not save.done.wait(timeout):
+            log.error("checkpoint of step %d dropped: still being written %.0f s after the run ended",
+                      save.step, timeout)
+        elif save.error is not None:
+            log.error("checkpoint of step %d dropped: %s", save.step, save.error)
+
     def covers(self, step: int) -> bool:
         """A save of `step` is committed or under way."""
         return (self.pending is not None and self.pending.step == step) or self.last_step == step
@@ -252,7 +273,8 @@ class CheckpointManager:
             state = legacy.load(tr, path)
         else:
             shards = tr.sharded_state()  # the skeleton in this run's sharding, filled in place
-            dcp.load(shards, checkpoint_id=str(Path(path) / layout.SHARDS), no_dist=self.single)
+            dcp.load(shards, checkpoint_id=str(Path(path) / layout.SHARDS), process_group=self.pg,
+                     no_dist=self.single)
             tr.load_sharded_state(shards)
             del shards
             state = legacy.read_state(path) if tr.env.is_leader else None

@@ -54,6 +54,14 @@ class TrainerRun:
         try:
             return body()
         finally:
+            self.close()
+
+    def close(self) -> None:
+        """The save in flight is committed (or said dropped), then the rollout side and the
+        trackers close: whoever drives the loop step by step (a benchmark) calls this too."""
+        try:
+            self.checkpoints.close()
+        finally:
             self.rollouts.close()
             self.loop.callbacks.close()
 
@@ -85,7 +93,7 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
           board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
           suspend: Optional[threading.Event] = None, auth: Optional[Auth] = None) -> TrainerRun:
     """`auth`: the job's token, which rollouts "remote" need (weight-sync membership, /generate)."""
-    env = env or dist.DistEnv()
+    env = env or dist.lone()
     spec = job.spec
     trainer = trainer_class(spec)(job, env)  # spec.trainer.class, default GRPOTrainer
     root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)

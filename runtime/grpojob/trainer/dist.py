@@ -30,19 +30,42 @@ class DistEnv:
         return self.rank == 0
 
 
+# The default group's backends per device. On GPUs it must have a CPU backend too: NCCL carries
+# only CUDA tensors, and the loop's own collectives (all_max/all_sum of small CPU tensors,
+# broadcast_object_list's sizes under gloo, barrier) and DCP's asynchronous save ("A CPU backend
+# must be enabled for async save") need one. torch routes each collective by its tensors' device.
+BACKENDS = {"cuda": "cpu:gloo,cuda:nccl", "cpu": "gloo"}
+
+
+def backend(device: torch.device) -> str:
+    return BACKENDS["cuda" if device.type == "cuda" else "cpu"]
+
+
+def has_cpu_backend(group=None) -> bool:
+    """The group (default: the default group) carries CPU tensors."""
+    g = group if group is not None else dist.group.WORLD
+    return torch.device("cpu") in getattr(g, "_device_types", [torch.device("cpu")])
+
+
+def lone() -> DistEnv:
+    """One process without a process group, on this process's device (grpojob.devices: the pinned
+    GRPOJOB_DEVICE, else the GPU when there is one): never the CPU by default on a GPU machine."""
+    return DistEnv(device=_device(0))
+
+
 def init(timeout_seconds: float = 600) -> DistEnv:
-    """Join the torchrun process group (gloo on CPU, nccl on GPU); single process without torchrun."""
+    """Join the torchrun process group (`backend(device)`); single process without torchrun."""
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return DistEnv(device=_device(0))
+        return lone()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = _device(local_rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_seconds))
-        log.info("process group up", extra={"backend": backend, "rank": rank, "world": world})
+        name = backend(device)
+        dist.init_process_group(name, timeout=datetime.timedelta(seconds=timeout_seconds))
+        log.info("process group up", extra={"backend": name, "rank": rank, "world": world})
     return DistEnv(rank=rank, world=world, local_rank=local_rank, device=device, initialized=True)
 
 

@@ -59,7 +59,7 @@ class GRPOTrainer:
     def __init__(self, job: GRPOJob, env: Optional[dist.DistEnv] = None):
         self.job, self.spec = job, job.spec
         self.args: dict[str, Any] = dict(job.spec.trainer.args)
-        self.env = env or dist.DistEnv()
+        self.env = env or dist.lone()
         spec = self.spec
         self.max_tokens = spec.rollout.sampling.max_tokens
         t = spec.rollout.sampling.temperature
