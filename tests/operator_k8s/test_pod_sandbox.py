@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import time
-import urllib.request
 
 import pytest
 
@@ -21,6 +20,7 @@ from grpojob.local.processes import free_port
 from grpojob_operator import children
 from grpojob_operator import names as n
 from tests.helpers import pod_sandbox, statefulset
+from tests.helpers.trainer_status import wait_completed
 
 from .conftest import job_manifest
 
@@ -79,25 +79,6 @@ def stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def wait_completed(port: int, token: str, procs: list[subprocess.Popen], logs: list, timeout: float = 420) -> dict:
-    """The trainer's /status once it says "completed" (a completed trainer stays up until its pod
-    is stopped); fails when a process dies first."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        dead = [(p, log) for p, log in zip(procs, logs) if p.poll() is not None]
-        assert not dead, f"exit {dead[0][0].poll()}:\n{dead[0][1].read_text()[-3000:]}"
-        try:
-            req = urllib.request.Request(f"http://127.0.0.1:{port}/status", headers=auth.Auth(token).headers())
-            with urllib.request.urlopen(req, timeout=5) as r:
-                doc = json.loads(r.read())
-            if doc["phase"] == "completed":
-                return doc
-        except OSError:
-            pass
-        time.sleep(1)
-    pytest.fail(f"not completed in {timeout}s:\n{logs[0].read_text()[-3000:]}")
 
 
 def test_trainer_and_rollout_pods_train_under_the_restricted_pod_security(cluster_job, tmp_path):

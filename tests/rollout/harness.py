@@ -197,7 +197,7 @@ def perturb(model, seed: int, scale: float = 0.5):
 def greedy(model, tokenizer, prompt_ids, max_tokens: int) -> tuple[list[int], list[float]]:
     """The trainer-side reference: transformers' own greedy `generate` (independent of the hf
     engine's decoder), cut after EOS, with the log-probs of its tokens."""
-    ids = torch.tensor([list(prompt_ids)])
+    ids = torch.tensor([list(prompt_ids)], device=next(model.parameters()).device)
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=max_tokens, eos_token_id=tokenizer.eos_token_id,

@@ -77,7 +77,10 @@ def _datum(s: TrainSeq, advantage: bool = True) -> Datum:
     return Datum(model_input=ModelInput.from_ints(full[:-1]), loss_fn_inputs=inputs)
 
 
-def _compare(trainer, loss_fn: str, rtol: float, atol: float) -> None:
+def _compare(trainer, loss_fn: str, rtol: float, atol: float, grads_by_norm: bool = False) -> None:
+    """grads_by_norm (bf16 compute): each gradient as a whole, ||got - expected|| <= rtol ||expected||;
+    elementwise tolerances fail on the many near-zero entries bf16 rounds differently (the embedding's
+    rows above all), while a wrong mask or loss is off by the gradient's whole size."""
     seqs = _seqs(trainer)
     # The trainer's own step (GRPOTrainer.optimize's epoch 0), with coefficient 1: a sum over tokens.
     trainer.optimizer.zero_grad(set_to_none=True)
@@ -100,8 +103,13 @@ def _compare(trainer, loss_fn: str, rtol: float, atol: float) -> None:
     assert metrics["loss:sum"] == pytest.approx(trainer_loss, rel=rtol, abs=atol)
     assert metrics["tokens:sum"] == sum(len(s.prompt_ids) + len(s.completion_ids) - 1 for s in seqs)
     assert expected.keys() == got.keys() and max(float(g.abs().max()) for g in expected.values()) > 1e-4
-    for name in expected:
-        torch.testing.assert_close(got[name], expected[name], rtol=rtol, atol=atol, msg=name)
+    if grads_by_norm:
+        errors = {n: float((got[n] - expected[n]).float().norm() / expected[n].float().norm().clamp_min(1e-12))
+                  for n in expected}
+        assert max(errors.values()) <= rtol, {n: round(e, 4) for n, e in errors.items() if e > rtol}
+    else:
+        for name in expected:
+            torch.testing.assert_close(got[name], expected[name], rtol=rtol, atol=atol, msg=name)
     # the outputs: the trainer's log-probs of every target, the completions' among them
     for s, lp, own in zip(seqs, logprobs, trainer.token_logprobs(trainer.policy, seqs)):
         assert len(lp) == len(s.prompt_ids) + len(s.completion_ids) - 1
@@ -122,7 +130,7 @@ def test_on_cuda_with_its_bucketed_shapes_and_bf16_compute(tiny_dir):
     trainer = GRPOTrainer(make_job(tiny_dir, mode="service"), dist.DistEnv(device=torch.device("cuda", 0)))
     assert trainer.shape.bucket
     for loss_fn in ("importance_sampling", "ppo"):
-        _compare(trainer, loss_fn, rtol=3e-2, atol=1e-4)
+        _compare(trainer, loss_fn, rtol=3e-2, atol=1e-4, grads_by_norm=True)
 
 
 def test_cross_entropy_is_the_weighted_nll_of_the_trainers_logprobs(trainer):
