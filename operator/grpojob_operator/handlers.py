@@ -72,8 +72,9 @@ def register(registry: kopf.OperatorRegistry, ctl: Controller) -> None:
         return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
     @kopf.index("", "v1", "pods", labels=MANAGED, id="grpojob_pods", registry=registry)
-    async def grpojob_pods(meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any) -> Any:
-        entry = pod_view(plain(meta), plain(status))
+    async def grpojob_pods(meta: Mapping[str, Any], spec: Mapping[str, Any], status: Mapping[str, Any],
+                           **_: Any) -> Any:
+        entry = pod_view(plain(meta), plain(status), plain(spec))
         return None if entry is None else {entry[0]: entry[1]}
 
     def child_indexer(kind: str) -> Any:

@@ -12,6 +12,7 @@ from grpojob.api import plugins
 from . import children
 from . import names as n
 from .status import PodView
+from .status.waiting import pod_problem
 
 # Kinds whose watched content is hashed, not just their stamp read: an edit that keeps the
 # spec-hash annotation (opening a NetworkPolicy to everyone, say) still shows as drift.
@@ -73,7 +74,8 @@ def _clean_exit(status: Mapping[str, Any], role: str) -> bool:
     return False
 
 
-def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tuple[tuple[str, str], PodView]]:
+def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any],
+             spec: Optional[Mapping[str, Any]] = None) -> Optional[tuple[tuple[str, str], PodView]]:
     """(namespace, job) -> PodView for one of our pods, None for anyone else's."""
     labels = meta.get("labels") or {}
     job, role = labels.get(n.LABEL_JOB), labels.get(n.LABEL_ROLE)
@@ -87,7 +89,8 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any]) -> Optional[tup
                    failure=_first(status, plugins.parse_failure, init=True),
                    completed_step=_first(status, plugins.parse_completion) if role == "trainer" else None,
                    # a rollout server's, or a colocated engine's in a trainer pod
-                   engine_failure=_first(status, plugins.parse_engine_failure) if role in n.ROLES else None)
+                   engine_failure=_first(status, plugins.parse_engine_failure) if role in n.ROLES else None,
+                   problem=pod_problem(spec or {}, status))
     return (meta.get("namespace", ""), job), view
 
 

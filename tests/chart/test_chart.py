@@ -459,6 +459,10 @@ def test_notes_first_job_is_a_valid_grpojob(notes, args, namespace):
     job, errors = check(doc)
     assert not errors, errors
     assert job.spec.model.path == "/opt/grpojob/models/tiny"  # baked into the runtime image
+    # No claim that only a default StorageClass would bind: it runs on a cluster without one (issue 31).
+    from grpojob_operator import children
+    assert children.checkpoint_claim_template(job) is None and job.spec.model.volume_claim is None
+    assert "spec.checkpoint.storageClassName" in text and "spec.checkpoint.volumeClaim" in text
     assert f"rollout status deployment/{RELEASE}" in text and "kubectl get grpo" in text
 
 

@@ -83,7 +83,10 @@ async def test_an_unreachable_trainer_is_a_condition_an_event_and_the_status_mes
     c = cond(emulator, "blind", "TrainerReachable")
     assert c["reason"] == "Unreachable" and "HTTP 503" in c["message"] and c["lastTransitionTime"]
     st = status(emulator, "blind")
-    assert st["progress"]["totalSteps"] == 20 and "trainer unreachable" in st["message"]
+    # Not Running while the trainer does not answer (issue 31): the phase and message say so.
+    assert st["progress"]["totalSteps"] == 20 and st["phase"] == "Initializing"
+    assert st["message"].startswith("the trainer does not answer: ") and "HTTP 503" in st["message"]
+    assert cond(emulator, "blind", "Running")["reason"] == "TrainerUnreachable"
     assert all(x.get("lastTransitionTime") for x in st["conditions"])
     await eventually(lambda: ("Warning", "Unreachable") in events(emulator, "blind"), what="event")
 

@@ -11,6 +11,9 @@ from grpojob_operator.status import (Decision, Event, Observation, PodView, coun
 from .conftest import job_manifest
 
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+# What a running trainer's /status says (the controller asks whenever trainer pod 0 runs): a
+# job is Running only on its word.
+TRAINING = TrainerStatus(phase="running", step=3, total_steps=20)
 
 
 def job(**spec):
@@ -80,12 +83,13 @@ def test_pending_initializing_running_with_progress():
 def test_running_needs_every_trainer_but_one_rollout_is_enough():
     j = job()
     d = running_status(j)
-    one_rollout = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 1))
+    one_rollout = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 1), trainer=TRAINING)
     assert one_rollout.status.phase == "Running" and cond(one_rollout.status, "RolloutReady").status == "False"
     assert Event("Warning", "Waiting", "RolloutReady=False: 1/2 rollout pods ready") in \
         transitions(d.status, one_rollout.status)
-    one_trainer = step(j, d.status, tp=pods("trainer", 1), rp=pods("rollout", 2))
+    one_trainer = step(j, d.status, tp=pods("trainer", 1), rp=pods("rollout", 2), trainer=TRAINING)
     assert one_trainer.status.phase == "Initializing"
+    assert one_trainer.status.message == "waiting for pods: trainer 1/2, rollout 2/2 ready"
 
 
 def test_restarts_count_incidents_not_pods_and_survive_pod_replacement():
@@ -101,7 +105,7 @@ def test_backoff_limit_fails_the_job_with_the_reason_and_cleans_up():
     j = job(runPolicy={"backoffLimit": 1})
     d = running_status(j)
     tp = pods("trainer", 2, restarts=(1,))
-    d1 = step(j, d.status, tp=tp, rp=pods("rollout", 2), ledger=d.ledger)
+    d1 = step(j, d.status, tp=tp, rp=pods("rollout", 2), ledger=d.ledger, trainer=TRAINING)
     assert d1.status.restarts == 1 and d1.status.phase == "Running"
     crashed = [PodView("j-trainer-0", "trainer-0", "trainer", phase="Running", restarts=2,
                        message="trainer exited 1 (Error): OOM")] + pods("trainer", 2)[1:]
@@ -121,8 +125,8 @@ def test_backoff_limit_fails_the_job_with_the_reason_and_cleans_up():
 def test_active_deadline_fails_the_job():
     j = job(runPolicy={"activeDeadlineSeconds": 60})
     d = running_status(j)
-    assert step(j, d.status, now=T0 + timedelta(seconds=59), tp=pods("trainer", 2), rp=pods("rollout", 2)
-                ).status.phase == "Running"
+    assert step(j, d.status, now=T0 + timedelta(seconds=59), tp=pods("trainer", 2), rp=pods("rollout", 2),
+                trainer=TRAINING).status.phase == "Running"
     late = step(j, d.status, now=T0 + timedelta(seconds=61), tp=pods("trainer", 2), rp=pods("rollout", 2))
     assert late.status.phase == "Failed" and cond(late.status, "Failed").reason == "DeadlineExceeded"
 
@@ -191,7 +195,7 @@ def test_a_clean_exit_of_trainer_pod_zero_is_success_only_at_the_last_step():
     # Pod 1 exiting 0 alone is not completion, and not a failure either.
     other = pods("trainer", 1) + [PodView("j-trainer-1", "trainer-1", "trainer", phase="Running", restarts=1, ready=True,
                                           clean_exit=True)]
-    d2 = step(j, d.status, tp=other, rp=pods("rollout", 2), ledger=d.ledger)
+    d2 = step(j, d.status, tp=other, rp=pods("rollout", 2), ledger=d.ledger, trainer=TRAINING)
     assert d2.status.phase == "Running" and d2.status.restarts == 0
 
 
@@ -209,7 +213,7 @@ def test_invalid_spec_is_failed_until_fixed():
 
 def test_refused_edit_keeps_the_phase():
     d = running_status(job())
-    r = step(job(), d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
+    r = step(job(), d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=TRAINING,
              rejected=["spec.trainer.replicas cannot change"])
     assert r.status.phase == "Running" and cond(r.status, "InvalidSpec").reason == "ImmutableFieldChanged"
 

@@ -10,7 +10,7 @@ from grpojob.api.status import CONDITION_TYPES, EvaluationStatus, RolloutLag
 from grpojob_operator.children import Scale
 from grpojob_operator.status import Event, PodView, initial_status, transitions, with_suspend_request
 
-from .test_status import T0, cond, job, pods, running_status, step
+from .test_status import T0, TRAINING, cond, job, pods, running_status, step
 
 UNREACHABLE = "GET http://t-trainer-0.t-trainer.ml.svc:9400/status: ClientConnectorError: connection refused"
 
@@ -24,7 +24,9 @@ def test_a_ready_trainer_that_does_not_answer_is_unreachable_with_the_error():
     c = cond(lost.status, "TrainerReachable")
     assert (c.status, c.reason, c.message) == ("False", "Unreachable", UNREACHABLE)
     assert c.last_transition_time == "2026-01-01T00:00:10Z"
-    assert lost.status.phase == "Running" and f"(trainer unreachable: {UNREACHABLE})" in lost.status.message
+    # Not Running while the trainer does not answer (issue 31): Initializing, saying so.
+    assert lost.status.phase == "Initializing" and lost.status.message == f"the trainer does not answer: {UNREACHABLE}"
+    assert (cond(lost.status, "Running").status, cond(lost.status, "Running").reason) == ("False", "TrainerUnreachable")
     assert Event("Warning", "Unreachable", f"TrainerReachable=False: {UNREACHABLE}") in transitions(d.status, lost.status)
     assert cond(lost.status, "WeightsInSync").status == "Unknown"
     # Still failing a look later: no new Event; a different error is news.
@@ -52,7 +54,7 @@ def test_total_steps_come_from_the_spec_before_the_trainer_reports():
     d = step(job(), initial_status(T0))
     assert d.status.progress.total_steps == 20 and d.status.progress.step == 0
     d = step(job(), d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), error=UNREACHABLE)
-    assert d.status.message == f"step 0/20 (trainer unreachable: {UNREACHABLE})"
+    assert d.status.progress.total_steps == 20 and d.status.message == f"the trainer does not answer: {UNREACHABLE}"
 
 
 def test_every_condition_carries_a_transition_time_from_the_first_status():
@@ -145,7 +147,7 @@ def test_completion_needs_the_trainer_at_its_last_step():
     d = running_status(j)
     early = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
                  trainer=TrainerStatus(phase="completed", step=0, total_steps=20), ledger=d.ledger)
-    assert early.status.phase == "Running"
+    assert early.status.phase == "Initializing" and early.status.message.startswith("the trainer says completed")
     done = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2),
                 trainer=TrainerStatus(phase="completed", step=20, total_steps=20), ledger=d.ledger)
     assert done.status.phase == "Succeeded"
@@ -186,7 +188,8 @@ def test_a_rollout_engine_failure_is_one_event_per_restart_and_no_failure():
     d = running_status(j)
     broken = PodView("j-rollout-0", "rollout-0", "rollout", phase="Running", ready=True, restarts=1,
                      engine_failure="CUDA error: out of memory")
-    first = step(j, d.status, tp=pods("trainer", 2), rp=[broken, pods("rollout", 2)[1]], ledger=d.ledger)
+    first = step(j, d.status, tp=pods("trainer", 2), rp=[broken, pods("rollout", 2)[1]], ledger=d.ledger,
+                 trainer=TRAINING)
     assert first.events == [Event("Warning", "EngineFailed", "j-rollout-0: CUDA error: out of memory")]
     assert first.status.phase == "Running" and first.status.restarts == 0
     again = step(j, first.status, tp=pods("trainer", 2), rp=[broken, pods("rollout", 2)[1]], ledger=first.ledger)

@@ -12,6 +12,8 @@ from typing import Mapping, Optional
 from grpojob.api import GRPOJobStatus
 from grpojob.api.status import CONDITION_TYPES, Condition
 
+from . import waiting
+
 # Conditions whose True state is also a phase: their transition events stand for the phase change.
 PHASE_CONDITIONS = {"Running", "Suspended", "Succeeded", "Failed"}
 _BAD_WHEN_TRUE = {"Failed", "InvalidSpec"}
@@ -104,9 +106,12 @@ def transitions(prev: GRPOJobStatus, new: GRPOJobStatus) -> list[Event]:
         old = before.get(c.type)
         if old is None:
             continue
-        warning = c.reason in WARNING_REASONS
+        warning = c.reason in WARNING_REASONS or c.reason in waiting.WARNING_REASONS
         moved = old.status != c.status and not (old.reason == "Pending" and c.status != "True")
-        news = warning and (old.reason, old.message) != (c.reason, c.message)
+        if c.reason in waiting.WARNING_REASONS:  # a pod's problem: news when it first shows, not per look
+            news = waiting.news_key(old.reason, old.message) != waiting.news_key(c.reason, c.message)
+        else:
+            news = warning and (old.reason, old.message) != (c.reason, c.message)
         if not (moved or news):
             continue
         bad = warning or (c.type in _BAD_WHEN_TRUE and c.status == "True") or \

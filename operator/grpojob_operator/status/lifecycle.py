@@ -17,9 +17,9 @@ from ..children import Scale
 from . import suspend as suspension
 from .conditions import Conditions, Event, iso, parse_time
 from .observe import (Observation, count_restarts, engine_failures, last_failure, leader_completed,
-                      leader_exited_cleanly, plugin_failure, ready_count)
+                      leader_exited_cleanly, plugin_failure, ready_count, running_count)
 from .progress import progress, trainer_conditions
-from .readiness import readiness
+from .readiness import blocked, readiness
 
 TERMINAL = ("Succeeded", "Failed")
 
@@ -61,9 +61,11 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
     if generation is not None and prev.observed_generation != generation:  # once per spec generation
         events += [Event("Warning", "SpecWarning", str(w)) for w in spec_warnings(job)]
 
+    running_reason = ""  # why the job is not Running, when _phase says
+
     def finish(scale: Scale, **kw) -> Decision:
-        readiness(conds, st, obs, scale)
-        conds.set("Running", st.phase == "Running", st.phase)
+        readiness(conds, st, obs, scale, job)
+        conds.set("Running", st.phase == "Running", running_reason or st.phase)
         conds.write()
         return Decision(st, scale, ensure_children=True, ledger=ledger, events=events, **kw)
 
@@ -119,7 +121,8 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
         st.message = f"trained {st.progress.step}/{st.progress.total_steps} steps"
         conds.set("Succeeded", True, "Completed", st.message)
         return finish(_cleanup_scale(job))
-    _phase(conds, st, obs, scale)
+    running_reason = _phase(conds, st, obs, scale, job, was_running=prev.phase == "Running",
+                            last_step=prev.progress.step)
     return finish(scale)
 
 
@@ -141,18 +144,40 @@ def _completed(job: GRPOJob, st: GRPOJobStatus, obs: Observation, ledger_before:
     return leader_exited_cleanly(ledger_before, obs.trainer_pods) and st.progress.step >= steps
 
 
-def _phase(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Scale) -> None:
-    trainer, rollout = ready_count(obs.trainer_pods), ready_count(obs.rollout_pods)
-    if trainer >= scale.trainer and rollout >= 1:
+def _phase(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Scale, job: GRPOJob, *,
+           was_running: bool, last_step: int) -> str:
+    """Running only while the trainer answers and trains: its /status says running (or
+    checkpointing), every trainer pod runs, and it has stepped (a step since the last look, a
+    rollout server ready to feed it, or it was Running already). Pods' readiness is not waited
+    for: a readiness probe lags the process by up to its period. Anything else is Initializing,
+    with why (the trainer does not answer, starts, waits for samples, or a pod cannot start).
+    Returns the Running condition's reason."""
+    trainer_ready, rollout = ready_count(obs.trainer_pods), ready_count(obs.rollout_pods)
+    counts = f"trainer {trainer_ready}/{scale.trainer}, rollout {rollout}/{scale.rollout} ready"
+    stuck = blocked(job, obs)
+    t = obs.trainer
+    training = t is not None and t.phase in ("running", "checkpointing")
+    all_up = running_count(obs.trainer_pods) >= scale.trainer
+    if training and all_up and (was_running or rollout >= 1 or t.step > last_step):
         st.phase = "Running"
-        st.message = f"step {st.progress.step}/{st.progress.total_steps}"
-        if conds.is_("TrainerReachable", "False"):
-            st.message += f" (trainer unreachable: {conds.get('TrainerReachable').message})"
-    elif conds.is_("Created"):
-        st.phase = "Initializing"
-        st.message = f"waiting for pods: trainer {trainer}/{scale.trainer}, rollout {rollout}/{scale.rollout} ready"
-    else:
+        st.message = f"step {st.progress.step}/{st.progress.total_steps}" + (f"; {stuck}" if stuck else "")
+        return "Running"
+    if not conds.is_("Created"):
         st.phase, st.message = "Pending", "creating child objects"
+        return "Pending"
+    st.phase = "Initializing"
+    if conds.is_("TrainerReachable", "False"):
+        reason, st.message = "TrainerUnreachable", f"the trainer does not answer: {conds.get('TrainerReachable').message}"
+    elif training and all_up:
+        reason, st.message = "WaitingForSamples", f"the trainer waits for its first samples: {counts}"
+    elif t is not None and not training:
+        reason, st.message = "TrainerNotRunning", f"the trainer says {t.phase}" + \
+            (f" ({t.message})" if t.message else "") + f": {counts}"
+    else:
+        reason, st.message = "WaitingForPods", f"waiting for pods: {counts}"
+    if stuck:
+        st.message += f"; {stuck}"
+    return reason
 
 
 def _invalid(conds: Conditions, st: GRPOJobStatus, job: Optional[GRPOJob], errors: Sequence[FieldError],

@@ -7,6 +7,8 @@ from typing import Iterable, Mapping, Optional, Sequence
 
 from grpojob.api import TrainerStatus, plugins
 
+from .waiting import PodProblem
+
 
 @dataclass(frozen=True)
 class PodView:
@@ -28,6 +30,9 @@ class PodView:
     completed_step: Optional[int] = None
     # Rollout: the engine's error its last run ended with (plugins.parse_engine_failure).
     engine_failure: Optional[str] = None
+    # What keeps it from starting or running (waiting.pod_problem): unschedulable, an image that
+    # does not pull, a crash loop...
+    problem: Optional[PodProblem] = None
 
     @property
     def failures(self) -> int:
@@ -97,6 +102,11 @@ def leader_completed(pods: Iterable[PodView], steps: int) -> bool:
 
 def ready_count(pods: Sequence[PodView]) -> int:
     return sum(1 for p in pods if p.ready and p.phase == "Running" and not p.deleting)
+
+
+def running_count(pods: Sequence[PodView]) -> int:
+    """Pods whose containers run (ready or not: a readiness probe lags by up to its period)."""
+    return sum(1 for p in pods if p.phase == "Running" and not p.deleting)
 
 
 def leader_up(pods: Sequence[PodView]) -> bool:

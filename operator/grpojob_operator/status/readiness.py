@@ -1,26 +1,46 @@
-"""Pods ready against pods wanted: TrainerReady, RolloutReady and the replica counts."""
+"""Pods ready against pods wanted: TrainerReady, RolloutReady and the replica counts.
+
+The counts are the pods seen, whatever is wanted: after a scale-down to zero they fall as the pods
+go, and reach 0 when none is left. A role short of ready pods says why when one of its pods cannot
+start or keeps failing (waiting.py): the condition's reason is the pod's (Unschedulable,
+ImagePullBackOff, CrashLoopBackOff...), its message names the pod and what to change.
+"""
 from __future__ import annotations
 
-from grpojob.api import GRPOJobStatus
+from typing import Optional, Sequence
+
+from grpojob.api import GRPOJob, GRPOJobStatus
 from grpojob.api.status import ReplicaStatus
 
 from ..children import Scale
 from .conditions import Conditions
-from .observe import Observation, ready_count
+from .observe import Observation, PodView, ready_count
+from .waiting import describe, first_problem
 
 
-def readiness(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Scale) -> None:
+def readiness(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Scale, job: GRPOJob) -> None:
     trainer, rollout = ready_count(obs.trainer_pods), ready_count(obs.rollout_pods)
     st.trainer = ReplicaStatus(desired=scale.trainer, ready=trainer)
     st.rollout = ReplicaStatus(desired=scale.rollout, ready=rollout)
-    _condition(conds, "TrainerReady", "trainer", trainer, scale.trainer)
-    _condition(conds, "RolloutReady", "rollout", rollout, scale.rollout)
+    _condition(conds, "TrainerReady", "trainer", trainer, scale.trainer, obs.trainer_pods, job)
+    _condition(conds, "RolloutReady", "rollout", rollout, scale.rollout, obs.rollout_pods, job)
 
 
-def _condition(conds: Conditions, type_: str, role: str, ready: int, desired: int) -> None:
+def blocked(job: GRPOJob, obs: Observation) -> Optional[str]:
+    """What keeps the first stuck pod of the job (trainer, rollout, then environment pods) from
+    running, in words; None when no pod is stuck."""
+    pod = first_problem([*obs.trainer_pods, *obs.rollout_pods, *obs.environment_pods])
+    return describe(job, pod.name, pod.problem) if pod is not None else None
+
+
+def _condition(conds: Conditions, type_: str, role: str, ready: int, desired: int, pods: Sequence[PodView],
+               job: GRPOJob) -> None:
     if desired == 0:
-        conds.set(type_, False, "ScaledDown", f"no {role} pods wanted")
+        conds.set(type_, False, "ScaledDown", f"no {role} pods wanted" + (f", {ready} still ready" if ready else ""))
     elif ready >= desired:
         conds.set(type_, True, "AllReady", f"{ready}/{desired} {role} pods ready")
+    elif (stuck := first_problem(pods)) is not None:
+        conds.set(type_, False, stuck.problem.reason,
+                  f"{ready}/{desired} {role} pods ready: {describe(job, stuck.name, stuck.problem)}")
     else:
         conds.set(type_, False, "Waiting", f"{ready}/{desired} {role} pods ready")
