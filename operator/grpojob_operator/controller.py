@@ -92,6 +92,7 @@ class Controller:
         self._built: dict[str, tuple[Any, list[dict[str, Any]]]] = {}  # uid -> (inputs, children)
         # Optional kinds the cluster does not serve: (apiVersion, kind) -> (why, monotonic time seen).
         self._unserved: dict[tuple[str, str], tuple[str, float]] = {}
+        self._gone: dict[str, set[str]] = {}  # job uid -> uids of pods the API server no longer has
         self.watch_lag_grace = 10.0
 
     async def start(self) -> None:
@@ -110,6 +111,7 @@ class Controller:
         self._locks.pop(uid, None)
         self._written.pop(uid, None)
         built = self._built.pop(uid, None)
+        self._gone.pop(uid, None)
         self.tokens.forget(uid)
         mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name), *network.names(name)}
         mine |= {o["metadata"]["name"] for o in (built[1] if built else ())}  # environments' Deployments
@@ -157,6 +159,7 @@ class Controller:
             job, rejected = changes.effective(job, applied, state)
             reason = "ImmutableFieldChanged"
 
+        pods = await self._confirmed(uid, namespace, name, prev, pods)
         trainer_pods = sorted((p for p in pods if p.role == "trainer"), key=lambda p: p.name)
         # spec.placement colocated: the engine is a container of the trainer pods, ready with them.
         rollout_pods = trainer_pods if job is not None and job.spec.placement == COLOCATED else \
@@ -201,6 +204,33 @@ class Controller:
 
         await self._record(body, prev, raw_status, d, ledger)
         return d
+
+    async def _confirmed(self, uid: str, namespace: str, name: str, prev: GRPOJobStatus,
+                         pods: list[PodView]) -> list[PodView]:
+        """The job's pods, with those of a role scaled to zero checked against the API server.
+
+        kopf's index drops a pod on its DELETED event; a watch that ends and re-lists never sees the
+        delete of a pod that went meanwhile (kopf re-lists what exists and forgets nothing), so the
+        index may keep a pod that is gone, and a scaled-down job would show it ready for ever. So
+        while a role is scaled to zero and the index still shows a pod of it, one list of the
+        job's pods says which are there; the others are dropped for good."""
+        gone = self._gone.setdefault(uid, set())
+        pods = [p for p in pods if p.uid not in gone]
+        idle = {role for role, r in (("trainer", prev.trainer), ("rollout", prev.rollout)) if r.desired == 0}
+        suspect = [p for p in pods if p.role in idle and not p.deleting]
+        if not suspect:
+            return pods
+        try:
+            live = {(p.get("metadata") or {}).get("uid") for p in
+                    await self.kube.list_pods(namespace, f"{n.LABEL_JOB}={name}")}
+        except KubeError as e:
+            log.warning("%s/%s: could not list the job's pods: %s", namespace, name, e)
+            return pods
+        stale = {p.uid for p in suspect if p.uid not in live}
+        if stale:
+            log.info("%s/%s: %d pods of the watch are gone from the API server: dropped", namespace, name, len(stale))
+            gone |= stale
+        return [p for p in pods if p.uid not in stale]
 
     async def _ensure_children(self, job: GRPOJob, namespace: str, uid: str, d: Decision,
                                have: list[ChildView]) -> tuple[bool, str, list[str]]:

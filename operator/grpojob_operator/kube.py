@@ -87,14 +87,15 @@ class Kube:
         await self.api.close()
 
     async def request(self, method: str, url: str, body: Any = None,
-                      content_type: str = "application/json", what: str = "") -> dict[str, Any]:
+                      content_type: str = "application/json", what: str = "",
+                      query: Optional[list[tuple[str, str]]] = None) -> dict[str, Any]:
         """One API call; 409/429/5xx and connection errors are retried with backoff."""
         what = what or f"{method} {url}"
+        query = [*(query or []), *([("fieldManager", n.MANAGER)] if method in ("POST", "PATCH") else [])]
         for attempt in range(1, self.attempts + 1):
             try:
                 params = await self.api.param_serialize(
-                    method=method, resource_path=url,
-                    query_params=[("fieldManager", n.MANAGER)] if method in ("POST", "PATCH") else None,
+                    method=method, resource_path=url, query_params=query or None,
                     header_params={"Content-Type": content_type, "Accept": "application/json"},
                     body=body, auth_settings=["BearerToken"])
                 resp = await self.api.call_api(*params, _request_timeout=REQUEST_TIMEOUT)
@@ -125,6 +126,12 @@ class Kube:
             if e.status == 404:
                 return None
             raise
+
+    async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
+        """The pods matching a label selector, as the API server has them now."""
+        out = await self.request("GET", path("v1", "Pod", namespace), query=[("labelSelector", selector)],
+                                 what=f"list pods {namespace} ({selector})")
+        return list(out.get("items") or [])
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         m = obj["metadata"]

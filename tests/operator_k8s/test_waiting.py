@@ -102,3 +102,31 @@ async def test_running_comes_within_a_look_of_the_first_step(emulator, cluster, 
     await eventually(lambda: status(emulator, "quick").get("phase") == "Running", timeout=5, what="Running")
     first = next(p for p in status_patches(emulator, "quick") if p.get("phase") == "Running")
     assert first["progress"]["step"] == 1 and first["message"] == "step 1/20"
+
+
+async def test_ready_counts_follow_the_pods_through_scale_down_even_when_the_watch_missed_a_delete(
+        emulator, cluster, operator, trainer):
+    """Issue 31: after Succeeded a real cluster showed `trainer: {desired: 0, ready: 1}`. kopf's index
+    drops a pod on its DELETED event only; a watch that ends and re-lists (410 Gone) never sees the
+    delete of a pod that went meanwhile (kopf re-lists what exists and forgets nothing,
+    kopf/_core/reactor/queueing.py and _core/engines/indexing.py). Acted out: the pods leave the
+    emulator's storage without a watch event. The operator checks the pods of a role scaled to zero
+    with the API server, so the counts reach 0."""
+    from .acted_trainer import ActedTrainer
+    from .kmock_shim import PODS
+
+    await cluster.create(job_path(), job_manifest("gone", **{**SMALL, "training": {"steps": 2}}))
+    await eventually(lambda: len(cluster.pods(NS, "gone")) == 2, what="pods")
+    await cluster.run_pods(NS, "gone")
+    actor = ActedTrainer(emulator, trainer, NS, "gone", 2)
+    await actor.start()
+    cluster.make_pods = False  # the workload controllers stop here: the pods stay until the test removes them
+    await actor.train(2)
+    await eventually(lambda: status(emulator, "gone").get("phase") == "Succeeded", what="Succeeded")
+    st = status(emulator, "gone")
+    assert (st["trainer"]["desired"], st["rollout"]["desired"]) == (0, 0)
+    for pod in cluster.pods(NS, "gone"):  # deleted, and no watch ever hears of it
+        emulator.objects[(PODS, NS, pod["metadata"]["name"])].delete()
+    await eventually(lambda: status(emulator, "gone")["trainer"] == {"desired": 0, "ready": 0}
+                     and status(emulator, "gone")["rollout"] == {"desired": 0, "ready": 0}, what="ready 0")
+    assert cond(emulator, "gone", "TrainerReady")["message"] == "no trainer pods wanted"
