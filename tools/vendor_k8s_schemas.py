@@ -21,10 +21,14 @@ Conversion (what a CRD's structural schema needs, the same choices controller-ge
   (docs/real-cluster-rules.md; tests/api/test_crd.py keeps a quarter free).
 grpojob's additions, on top of the official schema: resource maps (`requests`, `limits`) accept
 only valid resource names (a CEL rule the API server evaluates, acted out in Python by
-grpojob.api.k8s) and at most 32 entries (which bounds the rule's cost).
+grpojob.api.k8s) and at most 32 entries (which bounds the rule's cost); tolerations, node selector
+requirements and label selector requirements carry the semantic rules of pod validation as CEL
+(acted out by grpojob.api.cluster_rules), the affinity lists above them at most 32 items, selector
+values the label-value syntax, preferred weights 1-100 (see TOLERATION_RULES and below).
 """
 from __future__ import annotations
 
+import copy
 import json
 import re
 import sys
@@ -143,10 +147,107 @@ def trim_descriptions(node: dict[str, Any], depth: int = 0) -> dict[str, Any]:
 
 
 def _resource_maps(schema: dict[str, Any]) -> None:
+    # No CEL rule for requests <= limits (ValidateContainerResourceRequirements; grpojob.api.cluster_rules
+    # acts it out): a quantity map's values are int-or-string, so a rule must compare
+    # quantity(string(self.requests[k])) with the limit's, and the API server costs quantity() of a
+    # converted value, whose size it cannot bound, as unbounded: the CRD would be refused (measured
+    # with tests/helpers/cel_cost.py: 2^64-1 with or without maxLength on the values).
     for key in ("requests", "limits"):
         m = schema["properties"][key]
         m["maxProperties"] = RESOURCE_MAP_MAX
         m["x-kubernetes-validations"] = [{"rule": RESOURCE_NAME_RULE, "message": RESOURCE_NAME_MESSAGE}]
+
+
+# The semantic rules of pod validation that the API server applies to a pod but not to a custom
+# resource, as CEL on the embedded schemas, so `kubectl apply` of a GRPOJob fails where its pods
+# would (grpojob.api.cluster_rules acts out each rule in Python, with the exact field path). A
+# required field that is missing is the schema's error: each rule first asks has().
+# kubernetes/kubernetes pkg/apis/core/validation/validation.go ValidateTolerations:
+TOLERATION_RULES = [
+    {"rule": "!has(self.operator) || self.operator in ['', 'Equal', 'Exists']",
+     "message": "operator must be Equal or Exists"},
+    {"rule": "!has(self.effect) || self.effect in ['', 'NoSchedule', 'PreferNoSchedule', 'NoExecute']",
+     "message": "effect must be NoSchedule, PreferNoSchedule or NoExecute (or empty: every effect)"},
+    {"rule": "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+     "message": "operator must be Exists when key is empty"},
+    {"rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+     "message": "value must be empty when operator is Exists"},
+    {"rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+     "message": "effect must be NoExecute when tolerationSeconds is set"},
+]
+_VALUES_GIVEN = "has(self.values) && size(self.values) > 0"
+_NO_VALUES = "!has(self.values) || size(self.values) == 0"
+# apimachinery pkg/apis/meta/v1/validation ValidateLabelSelectorRequirement:
+LABEL_SELECTOR_RULES = [
+    {"rule": "!has(self.operator) || self.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist']",
+     "message": "operator must be In, NotIn, Exists or DoesNotExist"},
+    {"rule": f"!has(self.operator) || !(self.operator in ['In', 'NotIn']) || ({_VALUES_GIVEN})",
+     "message": "values must be given when operator is In or NotIn"},
+    {"rule": f"!has(self.operator) || !(self.operator in ['Exists', 'DoesNotExist']) || {_NO_VALUES}",
+     "message": "values must be empty when operator is Exists or DoesNotExist"},
+]
+# validation.go ValidateNodeSelectorRequirement, and apimachinery pkg/labels/selector.go NewRequirement
+# (how the scheduler reads Gt and Lt: one value, an integer):
+NODE_SELECTOR_RULES = [
+    {"rule": "!has(self.operator) || self.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist', 'Gt', 'Lt']",
+     "message": "operator must be In, NotIn, Exists, DoesNotExist, Gt or Lt"},
+    *LABEL_SELECTOR_RULES[1:],
+    {"rule": "!has(self.operator) || !(self.operator in ['Gt', 'Lt']) || "
+             "(has(self.values) && size(self.values) == 1 && self.values[0].matches('^[+-]?[0-9]+$'))",
+     "message": "values must be exactly one integer when operator is Gt or Lt"},
+]
+# validation.go ValidateNodeFieldSelectorRequirement (the key: an enum, metadata.name only):
+NODE_FIELD_SELECTOR_RULES = [
+    {"rule": "!has(self.operator) || (self.operator in ['In', 'NotIn'] && has(self.values) && size(self.values) == 1)",
+     "message": "a node field selector takes operator In or NotIn and exactly one value"},
+]
+# The lists above these rules get a bound (Kubernetes has none): the API server costs a rule under an
+# unbounded list as if the list filled a request (docs/real-cluster-rules.md).
+SELECTOR_LIST_MAX = 32
+LABEL_VALUE_MAX = 63  # apimachinery validation.go LabelValueMaxLength
+LABEL_VALUE_PATTERN = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def _bounded(lst: dict[str, Any]) -> dict[str, Any]:
+    lst["maxItems"] = SELECTOR_LIST_MAX
+    return lst["items"]
+
+
+def _requirements(selector: dict[str, Any], key: str, rules: list[dict[str, str]]) -> None:
+    item = _bounded(selector["properties"][key])
+    item["x-kubernetes-validations"] = copy.deepcopy(rules)
+    item["properties"]["values"]["items"].update({"maxLength": LABEL_VALUE_MAX, "pattern": LABEL_VALUE_PATTERN})
+
+
+def _node_term(term: dict[str, Any]) -> None:
+    _requirements(term, "matchExpressions", NODE_SELECTOR_RULES)
+    fields = _bounded(term["properties"]["matchFields"])
+    fields["x-kubernetes-validations"] = copy.deepcopy(NODE_FIELD_SELECTOR_RULES)
+    fields["properties"]["key"]["enum"] = ["metadata.name"]
+
+
+def _pod_term(term: dict[str, Any]) -> None:
+    for selector in ("labelSelector", "namespaceSelector"):
+        _requirements(term["properties"][selector], "matchExpressions", LABEL_SELECTOR_RULES)
+    term["properties"]["topologyKey"]["minLength"] = 1  # validatePodAffinityTerm: required
+
+
+def _weighted(lst: dict[str, Any]) -> dict[str, Any]:
+    item = _bounded(lst)
+    item["properties"]["weight"].update({"minimum": 1, "maximum": 100})  # "must be in the range 1-100"
+    return item
+
+
+def _affinity_rules(affinity: dict[str, Any]) -> None:
+    node = affinity["properties"]["nodeAffinity"]["properties"]
+    _node_term(_bounded(node[_REQUIRED]["properties"]["nodeSelectorTerms"]))
+    _node_term(_weighted(node[_PREFERRED])["properties"]["preference"])
+    for kind in ("podAffinity", "podAntiAffinity"):
+        pod = affinity["properties"][kind]["properties"]
+        _pod_term(_bounded(pod[_REQUIRED]))
+        _pod_term(_weighted(pod[_PREFERRED])["properties"]["podAffinityTerm"])
 
 
 def build(version: str = K8S_VERSION) -> dict[str, Any]:
@@ -155,6 +256,8 @@ def build(version: str = K8S_VERSION) -> dict[str, Any]:
     defs = definitions(version)
     out = {name: trim_descriptions(structural(defs[PREFIX + name], defs, (PREFIX + name,))) for name in ROOTS}
     _resource_maps(out["ResourceRequirements"])
+    out["Toleration"]["x-kubernetes-validations"] = copy.deepcopy(TOLERATION_RULES)
+    _affinity_rules(out["Affinity"])
     return {"kubernetesVersion": version,
             "source": f"kubernetes-validate {kubernetes_validate.__version__}",
             "generator": "tools/vendor_k8s_schemas.py",

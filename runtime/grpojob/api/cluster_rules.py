@@ -214,7 +214,8 @@ def pod_affinity_term(term: dict[str, Any]) -> Problems:
     return out + [(".topologyKey", m) for m in names.qualified_name(key)]
 
 
-_REQUIRED, _PREFERRED = "requiredDuringSchedulingIgnoredDuringExecution", "preferredDuringSchedulingIgnoredDuringExecution"
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+_PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 
 
 def affinity(a: dict[str, Any]) -> Problems:

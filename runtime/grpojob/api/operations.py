@@ -104,9 +104,9 @@ class MonitoringSpec(Model):
 class CodeSpec(Model):
     """User code in every pod: modules on PYTHONPATH, pip requirements, and (per role) an image."""
 
-    config_map: Optional[ObjectName] = field(None, description="A ConfigMap whose keys are Python files (kubectl create "
-                                      f"configmap NAME --from-file=DIR), mounted at {CODE_DIR} and put on "
-                                      "PYTHONPATH in every pod.")
+    config_map: Optional[ObjectName] = field(None, description="A ConfigMap whose keys are Python files (kubectl "
+                                             f"create configmap NAME --from-file=DIR), mounted at {CODE_DIR} and put "
+                                             "on PYTHONPATH in every pod.")
     volume: Optional[Volume] = field(None, description=f"A Kubernetes volume of Python code (any source: a "
                                      f"PersistentVolumeClaim, a ConfigMap with items...) mounted at {CODE_DIR} "
                                      "and put on PYTHONPATH in every pod; instead of configMap.")
