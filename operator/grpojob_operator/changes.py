@@ -1,6 +1,7 @@
 """Which spec changes a running job accepts.
 
-Scaling the rollouts, the run policy (suspend, limits, cleanup) and who may reach the pods (the
+Scaling the rollouts (not with scheduling.gang kueue: its pod group's size is in every pod's
+template), the run policy (suspend, limits, cleanup) and who may reach the pods (the
 NetworkPolicies) apply in place; a suspended job takes any edit but its checkpoint storage (FIXED);
 anything else
 (model, data, algorithm, trainer shape...) would silently restart or corrupt a run, so it is refused
@@ -49,6 +50,11 @@ def immutable_changes(applied: GRPOJob, new: GRPOJob, suspended: bool = False) -
             out.append(f"spec.{path} cannot change after the job is created (it has {a.get(path)!r}, asked for "
                        f"{b.get(path)!r}): the trainer StatefulSet's volumeClaimTemplates are immutable; revert it, "
                        "or delete the job and create it anew")
+        elif not suspended and path == "rollout.replicas" and applied.spec.scheduling.gang == "kueue":
+            out.append(f"spec.rollout.replicas cannot change on a running job with scheduling.gang kueue (running "
+                       f"with {a.get(path)!r}, asked for {b.get(path)!r}): its trainer and rollout pods are one Kueue "
+                       "pod group whose size is in every pod's template, so a new count is a new gang that restarts "
+                       "every pod; suspend the job, change it, resume")
         elif suspended or _under(path, MUTABLE):
             held.append(f"spec.{path}")
         else:

@@ -21,7 +21,6 @@ from typing import Any, Optional
 
 from grpojob import auth, plan
 from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
-from grpojob.api.colocation import COLOCATED
 from grpojob.api.operations import CODE_DIR, EPHEMERAL
 from grpojob.api.spec import GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
@@ -237,7 +236,7 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
     if engine is not None and not shared:
         pod["containers"].append(colocated.engine_container(job, engine, image, mounts))
     return {"apiVersion": "apps/v1", "kind": "StatefulSet",
-            "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner, gang.workload_labels(job)),
+            "metadata": _meta(name, namespace, n.trainer_name(name), "trainer", owner),
             "spec": {
                 "serviceName": n.trainer_name(name),
                 "replicas": replicas,
@@ -281,7 +280,7 @@ def rollout_deployment(job: GRPOJob, role: plan.Role, namespace: str, image: str
     pod = pods.pod_spec(w, container, volumes, ROLLOUT_GRACE_SECONDS, gang.scheduler(job),
                         pods.init_containers(role, container))
     return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": _meta(name, namespace, n.rollout_name(name), "rollout", owner, gang.workload_labels(job)),
+            "metadata": _meta(name, namespace, n.rollout_name(name), "rollout", owner),
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": n.selector(name, "rollout")},
@@ -310,7 +309,7 @@ def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image:
     template["metadata"]["labels"][n.LABEL_ENVIRONMENT] = env
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": _meta(name, namespace, n.environment_name(name, env), plan.ENVIRONMENT_ROLE, owner,
-                              {**gang.workload_labels(job), n.LABEL_ENVIRONMENT: env}),
+                              {n.LABEL_ENVIRONMENT: env}),
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": n.environment_selector(name, env)},
@@ -319,15 +318,15 @@ def environment_deployment(job: GRPOJob, role: plan.Role, namespace: str, image:
 
 
 def volcano_podgroup(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]]) -> Manifest:
+    """The job's Volcano PodGroup: minMember trainer and rollout pods (gang.py)."""
     name, spec = job.metadata.name, job.spec
-    rollout_pods = 0 if spec.placement == COLOCATED else spec.rollout.replicas
-    pg: dict[str, Any] = {"minMember": spec.trainer.replicas + rollout_pods}
+    pg: dict[str, Any] = {"minMember": gang.members(job)}
     if spec.scheduling.queue_name:
         pg["queue"] = spec.scheduling.queue_name
     if spec.trainer.priority_class_name:
         pg["priorityClassName"] = spec.trainer.priority_class_name
     return {"apiVersion": VOLCANO_API, "kind": "PodGroup",
-            "metadata": _meta(name, namespace, name, "scheduling", owner), "spec": pg}
+            "metadata": _meta(name, namespace, gang.group_name(job), "scheduling", owner), "spec": pg}
 
 
 def pod_monitor(job: GRPOJob, namespace: str, owner: Optional[dict[str, Any]], metrics_auth: bool) -> Manifest:

@@ -57,3 +57,17 @@ def test_checkpoint_storage_never_changes_not_even_while_suspended():
                                "applies whole or not at all")
     moved = job(checkpoint={"path": "/elsewhere"}, runPolicy={"suspend": True})  # the mount path is the pod template's: it may change
     assert effective(moved, applied, "suspended") == (moved, [])
+
+
+def test_a_kueue_gang_keeps_its_rollout_count_while_it_runs_and_takes_a_new_one_suspended():
+    """The gang's size is in every pod's template (gang.py): a new rollout count is a new gang."""
+    gang = {"gang": "kueue", "queueName": "gpu"}
+    applied, new = job(scheduling=gang), job(scheduling=gang, rollout={"replicas": 4})
+    eff, refused = effective(new, applied, "active")
+    assert eff == applied and refused == [
+        "spec.rollout.replicas cannot change on a running job with scheduling.gang kueue (running with 2, asked for "
+        "4): its trainer and rollout pods are one Kueue pod group whose size is in every pod's template, so a new "
+        "count is a new gang that restarts every pod; suspend the job, change it, resume"]
+    assert effective(new, applied, "suspended") == (new, [])
+    volcano = {"gang": "volcano", "queueName": "q"}  # its count is in the PodGroup, patched in place
+    assert effective(job(scheduling=volcano, rollout={"replicas": 4}), job(scheduling=volcano), "active")[1] == []

@@ -167,20 +167,35 @@ def test_rollout_deployment_finds_the_trainer_store_through_the_headless_service
 
 
 def test_gang_scheduling_hints():
+    """One gang holds the whole job (issue 31), exactly as the projects document it.
+
+    Kueue, plain Pod groups (https://kueue.sigs.k8s.io/docs/tasks/run/plain_pods/): every member
+    carries the pod-group-name label and the pod-group-total-count annotation, consistently, and
+    the queue-name label; serving and role-hash as Kueue's own source sets them (gang.py). The
+    workloads carry no queue label (Kueue's statefulset/deployment integrations would split the gang)."""
     kueue = build(job_manifest("j", scheduling={"gang": "kueue", "queueName": "gpu"}))
     sts, dep = kueue[("StatefulSet", "j-trainer")], kueue[("Deployment", "j-rollout")]
-    # As Kueue shapes a StatefulSet and a Deployment: the trainer pods are one group of
-    # trainer.replicas; each rollout pod is admitted on its own (both workloads name the queue).
-    assert sts["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
-    assert dep["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
-    trainer = sts["spec"]["template"]["metadata"]
-    assert trainer["labels"]["kueue.x-k8s.io/pod-group-name"] == "j-trainer"
-    assert trainer["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
-    assert trainer["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
-    assert trainer["annotations"]["kueue.x-k8s.io/pod-group-serving"] == "true"
-    rollout = dep["spec"]["template"]["metadata"]
-    assert rollout["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
-    assert "kueue.x-k8s.io/pod-group-name" not in rollout["labels"] and "annotations" not in rollout
+    for workload in (sts, dep):
+        assert not any(k.startswith("kueue.x-k8s.io/") for k in workload["metadata"]["labels"])
+    for tmpl, role in ((sts["spec"]["template"]["metadata"], "trainer"), (dep["spec"]["template"]["metadata"], "rollout")):
+        assert {k: v for k, v in tmpl["labels"].items() if k.startswith("kueue.x-k8s.io/")} == {
+            "kueue.x-k8s.io/queue-name": "gpu", "kueue.x-k8s.io/pod-group-name": "j"}
+        assert tmpl["annotations"] == {"kueue.x-k8s.io/pod-group-total-count": "4",  # 2 trainer + 2 rollout pods
+                                       "kueue.x-k8s.io/pod-group-serving": "true", "kueue.x-k8s.io/role-hash": role}
+    # Colocated: the engine is in the trainer pods, the gang is the trainer pods.
+    colo = build(job_manifest("j", placement="colocated", trainer={"replicas": 1}, rollout={"replicas": 1},
+                              scheduling={"gang": "kueue", "queueName": "gpu"}))
+    assert colo[("StatefulSet", "j-trainer")]["spec"]["template"]["metadata"]["annotations"][
+        "kueue.x-k8s.io/pod-group-total-count"] == "1"
+    # Environments are no members: each of their pods is admitted on its own.
+    env = build(job_manifest("j", scheduling={"gang": "kueue", "queueName": "gpu"},
+                             environments=[{"name": "calc", "command": ["python", "-m", "calc"]}]))
+    env_tmpl = env[("Deployment", "j-env-calc")]["spec"]["template"]["metadata"]
+    assert env_tmpl["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+    assert "kueue.x-k8s.io/pod-group-name" not in env_tmpl["labels"] and "annotations" not in env_tmpl
+
+    # Volcano (https://volcano.sh/en/docs/podgroup/): a PodGroup with minMember trainer + rollout
+    # pods, before the pods; the group-name annotation and schedulerName on both templates.
     volcano = build(job_manifest("j", scheduling={"gang": "volcano", "queueName": "q"}))
     pg = volcano[("PodGroup", "j")]
     assert pg["apiVersion"] == "scheduling.volcano.sh/v1beta1" and pg["spec"] == {"minMember": 4, "queue": "q"}
@@ -188,13 +203,14 @@ def test_gang_scheduling_hints():
     for key in (("StatefulSet", "j-trainer"), ("Deployment", "j-rollout")):
         tmpl = volcano[key]["spec"]["template"]
         assert tmpl["spec"]["schedulerName"] == "volcano"
-        assert tmpl["metadata"]["annotations"]["scheduling.k8s.io/group-name"] == "j"
+        assert tmpl["metadata"]["annotations"] == {"scheduling.k8s.io/group-name": "j"}
     assert not any(k[0] == "PodGroup" for k in build(job_manifest("j")))
 
 
-@pytest.mark.parametrize("gang", ["none", "kueue", "volcano"])
+@pytest.mark.parametrize("gang", ["none", "volcano"])
 def test_rollout_count_never_reaches_the_trainer_template(gang):
-    """A StatefulSet rolls its pods when its template changes: scaling the rollouts must not."""
+    """A StatefulSet rolls its pods when its template changes: scaling the rollouts must not (with
+    Kueue the count is the gang's size, in every template: a running job refuses a new one)."""
     def trainer(rollouts):
         kids = build(job_manifest("j", rollout={"replicas": rollouts}, scheduling={"gang": gang, "queueName": "q"}))
         return kids[("StatefulSet", "j-trainer")]

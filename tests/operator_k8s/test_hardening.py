@@ -62,17 +62,25 @@ async def test_a_missing_monitoring_crd_warns_and_the_job_carries_on(emulator, c
                 and r.resource.group == "monitoring.coreos.com"]) == len(tries)
 
 
-async def test_scaling_the_rollouts_of_a_kueue_job_restarts_no_trainer_pod(emulator, cluster, operator, trainer):
+async def test_a_kueue_gang_holds_the_whole_job_and_keeps_its_size_while_it_runs(emulator, cluster, operator, trainer):
+    """Every trainer and rollout pod carries the one pod group, with the whole job's count (Kueue's
+    plain Pod groups: https://kueue.sigs.k8s.io/docs/tasks/run/plain_pods/). A new rollout count
+    would be a new gang, restarting every pod: refused while the job runs, nothing restarts."""
     await running(emulator, cluster, trainer, "gang", scheduling={"gang": "kueue", "queueName": "gpu"},
                   rollout={"replicas": 4})
-    trainer_uids = {p["metadata"]["uid"] for p in cluster.pods(NS, "gang", "trainer")}
+    for pod in cluster.pods(NS, "gang"):
+        meta = pod["metadata"]
+        assert meta["labels"]["kueue.x-k8s.io/pod-group-name"] == "gang", meta["name"]
+        assert meta["labels"]["kueue.x-k8s.io/queue-name"] == "gpu"
+        assert meta["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "6"  # 2 trainer + 4 rollout pods
+    uids = {p["metadata"]["uid"] for p in cluster.pods(NS, "gang")}
     await cluster.patch(job_path(NS, "gang"), {"spec": {"rollout": {"replicas": 2}}})
-    await eventually(lambda: replicas(emulator, "gang") == (2, 2), what="rollouts scaled to 2")
-    await eventually(lambda: len(cluster.pods(NS, "gang", "rollout")) == 2, what="two rollout pods")
-    await asyncio.sleep(0.5)  # the acted-out StatefulSet controller would have rolled a new revision by now
-    assert {p["metadata"]["uid"] for p in cluster.pods(NS, "gang", "trainer")} == trainer_uids
-    sts = emulator.get_obj(STATEFULSETS, NS, n.trainer_name("gang"))
-    assert sts["spec"]["template"]["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == "2"
+    await eventually(lambda: cond(emulator, "gang", "InvalidSpec").get("reason") == "ImmutableFieldChanged",
+                     what="refused")
+    assert "scheduling.gang kueue" in cond(emulator, "gang", "InvalidSpec")["message"]
+    await asyncio.sleep(0.5)  # the acted-out controllers would have rolled or scaled by now
+    assert replicas(emulator, "gang") == (2, 4) and {p["metadata"]["uid"] for p in cluster.pods(NS, "gang")} == uids
+    assert status(emulator, "gang")["phase"] == "Running"
 
 
 async def test_an_unreachable_trainer_is_a_condition_an_event_and_the_status_message(emulator, cluster, operator,
