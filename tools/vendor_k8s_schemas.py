@@ -164,37 +164,30 @@ def _resource_maps(schema: dict[str, Any]) -> None:
 # required field that is missing is the schema's error: each rule first asks has().
 # kubernetes/kubernetes pkg/apis/core/validation/validation.go ValidateTolerations:
 TOLERATION_RULES = [
-    {"rule": "!has(self.operator) || self.operator in ['', 'Equal', 'Exists']",
-     "message": "operator must be Equal or Exists"},
-    {"rule": "!has(self.effect) || self.effect in ['', 'NoSchedule', 'PreferNoSchedule', 'NoExecute']",
-     "message": "effect must be NoSchedule, PreferNoSchedule or NoExecute (or empty: every effect)"},
-    {"rule": "(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
-     "message": "operator must be Exists when key is empty"},
-    {"rule": "!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
-     "message": "value must be empty when operator is Exists"},
-    {"rule": "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
-     "message": "effect must be NoExecute when tolerationSeconds is set"},
+    {"rule": "(!has(self.operator) || self.operator in ['', 'Equal', 'Exists']) && (!has(self.effect) || "
+             "self.effect in ['', 'NoSchedule', 'PreferNoSchedule', 'NoExecute'])",
+     "message": "operator must be Equal or Exists, effect NoSchedule, PreferNoSchedule or NoExecute"},
+    {"rule": "((has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')) && "
+             "(!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == '') && "
+             "(!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute'))",
+     "message": "an empty key needs operator Exists, Exists takes no value, tolerationSeconds needs effect NoExecute"},
 ]
 _VALUES_GIVEN = "has(self.values) && size(self.values) > 0"
-_NO_VALUES = "!has(self.values) || size(self.values) == 0"
-# apimachinery pkg/apis/meta/v1/validation ValidateLabelSelectorRequirement:
+_NO_VALUES = "(!has(self.values) || size(self.values) == 0)"
+# apimachinery pkg/apis/meta/v1/validation ValidateLabelSelectorRequirement (one rule: the CRD must
+# stay small enough for a client-side kubectl apply, tests/api/test_crd.py):
 LABEL_SELECTOR_RULES = [
-    {"rule": "!has(self.operator) || self.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist']",
-     "message": "operator must be In, NotIn, Exists or DoesNotExist"},
-    {"rule": f"!has(self.operator) || !(self.operator in ['In', 'NotIn']) || ({_VALUES_GIVEN})",
-     "message": "values must be given when operator is In or NotIn"},
-    {"rule": f"!has(self.operator) || !(self.operator in ['Exists', 'DoesNotExist']) || {_NO_VALUES}",
-     "message": "values must be empty when operator is Exists or DoesNotExist"},
+    {"rule": f"!has(self.operator) || (self.operator in ['In', 'NotIn'] ? {_VALUES_GIVEN} : "
+             f"self.operator in ['Exists', 'DoesNotExist'] && {_NO_VALUES})",
+     "message": "operator In, NotIn: values; Exists, DoesNotExist: none"},
 ]
 # validation.go ValidateNodeSelectorRequirement, and apimachinery pkg/labels/selector.go NewRequirement
 # (how the scheduler reads Gt and Lt: one value, an integer):
 NODE_SELECTOR_RULES = [
-    {"rule": "!has(self.operator) || self.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist', 'Gt', 'Lt']",
-     "message": "operator must be In, NotIn, Exists, DoesNotExist, Gt or Lt"},
-    *LABEL_SELECTOR_RULES[1:],
-    {"rule": "!has(self.operator) || !(self.operator in ['Gt', 'Lt']) || "
-             "(has(self.values) && size(self.values) == 1 && self.values[0].matches('^[+-]?[0-9]+$'))",
-     "message": "values must be exactly one integer when operator is Gt or Lt"},
+    {"rule": f"!has(self.operator) || (self.operator in ['In', 'NotIn'] ? {_VALUES_GIVEN} : "
+             f"self.operator in ['Exists', 'DoesNotExist'] ? {_NO_VALUES} : self.operator in ['Gt', 'Lt'] && "
+             "has(self.values) && size(self.values) == 1 && self.values[0].matches('^[+-]?[0-9]+$'))",
+     "message": "operator In, NotIn: values; Exists, DoesNotExist: none; Gt, Lt: one integer"},
 ]
 # validation.go ValidateNodeFieldSelectorRequirement (the key: an enum, metadata.name only):
 NODE_FIELD_SELECTOR_RULES = [
