@@ -50,16 +50,36 @@ def report_completed(step: int, total: int) -> str:
     return text
 
 
-def write_termination_message(text: str) -> None:
+def write_termination_message(text: str, first: bool = False) -> None:
     """`text` as the container's termination message: in a pod, or where GRPOJOB_TERMINATION_LOG
-    says (`grpojob run` gives each child one); a bare process elsewhere has none."""
+    says (`grpojob run` gives each child one); a bare process elsewhere has none. `first`: only
+    if none was written yet (a trainer rank other than 0: its failure is often rank 0's echo)."""
     named = os.environ.get(ENV_TERMINATION_LOG)
     path = Path(named) if named else TERMINATION_LOG
     if named or path.exists():
         try:
+            if first and path.exists() and path.stat().st_size > 0:
+                return
             path.write_bytes(text.encode()[:_MAX_BYTES])
         except OSError as e:
             log.warning("cannot write the termination message %s: %s", path, e)
+
+
+def describe(e: BaseException) -> str:
+    """An exception as its type and message, on one line: what the CLI and the pod show."""
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def report_exception(e: BaseException, *, permanent: bool, rank: int = 0, running: str = "trainer") -> str:
+    """A failed process's own exception as its termination message: plugins.START_REFUSED when a
+    restart would fail the same way (the run and the job stop at once), else plugins.TRAINER_FAILED
+    (restarted). Rank 0 writes it; another rank only when nothing was written yet."""
+    reason = plugins.START_REFUSED if permanent else plugins.TRAINER_FAILED
+    text = plugins.failure_message(reason, [f"{running} rank {rank}: {describe(e)}" if running == "trainer"
+                                            else f"{running}: {describe(e)}"])
+    write_termination_message(text, first=rank != 0)
+    return text
 
 
 def read(path: Path) -> Optional[tuple[str, str]]:

@@ -56,3 +56,10 @@ class Stalls(_Faulty):
 
     async def generate(self, prompt_ids, n, sampling):
         await asyncio.Event().wait()
+
+
+class RaisesOnGenerate(_Faulty):
+    """Up and healthy by its own account, but every generate() raises (a plug-in's bug)."""
+
+    async def generate(self, prompt_ids, n, sampling):
+        raise RuntimeError(ERROR)

@@ -56,7 +56,14 @@ _REF = re.compile("^(" + "|".join(REFERENCE_PATTERNS) + ")$")
 # line of a pod's termination message (which the operator reads from the pod's status).
 IMPORT_FAILED = "PluginImportFailed"
 INSTALL_FAILED = "PluginInstallFailed"
-FAILURE_REASONS = (IMPORT_FAILED, INSTALL_FAILED)
+# A process refused to start for a reason a restart cannot change: the trainer refused the spec
+# (TrainerError, a dataset that cannot be read, a device that is not there), or an engine's
+# package is missing. Like a plug-in that does not import, the job fails with it at once.
+START_REFUSED = "StartRefused"
+FAILURE_REASONS = (IMPORT_FAILED, INSTALL_FAILED, START_REFUSED)
+# A trainer rank that failed once running: restarted (it resumes from its checkpoint), the message
+# shown meanwhile; the job fails only once the restarts run out.
+TRAINER_FAILED = "TrainerFailed"
 # Termination messages that are not the job's failure: a rollout server whose engine broke exits
 # non-zero and is restarted (the operator records an Event with the message); a trainer that
 # finished says so, in case the operator's poll of /status missed the window.

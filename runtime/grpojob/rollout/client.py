@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Callable, Optional, Sequence, Union
@@ -30,6 +31,18 @@ import aiohttp
 from .types import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout.client")
+
+
+async def _body(r: aiohttp.ClientResponse):
+    """The JSON answer; a body that is not JSON (a proxy's or a crashed handler's page) as its
+    text, so that its status and words reach the log instead of a decoding error."""
+    text = await r.text(errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        if r.status == 200:
+            raise
+        return {"error": " ".join(text.split())[:300] or f"HTTP {r.status} with an empty body"}
 
 
 class RolloutError(RuntimeError):
@@ -103,7 +116,7 @@ class RolloutClient:
                 timeout = aiohttp.ClientTimeout(total=min(self.request_timeout, left))
                 async with session.post(url + "/generate", json=payload, timeout=timeout) as r:
                     status = r.status
-                    body = await r.json(content_type=None) if status != 401 else None
+                    body = await _body(r) if status != 401 else None
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
                 errors[url] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 self._cool_until[url] = time.monotonic() + self.cooldown

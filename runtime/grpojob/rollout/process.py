@@ -103,8 +103,11 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
     if (e := starting.exception()) is not None:
         server.start_error = f"{type(e).__name__}: {e}"
         log.error("rollout server %s: the %s engine failed to start", replica, engine.backend, exc_info=e)
-        failures.report(plugins.ENGINE_FAILED, [f"rollout server {replica}: the {engine.backend} engine failed "
-                                                f"to start: {server.start_error}"])
+        # a missing package, model or tokenizer file, a model the engine cannot run: the same at
+        # every start, so the run (the job) stops at once; a device error (RuntimeError) is retried
+        reason = plugins.START_REFUSED if isinstance(e, (ImportError, OSError, ValueError)) else plugins.ENGINE_FAILED
+        failures.report(reason, [f"rollout server {replica}: the {engine.backend} engine failed to start: "
+                                 f"{server.start_error}"])
         return 1
     server.started = True
     if sync_addr:
@@ -114,7 +117,7 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
                                  checkpoint_dir=checkpoint_dir, token=server.auth.token).start()
     log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)
     while not stop.is_set():
-        dead = engine.errored()
+        dead = engine.errored() or server.failing.broken
         if dead:
             failures.report(plugins.ENGINE_FAILED, [f"rollout server {replica}: {dead}"])
             log.error("rollout server %s: exiting in %.0f s (not ready meanwhile)", replica, FAILED_LINGER_SECONDS)

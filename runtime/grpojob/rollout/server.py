@@ -37,6 +37,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..auth import Auth, app_key, middleware
+from ..failures import describe
 from ..api.spec import GRPOJobSpec
 from ..metrics_names import ROLLOUT
 from . import engine as engines
@@ -86,6 +87,7 @@ class Server:
         self.metrics = prom.build(ROLLOUT, CollectorRegistry())
         self.sessions = agent_sessions.SessionStore(trajectory_url, auth.token)  # agent sessions' records
         self.turns = Turns(self)  # sleep and wake (spec.placement colocated)
+        self.failing = FailureStreak()  # generate() calls that raise while the engine says it is fine
 
     # ---- app ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -106,13 +108,13 @@ class Server:
             return f"engine failed to start: {self.start_error}"
         if not self.started:
             return f"{self.engine.backend} engine is loading {self.spec.model.path}"
-        dead = self.engine.errored()
+        dead = self.engine.errored() or self.failing.broken
         if dead:
             return dead
         return self.agent.not_ready_reason() if self.agent else None
 
     async def healthz(self, request: web.Request) -> web.Response:
-        dead = self.start_error or (self.engine.errored() if self.started else None)
+        dead = self.start_error or ((self.engine.errored() or self.failing.broken) if self.started else None)
         return web.json_response({"status": "failed" if dead else "ok", "error": dead},
                                  status=500 if dead else 200)
 
@@ -166,7 +168,7 @@ class Server:
     def _unavailable(self, openai: bool = False) -> Optional[web.Response]:
         if not self.started:
             return self._error(503, self.not_ready_reason() or "engine not started", "unavailable", openai=openai)
-        dead = self.engine.errored()
+        dead = self.engine.errored() or self.failing.broken
         if dead:
             return self._error(503, dead, "error", openai=openai)
         return None
@@ -185,11 +187,17 @@ class Server:
             out = await self.engine.generate(prompt_ids, n, sampling)
         except ValueError as e:  # the engine refused these parameters
             raise _Refused(400, str(e), "bad_request") from None
-        except Exception:
+        except Exception as e:  # noqa: BLE001 - every failure becomes a JSON answer that says why
             dead = self.engine.errored()
             if dead:  # the engine broke under this request: 503 with why (the trainer logs it)
                 raise _Refused(503, dead, "error") from None
-            raise
+            log.warning("rollout server %s: generate failed: %s", self.replica, describe(e),
+                        exc_info=self.failing.count == 0)
+            self.failing.failed(describe(e))
+            raise _Refused(503 if self.failing.broken else 500,
+                           self.failing.broken or f"the {self.engine.backend} engine's generate failed: {describe(e)}",
+                           "error") from None
+        self.failing.ok()
         tokens = sum(len(c.completion_ids) for c in out)
         self.metrics["grpojob_rollout_generated_tokens_total"].inc(tokens)
         self.metrics["grpojob_rollout_tokens_per_second"].set(tokens / max(time.perf_counter() - start, 1e-9))
@@ -303,6 +311,31 @@ class Server:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return self._error(400, "the request body is not JSON", "bad_request", openai=True)
         return web.json_response(out, status=status)
+
+
+class FailureStreak:
+    """generate() calls that raise with no success in between. An engine that fails every request
+    while it says it is fine (a plug-in's bug, a device gone bad) is broken once FAILURES_IN_A_ROW
+    calls over at least STREAK_SECONDS failed: the server turns unready with the error and the
+    process ends (grpojob.rollout.process), so its restarts count and the run ends or recovers."""
+
+    FAILURES_IN_A_ROW = 8
+    STREAK_SECONDS = 2.0
+
+    def __init__(self):
+        self.count, self.since, self.first = 0, 0.0, ""
+        self.broken: Optional[str] = None
+
+    def failed(self, error: str) -> None:
+        if self.count == 0:
+            self.since, self.first = time.monotonic(), error
+        self.count += 1
+        if self.count >= self.FAILURES_IN_A_ROW and time.monotonic() - self.since >= self.STREAK_SECONDS:
+            self.broken = self.broken or (f"the engine's generate failed {self.count} times in a row over "
+                                          f"{time.monotonic() - self.since:.0f} s, first with {self.first}")
+
+    def ok(self) -> None:
+        self.count = 0
 
 
 class _Refused(Exception):

@@ -30,7 +30,10 @@ from .protocol import DISK, WeightSyncError, connect, door, set_json, wait_key
 
 log = logging.getLogger("grpojob.sync")
 
-HOT_SECONDS = 120.0  # after a command, poll for the next one every 5 ms for this long (else 50 ms)
+HOT_SECONDS = 120.0  # after a command, poll for the next one often (HOT_POLL) for this long, else every 50 ms
+# The poll's interval is the push's fixed cost (half of it on average): on a GPU a whole push of a
+# small model over cuda-ipc takes a few ms, so poll every ms there; a CPU engine keeps its cores.
+HOT_POLL_SECONDS = {"cuda": 0.001, "cpu": 0.005}
 
 
 class WeightSink(Protocol):
@@ -156,6 +159,7 @@ class SyncAgent:
                                 daemon=True)
         beat.start()
         last_cmd = time.monotonic()
+        hot_poll = HOT_POLL_SECONDS["cuda" if any(e["device"] == "cuda" for e in endpoints) else "cpu"]
         try:
             while not self._stop.is_set():
                 # The door is open to anyone: once accepted, a refusal there is not the trainer's.
@@ -171,7 +175,7 @@ class SyncAgent:
                 # Poll for the next command: often while pushes are coming (each step), slowly when
                 # idle (the store's blocking wait logs a C++ warning on every timeout).
                 hot = time.monotonic() - last_cmd < HOT_SECONDS
-                if wait_key(store, creds.key("cmd", next_seq), 0.5, interval=0.005 if hot else 0.05):
+                if wait_key(store, creds.key("cmd", next_seq), 0.5, interval=hot_poll if hot else 0.05):
                     cmd = self._sealed(store, creds, creds.key("cmd", next_seq))
                     if cmd is not None and self.instance in cmd["targets"]:
                         self._apply(store, creds, cmd)

@@ -46,7 +46,7 @@ from .stream import TensorStream
 log = logging.getLogger("grpojob.sync")
 
 MAX_ATTEMPTS = 3
-ACK_POLL_SECONDS = 0.002  # only while a command waits for its acknowledgements
+ACK_POLL_SECONDS = 0.0005  # only while a command waits for its acknowledgements (part of a push's fixed cost)
 NACK_POLL_SECONDS = 0.05  # a store round trip: not on every 10 ms poll of a transfer
 MEDIUM = {"nccl": "device", "cuda-ipc": "device", "gloo": "host", "shm": "shm"}
 HANDOFF = ("cuda-ipc", "shm")
@@ -63,12 +63,16 @@ class Retained:
     media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     filled: set[str] = field(default_factory=set)  # media holding this version
     shm: Optional[handoff.ShmSegment] = None
+    # cuda-ipc: each receiver endpoint's share of media["device"], made once (a share wraps the
+    # storage in one more reference-counting layer, which goes only with the storage)
+    ipc: dict[tuple[str, int], list[dict]] = field(default_factory=dict)
 
     def close(self) -> None:
         if self.shm:
             self.shm.close()
         self.media.clear()
         self.filled.clear()
+        self.ipc.clear()
 
 
 @dataclass
@@ -110,10 +114,8 @@ class Delivery:
                 r.close()
             r = self.retained = Retained(layout)
         r.version, r.weights, r.filled, r.adapter = version, wid, set(), stream.adapter
-        # GPU buffers are fresh for every version (the caching allocator hands the same memory
-        # back): each CUDA IPC share wraps its storage in one more reference-counting layer,
-        # which only goes when the storage does.
-        r.media.pop("device", None)
+        # The buffers of every medium stay while the layout does: a cuda-ipc receiver maps them
+        # once (handoff.CudaReader) and copies out of them at each push.
         if self.checkpoint_dir:
             r.path = files.save(self.checkpoint_dir, version, stream)
         return r
@@ -216,7 +218,9 @@ class Delivery:
         if "cuda-ipc" in by_path:  # one share per receiver: each releases its own reference
             ipc: dict[str, list] = {m.instance: [None] * len(m.routes) for m, _ in by_path["cuda-ipc"]}
             for m, i in by_path["cuda-ipc"]:
-                ipc[m.instance][i] = handoff.share_cuda(r.media["device"])
+                if (m.instance, i) not in r.ipc:
+                    r.ipc[(m.instance, i)] = handoff.share_cuda(r.media["device"])
+                ipc[m.instance][i] = r.ipc[(m.instance, i)]
             cmd["handoff"]["cuda-ipc"] = ipc
         plans = {}
         for p in COLLECTIVES:

@@ -4,11 +4,14 @@
   publisher, which packs into it, and by each receiver, which copies out of it. The file is
   reserved with posix_fallocate, so a full /dev/shm fails here with a message instead of a SIGBUS
   on first touch.
-- cuda-ipc: the buckets stay in the trainer's GPU memory; each receiver on the same GPU maps them
-  with CUDA IPC handles (torch's `_share_cuda_` / `_new_shared_cuda`, the mechanism behind
-  torch.multiprocessing) and copies device to device. The handles travel as JSON through the
-  store: no pickles. torch's IPC reference counting keeps a mapped buffer alive in the trainer
-  until the receiver has let go of it.
+- cuda-ipc: the buckets stay in the trainer's GPU memory, in buffers kept from push to push while
+  the layout holds; each receiver on the same GPU maps them with CUDA IPC through torch's
+  supported API (torch.multiprocessing.reductions: `reduce_tensor` in the trainer,
+  `rebuild_cuda_tensor` in the receiver) once, and every later push is a device-to-device copy
+  out of the same mapping (opening an IPC handle costs milliseconds; a copy of 80 MiB well under
+  one). The handles travel as JSON through the store: no pickles. Each receiver gets one share of
+  the buffers (torch counts references per share and keeps a mapped buffer alive in the trainer
+  until its receiver has let go of it).
 
 A receiver copies into its own buffers and only then checks that the push was not cancelled:
 the publisher repacks its buffers only after a push has been acknowledged or cancelled, so a copy
@@ -115,26 +118,53 @@ def _bytes(text: Optional[str]) -> bytes:
 
 
 def share_cuda(buffers: Sequence[torch.Tensor]) -> list[dict]:
-    """CUDA IPC handles of the publisher's bucket buffers (each a whole storage of its own), for
-    one receiver: each share carries a reference count that its receiver drops when it lets go."""
+    """One receiver's share of the publisher's bucket buffers: the arguments of torch's
+    `rebuild_cuda_tensor` as JSON (each share carries a reference count that its receiver drops
+    when it lets go of the mapping)."""
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
     docs = []
     for buf in buffers:
-        _dev, handle, size, offset, ref, ref_offset, event, event_sync = buf.untyped_storage()._share_cuda_()
-        docs.append({"handle": _b64(handle), "size": size, "offset": offset, "ref": _b64(ref),
-                     "ref_offset": ref_offset, "event": _b64(event), "event_sync": bool(event_sync),
-                     "nbytes": buf.nbytes})
+        rebuild, args = reduce_tensor(buf)
+        if rebuild is not rebuild_cuda_tensor:
+            raise WeightSyncError(f"cuda-ipc shares CUDA tensors only, not one on {buf.device}")
+        (_, size, stride, offset, _, dtype, _, handle, storage_bytes, storage_offset, _, ref, ref_offset, event,
+         event_sync) = args
+        docs.append({"size": list(size), "stride": list(stride), "offset": offset,
+                     "dtype": str(dtype).removeprefix("torch."), "handle": _b64(handle),
+                     "storage_bytes": storage_bytes, "storage_offset": storage_offset, "ref": _b64(ref),
+                     "ref_offset": ref_offset, "event": _b64(event), "event_sync": bool(event_sync)})
     return docs
 
 
-def copy_cuda(docs: Sequence[dict], device: torch.device, out: Sequence[torch.Tensor]) -> None:
-    """Map the publisher's buffers on `device` (our index of the same GPU) and copy them into `out`."""
-    torch.cuda._lazy_init()
+def _rebuild(doc: dict, device: torch.device) -> torch.Tensor:
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
     index = device.index if device.index is not None else torch.cuda.current_device()
-    for d, buf in zip(docs, out):
-        storage = torch.UntypedStorage._new_shared_cuda(
-            index, _bytes(d["handle"]), d["size"], d["offset"], _bytes(d["ref"]), d["ref_offset"],
-            _bytes(d["event"]), d["event_sync"])
-        src = torch.empty(0, dtype=torch.uint8, device=device).set_(storage, 0, (d["nbytes"],), (1,))
-        bk.wire(buf).copy_(src)
-        del src, storage  # let go of the mapping: the trainer may free or reuse its buffer
-    torch.cuda.current_stream(device).synchronize()
+    return rebuild_cuda_tensor(torch.Tensor, tuple(doc["size"]), tuple(doc["stride"]), doc["offset"],
+                               torch.UntypedStorage, getattr(torch, doc["dtype"]), index, _bytes(doc["handle"]),
+                               doc["storage_bytes"], doc["storage_offset"], False, _bytes(doc["ref"]),
+                               doc["ref_offset"], _bytes(doc["event"]) or None, doc["event_sync"])
+
+
+class CudaReader:
+    """The receiver's side: maps a share of the publisher's buffers once and copies out of the
+    mapping at every push of it; a new share (new buffers, a new layout) replaces the mapping."""
+
+    def __init__(self):
+        self._mapped: list[torch.Tensor] = []
+        self._handles: list[tuple[str, int]] = []
+
+    def copy(self, docs: Sequence[dict], device: torch.device, out: Sequence[torch.Tensor]) -> None:
+        handles = [(d["handle"], d["storage_offset"]) for d in docs]
+        if handles != self._handles:
+            self._mapped, self._handles = [], []  # let go of the old buffers before mapping the new
+            torch.cuda._lazy_init()
+            self._mapped = [_rebuild(d, device) for d in docs]
+            self._handles = handles
+        for src, buf in zip(self._mapped, out):
+            bk.wire(buf).copy_(bk.wire(src))
+        torch.cuda.current_stream(device).synchronize()
+
+    def close(self) -> None:
+        self._mapped, self._handles = [], []

@@ -35,6 +35,7 @@ class PushReceiver:
         self._groups: dict[str, tuple[str, object]] = {}  # path -> (group id, process group)
         self._kept: Optional[tuple[bk.Layout, list[torch.Tensor]]] = None  # host bucket buffers
         self._shm = handoff.ShmReader()
+        self._cuda = handoff.CudaReader()
 
     def receive(self, cmd: dict, endpoint: int = 0) -> list[tuple[str, torch.Tensor]]:
         """The named tensors of push command `cmd` for this server's `endpoint` (a vLLM worker's
@@ -54,7 +55,7 @@ class PushReceiver:
             elif path == "shm":
                 self._shm.copy(cmd["handoff"]["shm"], layout, bufs)
             elif path == "cuda-ipc":
-                handoff.copy_cuda(cmd["handoff"]["cuda-ipc"][self.instance][endpoint], self.device, bufs)
+                self._cuda.copy(cmd["handoff"]["cuda-ipc"][self.instance][endpoint], self.device, bufs)
             else:
                 raise WeightSyncError(f"{what}: unknown path '{path}'")
             reason = poll()  # a handoff copy is whole only if the push still stands

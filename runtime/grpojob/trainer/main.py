@@ -66,10 +66,18 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     lifeline.watch_parent(suspend.set, grace=PARENT_GONE_GRACE_SECONDS)
+    from ..data import DatasetError
+    from ..devices import DeviceError
+
+    # What a trainer refuses before it trains fails the same way at every start: the spec (its
+    # fields checked against the model, the dataset, the device), a missing file or package.
+    refusals = (TrainerError, DatasetError, ValueError, ImportError, FileNotFoundError, NotADirectoryError,
+                DeviceError, TokenError)
     board: Optional[StatusBoard] = None
     server: Optional[LeaderServer] = None
     env = None
     clean = False
+    training = False  # past the start: a failure now is worth a restart (it resumes)
     try:
         job = config.load(resolve_plugins=False)
         auth = Auth.from_env()  # before anything starts: a missing token is a clear error
@@ -84,6 +92,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
                     listen_host=_listen_host(), board=board, suspend=suspend, auth=auth)
         if server is not None:
             server.mount_trajectories(run.trajectory_api())
+        training = True
         phase = run.serve(server) if job.spec.mode == "service" else run.run(hold=True)
         log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True
@@ -102,6 +111,8 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             msg = f"{type(e).__name__}: {e}"
         expected = isinstance(e, (SystemExit, KeyboardInterrupt, TrainerError, TokenError))  # already says what/where
         log.error("trainer failed: %s", msg, exc_info=not expected)
+        if isinstance(e, Exception):  # its own error where the user looks: the CLI, the pod's status
+            failures.report_exception(e, permanent=not training and isinstance(e, refusals), rank=rank)
         if board is not None:
             board.update(phase="failed", message=msg)
         return 1
