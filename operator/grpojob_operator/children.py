@@ -44,7 +44,7 @@ TOKEN_VOLUME = f"{RESERVED_VOLUME_PREFIX}token"
 TOKEN_FILE_MODE = 0o440  # owner root, group fsGroup (the runtime user's group): readable by the pod's user
 ANN_TOKEN = f"{GROUP}/token"
 TOKEN_NOTE = ("made by the operator when it first creates the job's children, kept for the job's life and "
-              "never patched; grpojob render shows it without a token")
+              "never patched")
 
 
 @dataclass(frozen=True)
@@ -146,15 +146,14 @@ def _pod_template(job: GRPOJob, role: str, w: WorkloadSpec, pod_spec: dict[str, 
     return {"metadata": meta, "spec": pod_spec}
 
 
-def token_secret(job: str, namespace: str, owner: Optional[dict[str, Any]], token: Optional[str]) -> Manifest:
-    """The job's Secret; without a token (grpojob render) it shows where the token comes from.
-    Immutable: nobody, the operator included, changes a token the pods already read."""
+def token_secret(job: str, namespace: str, owner: Optional[dict[str, Any]], token: str,
+                 note: str = TOKEN_NOTE) -> Manifest:
+    """The job's Secret holding its token. Immutable: nobody, the operator included, changes a
+    token the pods already read (so it is never made without one: it could never be filled)."""
     meta = _meta(job, namespace, n.token_name(job), "auth", owner)
-    meta["annotations"] = {ANN_TOKEN: TOKEN_NOTE}
-    obj: Manifest = {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "immutable": True}
-    if token is not None:
-        obj["data"] = {auth.TOKEN_KEY: base64.b64encode(token.encode()).decode()}
-    return obj
+    meta["annotations"] = {ANN_TOKEN: note}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": meta, "type": "Opaque", "immutable": True,
+            "data": {auth.TOKEN_KEY: base64.b64encode(token.encode()).decode()}}
 
 
 def secret_token(obj: Manifest) -> Optional[str]:

@@ -146,6 +146,10 @@ def parser() -> argparse.ArgumentParser:
     manifest_args(sp)
     sp.add_argument("--namespace", default=None, help="namespace (default: the manifest's, else default)")
     sp.add_argument("--image", default=None, help="runtime image (default: the operator's default)")
+    sp.add_argument("--token", action="store_true",
+                    help="also print the job's Secret with a fresh random token, so the output applies as it is "
+                         "(it then holds a secret: keep it out of git in the clear); without it the output's "
+                         "header says how to make the Secret")
     sp.set_defaults(fn=_lazy(_render))
 
     sp = sub.add_parser("export", help="write a checkpoint as a Hugging Face model directory (safetensors)")
