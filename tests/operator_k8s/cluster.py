@@ -144,13 +144,18 @@ class Cluster:
             await self._call("DELETE", pod_path(ns, pod["metadata"]["name"]))
 
     async def _garbage_collect(self) -> None:
+        """The garbage collector: an object whose owner references all name objects that are gone
+        (by uid) is deleted, in the background; one with an owner left stays
+        (https://kubernetes.io/docs/concepts/architecture/garbage-collection/#owners-dependents;
+        kubernetes/kubernetes pkg/controller/garbagecollector/garbagecollector.go, attemptToDeleteItem:
+        an item with a "solid" owner is kept). Dependents of dependents go pass after pass."""
         live_uids = {o["metadata"].get("uid") for (_, _, _), obj in list(self.emu.objects.items())
                      if not obj.deleted for o in [obj.raw]}
         for (res, ns, name), obj in list(self.emu.objects.items()):
             if obj.deleted:
                 continue
-            owner = _owner_uid(obj.raw)
-            if owner and owner not in live_uids:
+            owners = [ref.get("uid") for ref in obj.raw.get("metadata", {}).get("ownerReferences") or []]
+            if owners and not any(uid in live_uids for uid in owners):
                 path = (f"/api/{res.version}" if res.group == "" else f"/apis/{res.group}/{res.version}") + \
                     f"/namespaces/{ns}/{res.plural}/{name}"
                 await self._call("DELETE", path)
