@@ -189,14 +189,34 @@ def test_the_async_client(service):
 
 
 def test_status_and_metrics_show_the_calls(service):
+    """Counts this test's own calls only (the module's other tests share the service and may run
+    before, after or, under xdist, in another process)."""
     run, client, server, board, *_ = service
-    req = urllib.request.Request(f"http://127.0.0.1:{server.port}/status", headers={"Authorization": f"Bearer {TOKEN}"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        status = json.loads(r.read())
-    ops = status["service"]["ops"]
-    assert status["phase"] == "running" and status["step"] == run.trainer.step
-    assert ops["forward_backward"]["refused"] >= 9 and ops["forward"]["calls"] >= 15
-    assert ops["sample"]["tokens"] > 0 and ops["optim_step"]["calls"] >= 3
+
+    def status() -> dict:
+        req = urllib.request.Request(f"http://127.0.0.1:{server.port}/status",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return json.loads(r.read())
+
+    def count(doc: dict, op: str, key: str) -> float:
+        return doc["service"]["ops"].get(op, {}).get(key, 0)
+
+    before = status()
+    assert call(server, "/forward_backward", {"data": [GOOD], "loss_fn": "dpo"})[0] == 400  # refused
+    for _ in range(2):
+        assert call(server, "/forward", {"data": [GOOD], "loss_fn": "importance_sampling"})[0] == 200
+    assert call(server, "/forward_backward", {"data": [GOOD], "loss_fn": "importance_sampling"})[0] == 200
+    assert call(server, "/optim_step", {"adam_params": {"learning_rate": 1e-3}})[0] == 200
+    sampled = client.create_sampling_client().sample(ModelInput.from_ints([5, 6, 7]), 2,
+                                                     SamplingParams(max_tokens=3)).result()
+    after = status()
+    assert after["phase"] == "running" and after["step"] == run.trainer.step
+    assert count(after, "forward_backward", "refused") - count(before, "forward_backward", "refused") == 1
+    assert count(after, "forward", "calls") - count(before, "forward", "calls") == 2
+    assert count(after, "optim_step", "calls") - count(before, "optim_step", "calls") == 1
+    tokens = 3 * 2 + sum(len(s.tokens) for s in sampled.sequences)  # the prompt once per sample, and each completion
+    assert count(after, "sample", "tokens") - count(before, "sample", "tokens") == tokens
     with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as r:
         text = r.read().decode()
     assert 'grpojob_service_requests_total{op="forward_backward",result="refused"}' in text
