@@ -389,7 +389,7 @@ def main() -> None:
         flops = statistics.median(6 * params * t / s for t, s in trained)
         peak = peak_flops(a.device)
         print(f"grpojob train stage: {statistics.median(t / s for t, s in trained):.0f} trained tokens/s over "
-              f"{len(trained)} steps, {flops / 1e12:.1f} TFLOP/s"
+              f"{len(trained)} steps, {flops / 1e12:.3g} TFLOP/s"
               + (f", MFU {flops / peak:.1%} of {peak / 1e12:.0f} TFLOP/s bf16" if peak else ""))
     if a.device == "cuda":
         gib = 2 ** 30

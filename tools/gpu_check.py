@@ -163,8 +163,11 @@ def environment(out: Path) -> tuple[bool, str]:
         import transformers
         cuda = torch.cuda.is_available()
         name = torch.cuda.get_device_name(0) if cuda else "no CUDA device"
-        lines.append(f"python {sys.version.split()[0]}, torch {torch.__version__} (cuda {torch.version.cuda}), "
-                     f"transformers {transformers.__version__}, {name}")
+        from tools.dependency_sets import lower_bounds
+
+        lines.append(f"python {sys.version.split()[0]}, torch {torch.__version__} (cuda {torch.version.cuda}; "
+                     f"pyproject: >={lower_bounds(['runtime'])['torch']}), transformers {transformers.__version__}, "
+                     f"{name}")
     except ImportError as e:
         cuda = False
         lines.append(f"torch or transformers missing: {e}")

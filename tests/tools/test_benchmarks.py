@@ -54,6 +54,21 @@ def test_trainer_throughput():
               "--max-tokens", "8", "--device", "cpu")
     figures(rf"ratio grpojob / trl: {NUMBER}x end to end, {NUMBER}x train only", out)
     figures(rf"grpojob hf engine {NUMBER}, trl generate {NUMBER}, ratio {NUMBER}x", out)
+    # the train stage's own figure: tokens it trained, from the step records (every group trains)
+    figures(rf"grpojob train stage: {NUMBER} trained tokens/s over {NUMBER} steps, {NUMBER} TFLOP/s", out)
+
+
+def test_trainer_throughput_reports_what_it_measured_when_its_time_is_up():
+    out = run("trainer_throughput", "--shape", "tiny", "--steps", "6", "--prompts", "2", "--group", "2",
+              "--max-tokens", "4", "--device", "cpu", "--max-seconds", "0.1")
+    assert "--max-seconds 0 reached after 2 steps of each" in out
+    figures(rf"ratio grpojob / trl: {NUMBER}x end to end, {NUMBER}x train only", out)
+
+
+def test_generation():
+    out = run("generation", "--shape", "tiny", "--rows", "8", "--group", "4", "--max-tokens", "3", "--rounds", "1")
+    figures(rf"ours: {NUMBER} ms per token of every row \({NUMBER} ms per decode step", out)
+    figures(rf"ratio transformers / ours \(time per token\): {NUMBER}x", out)
 
 
 def test_operator_scale():
