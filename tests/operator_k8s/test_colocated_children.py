@@ -77,7 +77,8 @@ def test_colocated_contradictions_are_refused_with_their_field_paths():
     }
     for path, overrides in cases.items():
         job, errors = check(colocated(**overrides))
-        assert job is None and [e.path for e in errors] == [path], (path, errors)
+        # every error is reported (nccl is also refused for the hf engine, at the same path)
+        assert job is None and {e.path for e in errors} == {path}, (path, errors)
         assert "colocated" in errors[0].message
     _, errors = check(colocated(weightSync={"backend": "gloo"}))
     assert "shm on CPU, cuda-ipc on GPU" in errors[0].message
