@@ -34,7 +34,7 @@ from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_TESTS = ["tests/gpu", "tests/trainer/test_gpu_trainer.py", "tests/rollout/test_hf_engine.py",
-             "tests/service/test_losses.py", "tests/trainer/test_dist_backends.py"]
+             "tests/service/test_losses.py"]
 
 
 @dataclass
@@ -66,8 +66,8 @@ def _last_line(part: Part, out: Path, marker: str = "") -> str:
     return lines[-1].strip() if lines else "(empty log)"
 
 
-def _ratio_line(marker: str) -> Callable[[Part, Path], str]:
-    return lambda part, out: _last_line(part, out, marker)
+def _ratio_line(*markers: str) -> Callable[[Part, Path], str]:
+    return lambda part, out: " | ".join(_last_line(part, out, m) for m in markers)
 
 
 def _tests_summary(part: Part, out: Path) -> str:
@@ -112,10 +112,10 @@ def parts(out: Path, quick: bool) -> list[Part]:
                             "--steps", steps, "--max-tokens", "64", "--no-generation", "--max-seconds", "80"],
              110, 2, _ratio_line("ratio")),
         Part("weight-sync", [py, "benchmarks/weight_sync.py", "--device", "cuda", "--rounds", "5"], 45, 2,
-             _ratio_line("ratio")),
-        Part("modes", [py, "benchmarks/modes.py", "--device", "cuda", "--shape", "qwen2.5-0.5b", "--rank", "16",
-                       "--steps", "3", "--max-tokens", "32", "--modes", "separate full", "separate lora"], 60, 2,
-             _ratio_line("share")),
+             _ratio_line("fixed cost", "ratio device copy")),
+        Part("modes", [py, "benchmarks/modes.py", "--device", "cuda", "--shape", "small", "--rank", "16",
+                       "--steps", "3", "--modes", "separate full", "separate lora"], 75, 2,
+             _ratio_line("push bytes /")),
     ]
 
 
