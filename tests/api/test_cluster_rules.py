@@ -62,7 +62,8 @@ EXPECTED = [
     "spec.model.volumeClaim", "spec.model.lora.targetModules[0]",
     "spec.dataset.args.noSuchField", "spec.dataset.args.size", "spec.evaluation.dataset.args.count",
     "spec.trainer.port", "spec.rollout.port",
-    "spec.trainer.tolerations[0].operator", "spec.trainer.tolerations[0].effect", "spec.rollout.tolerations[0].operator",
+    "spec.trainer.tolerations[0].operator", "spec.trainer.tolerations[0].effect",
+    "spec.rollout.tolerations[0].operator",
     "spec.trainer.resources.requests[memory]", "spec.trainer.resources.limits[nvidia.com/gpu]",
     f"{TERM}.matchExpressions[0].values", f"{TERM}.matchExpressions[1].values",
     f"{TERM}.matchExpressions[2].values[0]", f"{TERM}.matchExpressions[3].values",
@@ -114,6 +115,25 @@ def test_every_cross_field_rule_is_reported_in_one_run(tmp_path):
     paths = [line.split(": ", 1)[0] for line in lines(r.stderr)]
     assert paths == ["spec.trainer.replicas", "spec.rollout.replicas", "spec.weightSync.backend",
                      "spec.training.microBatchTokens", "spec.algorithm.partialRollouts"], r.stderr
+
+
+def test_cluster_rules_and_cross_field_rules_are_reported_together(tmp_path):
+    """The local rules (pod validation, names, a sub-model's own rules) stand aside in a second
+    validation so that the spec's cross-field rules run on the same values: one run, both kinds."""
+    spec = copy.deepcopy(BROKEN)
+    del spec["trainer"]["port"], spec["rollout"]["port"]  # out-of-range ports are schema errors
+    spec.update({"placement": "colocated", "weightSync": {"backend": "gloo"}})
+    spec["trainer"]["replicas"] = 2
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(manifest(spec)))
+    r = grpojob("validate", str(tmp_path / "x.yaml"), "--no-resolve")
+    paths = [line.split(": ", 1)[0] for line in lines(r.stderr)]
+    want = [p for p in EXPECTED if not p.endswith(".port")] + ["spec.trainer.replicas", "spec.weightSync.backend"]
+    assert r.returncode == 1 and sorted(paths) == sorted(want), r.stderr
+    # A schema error (a type) leaves values the cross-field rules cannot read: only field errors then.
+    spec["training"] = {"steps": "many"}
+    _, errors = check(manifest(spec))
+    assert "spec.training.steps" in [e.path for e in errors]
+    assert "spec.trainer.replicas" not in [e.path for e in errors]
 
 
 def test_the_trainer_port_cannot_be_a_port_trainer_pod_0_already_uses(tmp_path):

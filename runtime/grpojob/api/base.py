@@ -12,6 +12,11 @@ from pydantic_core import PydanticCustomError
 FreeForm = dict[str, Any]
 
 FIELD_ERROR = "field_error"  # a model validator's error about one of its fields (validate.errors_of)
+# validate.check validates a manifest with errors a second time with this key in the validation
+# context: the rules local to one value (Kubernetes pod rules, names, a sub-model's own consistency)
+# stand aside, which they can since they change no value, so that the spec's cross-field rules run
+# beside them and one run lists every error.
+DEFER_LOCAL_RULES = "grpojob.defer_local_rules"
 
 
 class Model(BaseModel):
@@ -28,6 +33,12 @@ class Model(BaseModel):
     def dump(self) -> dict[str, Any]:
         """The manifest form: camelCase keys, unset optionals left out."""
         return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+def deferring(info: Any) -> bool:
+    """Whether a validator's local rule stands aside in this validation (DEFER_LOCAL_RULES)."""
+    context = getattr(info, "context", None)
+    return bool(context and context.get(DEFER_LOCAL_RULES))
 
 
 def field(default: Any = ..., description: str = "", **kw: Any) -> Any:

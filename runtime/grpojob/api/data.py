@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from . import arguments, plugins
-from .base import FreeForm, Model, field, invalid_all
+from .base import FreeForm, Model, deferring, field, invalid_all
 
 MAX_PASS_AT = 16  # values of evaluation.passAt
 
@@ -46,7 +46,9 @@ class DatasetSpec(Model):
         return v if v is None else plugins.checked_name("dataset_class", v)
 
     @model_validator(mode="after")
-    def _one_source(self) -> "DatasetSpec":
+    def _one_source(self, info: ValidationInfo) -> "DatasetSpec":
+        if deferring(info):
+            return self
         problems = []
         if sum(x is not None for x in (self.path, self.factory, self.class_)) != 1:
             problems.append(("", "set exactly one of path, factory and class"))
@@ -93,7 +95,9 @@ class EvaluationSpec(Model):
                                        "dataset (default: all).")
 
     @model_validator(mode="after")
-    def _ks(self) -> "EvaluationSpec":
+    def _ks(self, info: ValidationInfo) -> "EvaluationSpec":
+        if deferring(info):
+            return self
         problems = [(f"passAt[{i}]", f"{k}: pass@k needs 1 <= k <= samplesPerPrompt ({self.samples_per_prompt})")
                     for i, k in enumerate(self.pass_at) if not 1 <= k <= self.samples_per_prompt]
         if problems:

@@ -192,12 +192,13 @@ class K8s:
             raise KeyError(f"{name} is not vendored in {SCHEMAS_FILE.name}: add it to tools/vendor_k8s_schemas.py")
         self.name = name
 
-    def validate(self, value: dict[str, Any]) -> dict[str, Any]:
+    def validate(self, value: dict[str, Any], info: Any = None) -> dict[str, Any]:
+        from .base import deferring
         from .cluster_rules import RULES  # the API server's semantic rules, once the schema passes
 
         value = prune_nulls(value)
         found = errors(self.name, value)
-        if not found and self.name in RULES:
+        if not found and self.name in RULES and not deferring(info):
             found = RULES[self.name](value)
         if found:
             summary = "; ".join(f"{p}: {m}" if p else m for p, m in found)
@@ -205,7 +206,7 @@ class K8s:
         return value
 
     def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
-        return core_schema.no_info_after_validator_function(self.validate, core_schema.dict_schema())
+        return core_schema.with_info_after_validator_function(self.validate, core_schema.dict_schema())
 
     def __get_pydantic_json_schema__(self, core: Any, handler: Any) -> dict[str, Any]:
         return {MARKER: self.name}

@@ -6,9 +6,9 @@ import struct
 from pathlib import Path
 from typing import Annotated, Optional
 
-from pydantic import StringConstraints, field_validator
+from pydantic import StringConstraints, ValidationInfo, field_validator
 
-from .base import Model, field, invalid_all
+from .base import Model, deferring, field, invalid_all
 
 ALL_LINEAR = "all-linear"  # PEFT's shorthand: every linear layer but the output layer
 MAX_TARGET_MODULES = 64
@@ -96,7 +96,9 @@ class LoraSpec(Model):
 
     @field_validator("target_modules")
     @classmethod
-    def _targets(cls, v: list[str]) -> list[str]:
+    def _targets(cls, v: list[str], info: ValidationInfo) -> list[str]:
+        if deferring(info):
+            return v
         problems = []
         if ALL_LINEAR in v and len(v) > 1:
             problems.append((f"[{v.index(ALL_LINEAR)}]", f"{ALL_LINEAR} stands alone (it already names every "

@@ -19,9 +19,9 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Callable
 
-from pydantic import AfterValidator, StringConstraints
+from pydantic import AfterValidator, ValidationInfo, WithJsonSchema
 
-from .base import invalid_all
+from .base import deferring, invalid_all
 
 Problems = list[tuple[str, str]]  # (sub-path relative to the value, message)
 
@@ -152,7 +152,9 @@ def annotations(value: dict[str, Any]) -> Problems:
 
 
 def _checked(rule: Callable[[Any], Problems]) -> AfterValidator:
-    def check(value: Any) -> Any:
+    def check(value: Any, info: ValidationInfo) -> Any:
+        if deferring(info):
+            return value
         found = rule(value)
         if found:
             raise invalid_all(found)
@@ -160,8 +162,9 @@ def _checked(rule: Callable[[Any], Problems]) -> AfterValidator:
     return AfterValidator(check)
 
 
-def _name(check: Callable[[str], list[str]]) -> Callable[[Any], Problems]:
-    return lambda value: [("", m) for m in check(value)]
+def _name(check: Callable[[str], list[str]], pattern: str) -> Callable[[Any], Problems]:
+    """A name rule that says what a name must be (the pattern's words) when the name breaks it."""
+    return lambda value: [("", PATTERN_WORDS[pattern])] if check(value) else []
 
 
 # CEL rules the CRD carries on these maps (tests/api/test_cluster_rules.py evaluates them with a
@@ -183,8 +186,14 @@ _ANNOTATION_SCHEMA = {"x-kubernetes-validations": [{"rule": ANNOTATION_KEYS_RULE
 # Pydantic types of the spec's own Kubernetes names and maps.
 Labels = Annotated[dict[str, str], _checked(labels)]
 Annotations = Annotated[dict[str, str], _checked(annotations)]
-ObjectName = Annotated[str, StringConstraints(pattern=DNS1123_SUBDOMAIN_PATTERN, max_length=DNS1123_SUBDOMAIN_MAX)]
-LabelName = Annotated[str, StringConstraints(pattern=DNS1123_LABEL_PATTERN, max_length=DNS1123_LABEL_MAX)]
+# Names are checked by the local rules (so they report beside the cross-field rules); the CRD gets
+# their pattern and length.
+ObjectName = Annotated[str, _checked(_name(dns1123_subdomain, DNS1123_SUBDOMAIN_PATTERN)),
+                       WithJsonSchema({"type": "string", "pattern": DNS1123_SUBDOMAIN_PATTERN,
+                                       "maxLength": DNS1123_SUBDOMAIN_MAX})]
+LabelName = Annotated[str, _checked(_name(dns1123_label, DNS1123_LABEL_PATTERN)),
+                      WithJsonSchema({"type": "string", "pattern": DNS1123_LABEL_PATTERN,
+                                      "maxLength": DNS1123_LABEL_MAX})]
 
 
 def labels_field(description: str) -> dict[str, Any]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import StringConstraints, field_validator, model_validator
+from pydantic import StringConstraints, ValidationInfo, field_validator, model_validator
 
 from . import plugins
-from .base import Model, field, invalid, invalid_all
+from .base import Model, deferring, field, invalid, invalid_all
 from .names import LABEL_VALUE_MAX, ObjectName
 from .workload import RESERVED_VOLUME_PREFIX, Volume
 
@@ -40,8 +40,8 @@ class CheckpointSpec(Model):
     resume: bool = field(True, description="Resume from the newest checkpoint when one exists.")
 
     @model_validator(mode="after")
-    def _storage(self) -> "CheckpointSpec":
-        if self.volume_claim and self.storage == EPHEMERAL:
+    def _storage(self, info: ValidationInfo) -> "CheckpointSpec":
+        if self.volume_claim and not deferring(info) and self.storage == EPHEMERAL:
             raise invalid("storage", "ephemeral contradicts volumeClaim (checkpoints on that claim); "
                           "remove one of them")
         return self
@@ -118,7 +118,9 @@ class CodeSpec(Model):
                                 "[--index-url, URL] or [--no-index, --find-links, /opt/grpojob/code/wheels].")
 
     @model_validator(mode="after")
-    def _one_source(self) -> "CodeSpec":
+    def _one_source(self, info: ValidationInfo) -> "CodeSpec":
+        if deferring(info):
+            return self
         problems = []
         if self.config_map is not None and self.volume is not None:
             problems.append(("volume", "set configMap or volume, not both"))

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import field_validator, model_validator
+from pydantic import ValidationInfo, field_validator, model_validator
 
 from . import colocation, consistency, plugins
-from .base import FreeForm, Model, field, invalid, invalid_all
+from .base import FreeForm, Model, deferring, field, invalid, invalid_all
 from .data import DatasetSpec, EvaluationSpec, SamplingSpec
 from .lora import LoraSpec
 from .names import Annotations, LabelName, Labels, ObjectName, annotations_field, labels_field
@@ -71,8 +71,8 @@ class RewardSpec(Model):
         return _plugin("reward", v)
 
     @model_validator(mode="after")
-    def _builtin_native(self) -> "RewardSpec":
-        if self.name in plugins.BUILTIN_REWARDS and self.signature not in ("auto", "native"):
+    def _builtin_native(self, info: ValidationInfo) -> "RewardSpec":
+        if not deferring(info) and self.name in plugins.BUILTIN_REWARDS and self.signature not in ("auto", "native"):
             raise invalid("signature", f"the built-in reward {self.name} is native")
         return self
 

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Optional
 from pydantic import ValidationError
 
 from . import arguments, k8s, lora, plugins
-from .base import FIELD_ERROR, FIELD_ERRORS
+from .base import DEFER_LOCAL_RULES, FIELD_ERROR, FIELD_ERRORS
 from .colocation import COLOCATED
 from .operations import EPHEMERAL
 from .spec import GRPOJob
@@ -193,9 +193,26 @@ def check(doc: Any, resolve_plugins: bool = False) -> tuple[Optional[GRPOJob], l
     try:
         job = GRPOJob.model_validate(doc)
     except ValidationError as e:
-        return None, errors_of(e)
+        errors = errors_of(e)
+        return None, errors + [f for f in cross_field_beside(doc) if f not in errors]
     errors = check_plugins(job) if resolve_plugins else []
     return (None if errors else job), errors
+
+
+def cross_field_beside(doc: dict[str, Any]) -> list[FieldError]:
+    """The spec's cross-field errors, when the manifest's other errors are all local rules (which
+    stop pydantic from running the spec's model validator): validated again with those rules
+    standing aside (base.DEFER_LOCAL_RULES; they change no value, so the cross-field rules see the
+    manifest's own values). [] when a schema error (a type, a bound, a missing field) remains."""
+    try:
+        GRPOJob.model_validate(doc, context={DEFER_LOCAL_RULES: True})
+    except ValidationError as e:
+        if any(tuple(err["loc"]) != ("spec",) for err in e.errors()):
+            return []
+        return errors_of(e)
+    except Exception:  # a rule that could not run on values its local rules would refuse
+        return []
+    return []
 
 
 def warnings(job: GRPOJob) -> list[FieldError]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import model_validator
+from pydantic import ValidationInfo, model_validator
 
-from .base import Model, field, invalid_all
+from .base import Model, deferring, field, invalid_all
 from .k8s import K8s
 from .names import Annotations, Labels, ObjectName, annotations_field, labels_field
 
@@ -57,9 +57,11 @@ class WorkloadSpec(Model):
         "(allowPrivilegeEscalation false, capabilities drop ALL, readOnlyRootFilesystem true).")
 
     @model_validator(mode="after")
-    def _volumes(self) -> "WorkloadSpec":
+    def _volumes(self, info: ValidationInfo) -> "WorkloadSpec":
         """Volume names unique and not the operator's, mounts of existing volumes at distinct paths
         (validation.go validateVolumes, validateVolumeMounts): every problem at once."""
+        if deferring(info):
+            return self
         problems = []
         names = [v.get("name", "") for v in self.volumes]
         for i, name in enumerate(names):
