@@ -127,7 +127,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=32, help="completions generated together (prompts x group)")
     p.add_argument("--group", type=int, default=8, help="completions per prompt")
     p.add_argument("--max-tokens", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=2, help="turns of each side; medians reported")
+    p.add_argument("--rounds", type=int, default=3, help="turns of each side after one warm-up turn; medians reported")
     p.add_argument("--stall-seconds", type=float, default=60.0, help="dump every thread's stack past this")
     p.add_argument("--model", type=Path, help="an existing model directory instead of building one")
     a = p.parse_args()
@@ -153,6 +153,8 @@ def main() -> None:
     print(f"{a.shape} (vocab {vocab}, {dtype}), {n_prompts} prompts x {a.group} = {rows} rows x {a.max_tokens} "
           f"tokens, {where}, torch {torch.__version__}", flush=True)
     mine, hf = [], []
+    ours(model, prompts, a.group, a.max_tokens, a.stall_seconds)  # warm-up of both (kernels, allocator)
+    theirs(model, prompts, a.group, a.max_tokens, tok.pad_token_id or 0)
     for r in range(a.rounds):
         mine.append(ours(model, prompts, a.group, a.max_tokens, a.stall_seconds))
         hf.append(theirs(model, prompts, a.group, a.max_tokens, tok.pad_token_id or 0))

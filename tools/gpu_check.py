@@ -114,7 +114,7 @@ def parts(out: Path, quick: bool) -> list[Part]:
         Part("weight-sync", [py, "benchmarks/weight_sync.py", "--device", "cuda", "--rounds", "5"], 45, 2,
              _ratio_line("fixed cost", "ratio device copy")),
         Part("modes", [py, "benchmarks/modes.py", "--device", "cuda", "--shape", "small", "--rank", "16",
-                       "--steps", "3", "--modes", "separate full", "separate lora"], 75, 2,
+                       "--steps", "3", "--modes", "separate full", "separate lora"], 120, 2,
              _ratio_line("push bytes /")),
     ]
 

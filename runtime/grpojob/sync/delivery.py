@@ -46,7 +46,7 @@ from .stream import TensorStream
 log = logging.getLogger("grpojob.sync")
 
 MAX_ATTEMPTS = 3
-ACK_POLL_SECONDS = 0.0005  # only while a command waits for its acknowledgements (part of a push's fixed cost)
+ACK_POLL_SECONDS = 0.00025  # only while a command waits for its acknowledgements (part of a push's fixed cost)
 NACK_POLL_SECONDS = 0.05  # a store round trip: not on every 10 ms poll of a transfer
 MEDIUM = {"nccl": "device", "cuda-ipc": "device", "gloo": "host", "shm": "shm"}
 HANDOFF = ("cuda-ipc", "shm")
