@@ -124,23 +124,27 @@ def _values(values: list[str]) -> Problems:
     return [(f".values[{i}]", m) for i, v in enumerate(values) for m in names.label_value(v)]
 
 
+def _set_values(op: str, values: list[str]) -> Problems:
+    """The set operators' rule, the same in node and label selectors: In and NotIn need values,
+    Exists and DoesNotExist take none."""
+    if op in ("In", "NotIn") and not values:
+        return [(".values", f"required when operator is {op} (at least one value)")]
+    if op in ("Exists", "DoesNotExist") and values:
+        return [(".values", f"must be empty when operator is {op}")]
+    return []
+
+
 def node_selector_requirement(rq: dict[str, Any]) -> Problems:
     """ValidateNodeSelectorRequirement, and labels.NewRequirement for Gt and Lt."""
-    out: Problems = []
     op, values = rq.get("operator", ""), rq.get("values") or []
-    if op in ("In", "NotIn"):
-        if not values:
-            out.append((".values", f"required when operator is {op} (at least one value)"))
-    elif op in ("Exists", "DoesNotExist"):
-        if values:
-            out.append((".values", f"must be empty when operator is {op}"))
-    elif op in ("Gt", "Lt"):
+    out: Problems = _set_values(op, values)
+    if op in ("Gt", "Lt"):
         if len(values) != 1:
             out.append((".values", f"must be exactly one value when operator is {op}, not {len(values)}"))
         elif not _INT64.match(values[0]) or not -2 ** 63 <= int(values[0]) < 2 ** 63:
             out.append((".values[0]", f"'{values[0]}' must be an integer when operator is {op} (the scheduler "
                         "compares it as one)"))
-    else:
+    elif op not in ("In", "NotIn", "Exists", "DoesNotExist"):
         out.append((".operator", f"'{op}' is not a valid node selector operator: use "
                     f"{', '.join(NODE_SELECTOR_OPERATORS)}"))
     out += [(".key", m) for m in names.qualified_name(rq.get("key", ""))]
@@ -172,15 +176,9 @@ def node_selector_term(term: dict[str, Any]) -> Problems:
 
 def label_selector_requirement(rq: dict[str, Any]) -> Problems:
     """meta/v1/validation ValidateLabelSelectorRequirement."""
-    out: Problems = []
     op, values = rq.get("operator", ""), rq.get("values") or []
-    if op in ("In", "NotIn"):
-        if not values:
-            out.append((".values", f"required when operator is {op} (at least one value)"))
-    elif op in ("Exists", "DoesNotExist"):
-        if values:
-            out.append((".values", f"must be empty when operator is {op}"))
-    else:
+    out: Problems = _set_values(op, values)
+    if op not in ("In", "NotIn", "Exists", "DoesNotExist"):
         out.append((".operator", f"'{op}' is not a valid label selector operator: use "
                     f"{', '.join(LABEL_SELECTOR_OPERATORS)}"))
     out += [(".key", m) for m in names.qualified_name(rq.get("key", ""))]
