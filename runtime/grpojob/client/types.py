@@ -92,23 +92,33 @@ class TensorData(Wire):
 
     @classmethod
     def from_list(cls, values: list, dtype: str) -> "TensorData":
-        values = [int(v) for v in values] if dtype == "int64" else [float(v) for v in values]
-        return cls(data=values, dtype=dtype, shape=[len(values)])
+        """int64 values stay as they are: a float token id (2.7) is refused, never truncated."""
+        return cls(**_fields(values, dtype))
 
     def tolist(self) -> list:
         return list(self.data)
 
 
+def _fields(values: list, dtype: str) -> dict[str, Any]:
+    """TensorData's fields for a plain list: floats made float (an int logprob is fine), int64
+    values left for TensorData to check."""
+    values = list(values)
+    if dtype == "float32":
+        values = [float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in values]
+    return {"data": values, "dtype": dtype, "shape": [len(values)]}
+
+
 def _as_tensor(key: str, value: Any) -> Any:
     """Plain lists (and arrays or tensors, through their tolist()) become TensorData of the dtype
-    the key implies, as Tinker's Datum does."""
+    the key implies, as Tinker's Datum does; validated as that key's field, so an error names it
+    (`loss_fn_inputs.advantages.data[1]`)."""
     if isinstance(value, (TensorData, dict)):
         return value
     tolist = getattr(value, "tolist", None)  # numpy arrays, torch tensors: whatever the user has
     values = tolist() if callable(tolist) else value
     if not isinstance(values, (list, tuple)):
         return value  # let validation say what it is
-    return TensorData.from_list(list(values), "int64" if key in INT_INPUTS else "float32")
+    return _fields(values, "int64" if key in INT_INPUTS else "float32")
 
 
 class Datum(Wire):
