@@ -232,7 +232,7 @@ class SampleRequest(Wire):
 
 
 class SaveStateRequest(Wire):
-    name: Optional[str] = Field(None, max_length=200)  # for the log; the checkpoint is named by step
+    name: Optional[str] = Field(None, min_length=1, max_length=200)  # load_state takes it as the path
 
 
 class LoadStateRequest(Wire):
@@ -275,6 +275,7 @@ class SampleResponse(Wire):
 class SaveStateResponse(Wire):
     path: str
     step: int
+    name: Optional[str] = None
 
 
 class LoadStateResponse(Wire):

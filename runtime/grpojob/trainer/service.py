@@ -22,7 +22,9 @@ and exits with phase suspended; a restart resumes from that checkpoint.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -41,6 +43,7 @@ from ..rollout.types import SamplingParams
 from . import dist
 from .service_ops import ServiceOps
 from .service_wire import ROUTES, Limits, Refused, parse, tokens_of
+from .versions import IssuedVersions
 
 if TYPE_CHECKING:
     from ..trajectories.api import Request
@@ -66,7 +69,8 @@ class TrainingService:
     def __init__(self, run: "TrainerRun"):
         self.run, self.tr = run, run.trainer
         self.env, self.board, self.suspend = run.trainer.env, run.loop.board, run.loop.suspend
-        self.ops = ServiceOps(run.trainer)
+        self.versions = IssuedVersions(run.checkpoints.root, self.env)
+        self.ops = ServiceOps(run.trainer, issue=self.versions.issue)
         spec = self.tr.spec
         self.limits = Limits(vocab_size=self.tr.model.get_input_embeddings().num_embeddings,
                              max_sequence_tokens=spec.training.micro_batch_tokens,
@@ -115,8 +119,10 @@ class TrainingService:
         return call.answer.result()
 
     def _checkpoint(self, path: str) -> Path:
-        """A checkpoint of this job: a path save_state returned, or its directory name."""
+        """A checkpoint of this job: a path save_state returned, its directory name, or the name
+        it was saved under."""
         root = self.run.checkpoints.root
+        path = _names(root).get(path, path)
         found = {p.resolve(): p for _, p in checkpoint.list_checkpoints(root)}
         want = Path(path) if Path(path).is_absolute() else root / path
         if want.resolve() not in found:
@@ -158,6 +164,7 @@ class TrainingService:
     def serve(self, server: Optional["LeaderServer"]) -> str:
         """Serve until suspended; returns the final phase. Collective."""
         tr = self.tr
+        tr.version = self.versions.resumed(tr.version)  # past any version issued after the checkpoint
         if tr.version > 0:  # resumed: the rollouts must serve the resumed policy first
             self.run.loop.publish()
         self.published = tr.version
@@ -238,14 +245,16 @@ class TrainingService:
             path = checkpoint.step_dir(run.checkpoints.root, tr.step)
             self._status(phase="running", last_checkpoint_step=tr.step)
             log.info("state saved", extra={"path": str(path), "step": tr.step, "label": req.name})
-            return {"path": str(path), "step": tr.step}
+            if req.name and self.env.is_leader:
+                _name(run.checkpoints.root, req.name, path.name)
+            return {"path": str(path), "step": tr.step, "name": req.name}
         if route == "/load_state":
             before = tr.version
             run.checkpoints.load(Path(req.path))
             tr.optimizer.zero_grad(set_to_none=True)
             self.ops.pending = 0
             if tr.version <= before:  # a version names one set of weights: never hand one out twice
-                tr.version = before + 1
+                tr.version = self.versions.issue(before)
             self._status(step=tr.step, policy_version=tr.version)
             return {"path": req.path, "step": tr.step, "policy_version": tr.version}
         raise Refused(404, f"no training call {route}", "not-found")
@@ -264,3 +273,21 @@ class TrainingService:
     def _status(self, **fields: Any) -> None:
         if self.board is not None:
             self.board.update(**fields)
+
+
+NAMES_FILE = "state-names.json"  # save_state(name): name -> the checkpoint's directory name
+
+
+def _names(root: Path) -> dict[str, str]:
+    try:
+        return json.loads((root / NAMES_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _name(root: Path, name: str, directory: str) -> None:
+    """Record `name` for a checkpoint directory (atomically; the newest save of a name wins)."""
+    names = {**_names(root), name: directory}
+    tmp = root / f".{NAMES_FILE}.tmp"
+    tmp.write_text(json.dumps(names, indent=1))
+    os.replace(tmp, root / NAMES_FILE)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -98,8 +98,11 @@ def token_loss(req: ForwardBackwardInput, logp: Tensor, inputs: dict[str, Tensor
 
 
 class ServiceOps:
-    def __init__(self, trainer: GRPOTrainer):
+    def __init__(self, trainer: GRPOTrainer, issue: Optional[Callable[[int], int]] = None):
+        """`issue(current)`: the next policy version (the service's IssuedVersions.issue: never one
+        handed out before); default current + 1."""
         self.tr = trainer
+        self.issue = issue or (lambda v: v + 1)
         self.pending = 0  # forward_backward calls whose gradients no optim_step has used yet
 
     def forward_backward(self, req: ForwardBackwardInput, backward: bool) -> tuple[Optional[list[list[float]]],
@@ -175,6 +178,6 @@ class ServiceOps:
         tr.optimizer.step()
         tr.optimizer.zero_grad(set_to_none=True)
         tr.step += 1
-        tr.version += 1
+        tr.version = self.issue(tr.version)
         return {"grad_norm": grad_norm, "learning_rate": p.learning_rate, "step": float(tr.step),
                 "policy_version": float(tr.version)}
