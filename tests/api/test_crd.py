@@ -109,7 +109,7 @@ def test_crd_shape():
     version = crd()["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     cols = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert cols == ["Phase", "Step", "Reward", "Age"]
+    assert cols == ["Phase", "Step", "Reward", "Age", "Message"]  # Message: why a job waits or failed
     wide = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"] if c.get("priority")}
     assert wide["Lag"] == ".status.progress.rollouts[*].lag"  # each rollout server's policy lag
     assert wide["Sync"] == ".status.progress.weightSyncBackend"

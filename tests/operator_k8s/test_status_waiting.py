@@ -177,12 +177,12 @@ def jsonpath(doc: dict[str, Any], path: str) -> Any:
     return doc
 
 
-@pytest.mark.xfail(strict=True, reason="the CRD has no printer column on .status.message, so `kubectl get grpo` "
-                   "cannot show why a job waits: runtime/grpojob/api/crd.py needs {name: Message, type: string, "
-                   "jsonPath: .status.message} (the API's owner's change; remove this mark with it)")
 def test_kubectl_get_grpo_shows_the_unbound_claim():
+    """`kubectl get grpo` (the CRD's default printer columns) names the claim that does not bind."""
     j = job(trainer={"replicas": 1})
-    st = step(j, initial_status(T0), tp=[stuck_trainer(unschedulable())], rp=pods("rollout", 2)).status
+    d = step(j, initial_status(T0))  # the children are made; the next look sees the pods
+    st = step(j, d.status, now=T0 + timedelta(seconds=10), tp=[stuck_trainer(unschedulable())],
+              rp=pods("rollout", 2)).status
     columns = crd()["spec"]["versions"][0]["additionalPrinterColumns"]
     shown = [str(jsonpath({"status": st.dump()}, c["jsonPath"])) for c in columns if c.get("priority", 0) == 0]
     assert any(CLAIM in value for value in shown), shown

@@ -135,6 +135,9 @@ def crd() -> dict[str, Any]:
                     {"name": "Sync", "type": "string", "jsonPath": ".status.progress.weightSyncBackend",
                      "priority": 1},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    # What the job waits for or why it failed (the claim that does not bind, the
+                    # image that does not pull, a crash's termination message): the operator's words.
+                    {"name": "Message", "type": "string", "jsonPath": ".status.message"},
                 ],
             }],
         },

@@ -60,9 +60,10 @@ class RunPolicy(Model):
 
 class SchedulingSpec(Model):
     gang: Literal["none", "kueue", "volcano"] = field(
-        "none", description="Gang scheduling. kueue: the trainer pods are one Kueue pod group (all nodes "
-        "start together) and each rollout pod is admitted on its own, so scaling the rollouts restarts no "
-        "trainer pod; volcano: one PodGroup of trainer and rollout pods.")
+        "none", description="Gang scheduling: trainer and rollout pods are admitted together or not at all. "
+        "kueue: every pod of the job is in one Kueue plain-pod group (its size in every pod: changing "
+        "rollout.replicas of a running job is refused; suspend, edit, resume); volcano: one PodGroup of "
+        "trainer and rollout pods.")
     # A queue is an object (a DNS-1123 subdomain) whose name Kueue reads from a label (a label value:
     # at most 63 characters).
     queue_name: Optional[ObjectName] = field(None, description="Kueue LocalQueue or Volcano queue.",
