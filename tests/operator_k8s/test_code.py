@@ -207,3 +207,29 @@ def test_the_runtime_writes_what_the_operator_reads(tmp_path, monkeypatch):
     pod = _crashed_pod(log.read_text())
     assert pod.failure == (plugins.IMPORT_FAILED, "spec.rollout.backend: cannot import module 'eng'")
     assert copy.deepcopy(pod) == pod
+
+
+def test_a_trainer_that_refuses_its_spec_at_start_fails_the_job_at_once_with_its_own_error(tmp_path, monkeypatch):
+    """The trainer writes its exception as the container's termination message (the kubelet's
+    /dev/termination-log): StartRefused fails the job at once (no crash loop), TrainerFailed is a
+    crash that counts against the backoff limit; both show the exception, not torchrun's words."""
+    from grpojob import failures
+    from grpojob.trainer.trainer import TrainerError
+
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setattr(failures, "TERMINATION_LOG", log)
+    job = parse(job_manifest("j"))
+    failures.report_exception(TrainerError("spec.trainer.args.warmup: must be an integer"), permanent=True)
+    pod = _crashed_pod(log.read_text())
+    d = decide(job, initial_status(NOW), Observation(now=NOW, trainer_pods=[pod]))
+    failed = next(c for c in d.status.conditions if c.type == "Failed")
+    assert d.status.phase == "Failed" and failed.reason == plugins.START_REFUSED
+    assert "trainer rank 0: TrainerError: spec.trainer.args.warmup: must be an integer" in failed.message
+    assert d.scale == children.Scale(0, 0)
+    log.write_text("")
+    failures.report_exception(RuntimeError("CUDA error: an illegal memory access"), permanent=False)
+    pod = _crashed_pod(log.read_text())
+    d = decide(job, initial_status(NOW), Observation(now=NOW, trainer_pods=[pod]))
+    assert d.status.phase != "Failed" and d.status.restarts == 1 and pod.failure is None
+    assert "TrainerFailed" in pod.message and "CUDA error: an illegal memory access" in pod.message
