@@ -36,7 +36,8 @@ import time
 import warnings
 import zlib
 from pathlib import Path
-from typing import Optional
+
+from device_figures import Memory, peak_flops  # beside this file (the script's own folder is on sys.path)
 
 # Model shapes: (architecture, defaults for this benchmark). qwen2.5-0.5b has Qwen2.5-0.5B's
 # layers and its full 151,936-entry vocabulary (the tokenizer covers only the first ids).
@@ -75,19 +76,6 @@ def varied(prompt: str, completion: str, answer=None, **_) -> float:
     return toy(prompt, completion, answer=answer) + (zlib.crc32(completion.encode()) % 1000) / 100_000
 
 
-# Dense bf16 tensor-core peak (FLOP/s) of the GPUs the MFU is printed for (their datasheets, no sparsity).
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
-
-
-def peak_flops(device: str) -> Optional[float]:
-    if device != "cuda":
-        return None
-    import torch
-
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
-
-
 def job_doc(model: Path, a: argparse.Namespace) -> dict:
     return {"apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob", "metadata": {"name": "bench"},
             "spec": {"model": {"path": str(model)}, "dataset": {"factory": "toy", "maxPromptLength": 32},
@@ -97,38 +85,6 @@ def job_doc(model: Path, a: argparse.Namespace) -> dict:
                                   "microBatchTokens": a.micro_batch_tokens},
                      "rollout": {"backend": "hf", "sampling": {"maxTokens": a.max_tokens}},
                      "checkpoint": {"path": "unused", "everySteps": 10_000, "resume": False}}}
-
-
-class Memory:
-    """Peak GPU memory of one side: its resident state (weights, gradients, optimizer) plus the
-    largest rise above the memory in use when one of its steps began."""
-
-    def __init__(self, cuda: bool):
-        self.cuda, self.rise, self.start = cuda, 0, 0
-
-    def begin(self) -> None:
-        if self.cuda:
-            import torch
-            torch.cuda.synchronize()
-            self.start = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-
-    def end(self) -> None:
-        if self.cuda:
-            import torch
-            torch.cuda.synchronize()
-            self.rise = max(self.rise, torch.cuda.max_memory_allocated() - self.start)
-
-    @staticmethod
-    def state_bytes(model, optimizer) -> int:
-        seen, total = set(), 0
-        tensors = [t for p in model.parameters() for t in (p, p.grad) if t is not None]
-        tensors += [t for s in optimizer.state.values() for t in s.values() if hasattr(t, "data_ptr")]
-        for t in tensors:
-            if t.is_cuda and t.data_ptr() not in seen:
-                seen.add(t.data_ptr())
-                total += t.numel() * t.element_size()
-        return total
 
 
 class Ours:
