@@ -168,6 +168,11 @@ def test_running_comes_with_the_trainers_first_step_not_with_the_readiness_probe
     assert waits.status.message == "the trainer waits for its first samples: trainer 0/1, rollout 0/2 ready"
     first = step(j, waits.status, trainer=TrainerStatus(phase="running", step=1, total_steps=20), **unready)
     assert first.status.phase == "Running" and first.status.message == "step 1/20"
+    # a step that waits: the trainer's own words (which rollout server fails and why) in the message
+    waiting = "step 2 waits for its groups: rollout servers failing: http://r0:8000: HTTP 503: engine dead"
+    stalled = step(j, first.status, trainer=TrainerStatus(phase="running", step=1, total_steps=20, message=waiting),
+                   **unready)
+    assert stalled.status.message == f"step 1/20; {waiting}"
 
 
 def jsonpath(doc: dict[str, Any], path: str) -> Any:

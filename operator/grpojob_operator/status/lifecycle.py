@@ -160,7 +160,11 @@ def _phase(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Scale,
     all_up = running_count(obs.trainer_pods) >= scale.trainer
     if training and all_up and (was_running or rollout >= 1 or t.step > last_step):
         st.phase = "Running"
-        st.message = f"step {st.progress.step}/{st.progress.total_steps}" + (f"; {stuck}" if stuck else "")
+        # the trainer's own word while it trains: what a step waits for ("step 13 waits for its
+        # groups: rollout servers failing: ..."), so a stalled job says why in kubectl get grpo
+        said = t.message if t.message and t.message != "training completed" else ""
+        st.message = f"step {st.progress.step}/{st.progress.total_steps}" + "".join(
+            f"; {x}" for x in (said, stuck) if x)
         return "Running"
     if not conds.is_("Created"):
         st.phase, st.message = "Pending", "creating child objects"
