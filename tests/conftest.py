@@ -53,24 +53,12 @@ def tiny_tied_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def tiny_sharp_dir(tiny_dir, tmp_path_factory) -> Path:
-    """The tiny model with its output layer scaled x10, for LoRA. A random model's logits (weights
-    of std 0.02) span about +-1.3, so its next-token distribution stays near uniform whatever the
-    hidden state; only the output layer and the final norm, which LoRA on the decoder's linear
-    layers leaves alone, could sharpen it. A pretrained model's logits span tens: this gives the
-    tiny model that range, so that an adapter can steer what it says."""
-    import shutil
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("models") / "tiny-sharp"
-    shutil.copytree(tiny_dir, out)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(10)
-    model.save_pretrained(out)
-    return out
+def tiny_sharp_dir(tmp_path_factory) -> Path:
+    """The tiny model a LoRA user gets (`grpojob tiny --output-scale 10`, the annotation
+    grpojob.io/build-tiny-model: "lora" of examples/tiny-lora.yaml): its output layer spans a
+    pretrained model's logit range, which an adapter on the decoder needs (grpojob.tiny)."""
+    from grpojob.tiny import LORA_OUTPUT_SCALE, build
+    return build(tmp_path_factory.mktemp("models") / "tiny-lora", output_scale=LORA_OUTPUT_SCALE)
 
 
 @pytest.fixture(scope="session")

@@ -187,6 +187,9 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("output", help="directory to write the model to")
     sp.add_argument("--tie-embeddings", action="store_true")
     sp.add_argument("--tools", action="store_true", help="with tool-call tokens (<tool_call>, </tool_call>)")
+    sp.add_argument("--output-scale", type=float, default=1.0,
+                    help="the output layer's weights times this: 10 gives a pretrained model's logit range, "
+                         "which LoRA needs (docs/lora.md)")
     sp.set_defaults(fn=_lazy(_tiny))
     return p
 

@@ -59,10 +59,22 @@ def build_tokenizer(vocab_size: int, tools: bool = False):
     return fast
 
 
+# A pretrained model's logits span tens; a random one's (weights of std 0.02) about +-1.3, and
+# since the final norm fixes the hidden state's scale, only the output layer (or that norm) can
+# widen them. Full fine-tuning trains the output layer; LoRA leaves it frozen (PEFT's all-linear
+# skips it, and an adapter there is refused), so on a random model an adapter cannot make any
+# token likely. OUTPUT_SCALE x the output layer gives the tiny model a pretrained one's range:
+# `grpojob tiny --output-scale`, annotation grpojob.io/build-tiny-model: "lora" (docs/lora.md).
+LORA_OUTPUT_SCALE = 10.0
+
+
 def build(output: str | Path, size: str = "tiny", tie_embeddings: bool = False, seed: int = 0,
-          tools: bool = False) -> Path:
+          tools: bool = False, output_scale: float = 1.0) -> Path:
     """Write a model directory at `output` (returns it). Deterministic for a given seed. `tools`:
-    with the tool-call tokens (TOOL_TOKENS)."""
+    with the tool-call tokens (TOOL_TOKENS); `output_scale`: the output layer's weights times this
+    (untied embeddings only: scaling a tied one would scale the input too)."""
+    if output_scale != 1.0 and tie_embeddings:
+        raise ValueError("output_scale needs untied embeddings (a tied output layer is the input's too)")
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
     from transformers.utils import logging as hf_logging
@@ -78,6 +90,9 @@ def build(output: str | Path, size: str = "tiny", tie_embeddings: bool = False, 
         bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id, torch_dtype="float32", **dims)
     model = Qwen2ForCausalLM(config)
+    if output_scale != 1.0:
+        with torch.no_grad():
+            model.lm_head.weight.mul_(output_scale)
     output.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output, safe_serialization=True)
     tokenizer.save_pretrained(output)
@@ -96,6 +111,6 @@ def ensure(path: str | Path, **kw) -> bool:
 
 
 def cli(args: argparse.Namespace) -> int:
-    out = build(args.output, tie_embeddings=args.tie_embeddings, tools=args.tools)
+    out = build(args.output, tie_embeddings=args.tie_embeddings, tools=args.tools, output_scale=args.output_scale)
     print(f"tiny model written to {out}")
     return 0

@@ -69,13 +69,14 @@ def _ensure_model(job: GRPOJob, out) -> None:
         return
     annotations = (job.metadata.model_extra or {}).get("annotations") or {}
     flag = str(annotations.get(BUILD_TINY, "")).lower()
-    if flag not in ("true", "tools"):  # tools: with tool-call tokens (grpojob.tiny.TOOL_TOKENS)
+    # tools: with tool-call tokens (grpojob.tiny.TOOL_TOKENS); lora: a pretrained model's logit range
+    if flag not in ("true", "tools", "lora"):
         raise RunError(f"spec.model.path: '{path}' has no model (config.json); "
                        f"set annotation {BUILD_TINY}: \"true\" to build a tiny random one there")
-    from ..tiny import build
+    from ..tiny import LORA_OUTPUT_SCALE, build
 
     print(f"model {path} not found: building a tiny random model there (annotation {BUILD_TINY})", file=out)
-    build(path, tools=flag == "tools")
+    build(path, tools=flag == "tools", output_scale=LORA_OUTPUT_SCALE if flag == "lora" else 1.0)
 
 
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
