@@ -165,6 +165,3 @@ class CudaReader:
         for src, buf in zip(self._mapped, out):
             bk.wire(buf).copy_(bk.wire(src))
         torch.cuda.current_stream(device).synchronize()
-
-    def close(self) -> None:
-        self._mapped, self._handles = [], []
