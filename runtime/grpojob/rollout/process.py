@@ -117,7 +117,7 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
                                  checkpoint_dir=checkpoint_dir, token=server.auth.token).start()
     log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)
     while not stop.is_set():
-        dead = engine.errored() or server.failing.broken
+        dead = server.broken()
         if dead:
             failures.report(plugins.ENGINE_FAILED, [f"rollout server {replica}: {dead}"])
             log.error("rollout server %s: exiting in %.0f s (not ready meanwhile)", replica, FAILED_LINGER_SECONDS)

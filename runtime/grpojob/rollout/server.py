@@ -103,18 +103,22 @@ class Server:
         ])
         return app
 
+    def broken(self) -> Optional[str]:
+        """Why the engine cannot serve: it failed, or its generate() keeps raising (FailureStreak)."""
+        return self.engine.errored() or self.failing.broken
+
     def not_ready_reason(self) -> Optional[str]:
         if self.start_error:
             return f"engine failed to start: {self.start_error}"
         if not self.started:
             return f"{self.engine.backend} engine is loading {self.spec.model.path}"
-        dead = self.engine.errored() or self.failing.broken
+        dead = self.broken()
         if dead:
             return dead
         return self.agent.not_ready_reason() if self.agent else None
 
     async def healthz(self, request: web.Request) -> web.Response:
-        dead = self.start_error or ((self.engine.errored() or self.failing.broken) if self.started else None)
+        dead = self.start_error or (self.broken() if self.started else None)
         return web.json_response({"status": "failed" if dead else "ok", "error": dead},
                                  status=500 if dead else 200)
 
@@ -168,7 +172,7 @@ class Server:
     def _unavailable(self, openai: bool = False) -> Optional[web.Response]:
         if not self.started:
             return self._error(503, self.not_ready_reason() or "engine not started", "unavailable", openai=openai)
-        dead = self.engine.errored() or self.failing.broken
+        dead = self.broken()
         if dead:
             return self._error(503, dead, "error", openai=openai)
         return None
