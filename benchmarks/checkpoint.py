@@ -64,7 +64,7 @@ class Peak:
         self.device = device
 
     def __enter__(self) -> "Peak":
-        from grpojob.trainer.memory import reset_host_peak
+        from grpojob.memory import reset_host_peak
 
         gc.collect()
         _trim()  # memory freed by the previous span goes back to the kernel: its pages would hide this one's rise
@@ -79,7 +79,7 @@ class Peak:
         return self
 
     def __exit__(self, *exc) -> None:
-        from grpojob.trainer.memory import host_peak_bytes
+        from grpojob.memory import host_peak_bytes
 
         self.seconds = time.perf_counter() - self.t0
         self.host = host_peak_bytes() - self.rss0
@@ -130,7 +130,7 @@ def full_state(tr, optimizer: bool):
 def save_full(tr, root: Path, step: int) -> Path:
     from grpojob.checkpoint import layout
     from grpojob.checkpoint.manager import rng_state
-    from grpojob.trainer import dist
+    from grpojob.learner import dist
 
     weights, optimizer = full_state(tr, optimizer=True)
     ranks = dist.gather_objects({"rng": rng_state()}, tr.env)
@@ -155,8 +155,8 @@ def rank_main(rank: int, a: argparse.Namespace, model: Path, work: Path, port: i
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))
     from grpojob.api import parse
     from grpojob.checkpoint.manager import CheckpointManager
-    from grpojob.trainer import dist
-    from grpojob.trainer.trainer import GRPOTrainer
+    from grpojob.learner import dist
+    from grpojob.learner.trainer import GRPOTrainer
 
     env = dist.init(timeout_seconds=600)
     try:
@@ -204,7 +204,7 @@ def push_figures(tr, a: argparse.Namespace, note) -> None:
     from grpojob.api.spec import WeightSyncSpec
     from grpojob.rollout.engine import torch_dtype_name
     from grpojob.sync.publisher import WeightPublisher
-    from grpojob.trainer import dist
+    from grpojob.learner import dist
 
     env = tr.env
     serve = getattr(torch, torch_dtype_name(tr.spec, env.device.type == "cuda"))

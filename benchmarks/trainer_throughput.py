@@ -95,7 +95,7 @@ class Ours:
 
     def __init__(self, model: Path, a: argparse.Namespace, work: Path):
         from grpojob.api import parse
-        from grpojob.trainer.build import build
+        from grpojob.leader.build import build
 
         self.run = build(parse(job_doc(model, a)), checkpoint_dir=str(work / "ours-ck"), run_dir=str(work / "ours"))
         self.trainer, self.loop = self.run.trainer, self.run.loop
@@ -213,7 +213,7 @@ def _engine_turns(conn, model: Path, a: argparse.Namespace) -> None:
 
     from grpojob.api import parse
     from grpojob.rollout.hf_engine import HFEngine
-    from grpojob.rollout.types import SamplingParams
+    from grpojob.api.rollout import SamplingParams
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)

@@ -7,8 +7,8 @@ then, not before).
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GRPOTrainer": "grpojob.trainer.trainer",
-    "Callback": "grpojob.trainer.callbacks",
+    "GRPOTrainer": "grpojob.learner.trainer",
+    "Callback": "grpojob.leader.callbacks",
     "Algorithm": "grpojob.algorithms",
 }
 __all__ = ["__version__", *_LAZY]

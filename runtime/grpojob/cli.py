@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Callable, Optional
 
-from .api import InvalidSpec, check, load_manifest
-from .api.validate import check_plugins, warnings
+from grpojob.api import InvalidSpec, check, load_manifest
+from grpojob.api.validate import check_plugins, warnings
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -26,7 +26,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return _errors(args.file, e.errors)
     job, errors = check(doc)
     if job is not None and not args.no_resolve:  # import every plug-in here, spec.code.localPath included
-        from .code import use_locally
+        from grpojob.code import use_locally
 
         use_locally(job)
         errors = check_plugins(job)
@@ -43,7 +43,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    from .api.crd import crd_yaml
+    from grpojob.api.crd import crd_yaml
 
     text = crd_yaml()
     if args.output:
@@ -69,7 +69,7 @@ def _lazy(load: Callable[[], Command]) -> Command:
 
 
 def _run() -> Command:
-    from .local.runner import main
+    from grpojob.local.runner import main
     return main
 
 
@@ -79,27 +79,27 @@ def _render() -> Command:
 
 
 def _trainer() -> Command:
-    from .trainer.main import main
-    return main
+    from grpojob.trainer.main import process
+    return process
 
 
 def _export() -> Command:
-    from .checkpoint.export import main
+    from grpojob.checkpoint.export import main
     return main
 
 
 def _rollout() -> Command:
-    from .rollout.process import main
+    from grpojob.rollout.process import main
     return main
 
 
 def _colocated_pod() -> Command:
-    from .colocated_pod import main
+    from grpojob.colocated_pod import main
     return main
 
 
 def _install_code() -> Command:
-    from .code import main
+    from grpojob.code import main
     return main
 
 
@@ -109,7 +109,7 @@ def _operator() -> Command:
 
 
 def _tiny() -> Command:
-    from .tiny import cli
+    from grpojob.tiny import cli
     return cli
 
 

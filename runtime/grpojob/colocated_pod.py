@@ -25,10 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import failures, plan
-from .api import plugins
-from .local.processes import Child, stop_all, wait_any
-from .logs import setup as setup_logging
+from grpojob import failures, plan
+from grpojob.api import plugins
+from grpojob.local.processes import Child, stop_all, wait_any
+from grpojob.logs import setup as setup_logging
 
 log = logging.getLogger("grpojob.colocated_pod")
 

@@ -5,10 +5,10 @@ import json
 import os
 from pathlib import Path
 
-from .api import GRPOJob, parse
-from .api.validate import check_plugins
-from .failures import PluginError
-from .plan import ENV_CONFIG
+from grpojob.api import GRPOJob, parse
+from grpojob.api.validate import check_plugins
+from grpojob.failures import PluginError
+from grpojob.plan import ENV_CONFIG
 
 
 def load(path: str | os.PathLike | None = None, resolve_plugins: bool = True) -> GRPOJob:

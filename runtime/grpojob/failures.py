@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Optional, Sequence
 
-from .api import FieldError, InvalidSpec, plugins
+from grpojob.api import FieldError, InvalidSpec, plugins
 
 log = logging.getLogger("grpojob")
 

@@ -71,6 +71,21 @@ def exit_within(seconds: float, code: int) -> None:
     timer.start()
 
 
+def exit_now(code: int) -> None:
+    """End this process at once with `code`, once what Python buffered (logs, stdout) is out.
+    Why not a normal exit: the interpreter's finalisation runs the C++ destructors of
+    torch.distributed's objects (gloo's threads) in no safe order, which aborts a rank that
+    finished cleanly ("terminate called without an active exception", exit -6; seen on 2-rank gloo
+    runs, where torchrun then reports the job failed). Call it only once the work is closed."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed, or a broken pipe: nothing more can be written
+            pass
+    os._exit(code)
+
+
 def main(argv: list[str]) -> None:
     """PARENT_PID -- CMD ARGS...: arm the parent-death signal, then become CMD."""
     if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():

@@ -92,7 +92,7 @@ TRAINER = (
               "whatever the number of rollout servers (with model.lora: the adapter's alone).", record="sync_bytes"),
     MetricDef("grpojob_rollout_servers", "gauge", "Rollout servers in the weight-sync group; no sample "
               "when the trainer generates in-process."),
-    # spec.mode service: the training API's calls (grpojob.trainer.service), by operation.
+    # spec.mode service: the training API's calls (grpojob.service.app), by operation.
     MetricDef("grpojob_service_requests_total", "counter", "Training-service calls by operation (forward_backward, "
               "forward, optim_step, save_weights_for_sampler, sample, save_state, load_state) and result (ok; "
               "refused: the call's own fault, 4xx; failed: 5xx).", ("op", "result")),

@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from .api.colocation import COLOCATED
-from .api.plugins import CODE_DIR_ENV
-from .api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
-from .auth import ENV_METRICS_AUTH, ENV_TOKEN_FILE
+from grpojob.api.colocation import COLOCATED
+from grpojob.api.plugins import CODE_DIR_ENV
+from grpojob.api.spec import RENDEZVOUS_PORT, SYNC_STORE_PORT, GRPOJob
+from grpojob.auth import ENV_METRICS_AUTH, ENV_TOKEN_FILE
 
 # Environment contract read by the runtime processes.
 ENV_CONFIG = "GRPOJOB_CONFIG"  # path of the runtime config (the job's JSON)
@@ -46,7 +46,7 @@ ENV_COLOCATED_ENGINE = "GRPOJOB_COLOCATED_ENGINE"
 
 # The trajectory API is served on the trainer leader's HTTP port under this path.
 TRAJECTORY_PREFIX = "/trajectories"
-# spec.mode service: the training API, on the same port (grpojob.trainer.service, grpojob.client).
+# spec.mode service: the training API, on the same port (grpojob.service.app, grpojob.client).
 SERVICE_PREFIX = "/service"
 ENV_CODE_DIR = CODE_DIR_ENV  # spec.code's modules (on PYTHONPATH; relative file references start here)
 ENV_SITE_DIR = "GRPOJOB_SITE_DIR"  # where spec.code.pip is installed (on PYTHONPATH)

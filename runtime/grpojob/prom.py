@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .metrics_names import MetricDef
+from grpojob.metrics_names import MetricDef
 
 
 class OptionalGauge(Collector):

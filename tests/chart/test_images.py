@@ -237,7 +237,7 @@ def test_the_runtime_image_installs_what_every_report_to_value_imports():
     import typing
 
     from grpojob.api.operations import TRACKERS, MonitoringSpec
-    from grpojob.trainer.callbacks import TRACKER_MODULES
+    from grpojob.leader.callbacks import TRACKER_MODULES
 
     values = typing.get_args(typing.get_args(MonitoringSpec.model_fields["report_to"].annotation)[0])
     assert set(values) == set(TRACKERS) == set(TRACKER_MODULES)

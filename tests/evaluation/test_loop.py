@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from grpojob.data import PromptStream
 from grpojob.local.progress import read_evaluations, read_records
-from grpojob.trainer.build import build
+from grpojob.leader.build import build
 from tests.trainer.conftest import make_job
 
 HELD_OUT = {"factory": "toy", "args": {"size": 12, "seed": 1}, "maxPromptLength": 32}
@@ -57,7 +57,7 @@ def test_evaluations_follow_the_schedule_on_the_pushed_policy(tiny_dir, tmp_path
 
 
 def test_status_and_prometheus_show_the_last_evaluation(tiny_dir, tmp_path):
-    from grpojob.trainer.server import StatusBoard
+    from grpojob.leader.server import StatusBoard
 
     job = make_job(tiny_dir, training={"steps": 2, "promptsPerStep": 4, "microBatchTokens": 256},
                    evaluation={"dataset": HELD_OUT, "everySteps": 0, "sampling": {"maxTokens": 4}})

@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import pytest
 
-from grpojob.evaluation import pass_at_k, summarise
-from grpojob.rollout.types import Completion, Group, Sample
+from grpojob.leader.evaluation import pass_at_k, summarise
+from grpojob.api.rollout import Completion, Group, Sample
 
 
 @pytest.mark.parametrize("n, c, k, want", [

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from grpojob.local.progress import read_records
-from grpojob.rollout.types import SamplingParams
+from grpojob.api.rollout import SamplingParams
 from grpojob.sync.publisher import WeightPublisher
-from grpojob.trainer.turns import EngineTurns
+from grpojob.leader.turns import EngineTurns
 
 from ..local.test_run import grpojob_run, processes_of, workdir  # noqa: F401 - workdir is a fixture
 from ..rollout.harness import (PROMPTS, RolloutProcess, free_port, greedy, load_model, make_job, perturb,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from grpojob.trainer.trainer import GRPOTrainer, TrainerError
+from grpojob.learner.trainer import GRPOTrainer, TrainerError
 
 
 class CrashesOnceAtStep3(GRPOTrainer):

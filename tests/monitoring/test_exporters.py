@@ -13,7 +13,7 @@ from grpojob import metrics_names as mn
 from grpojob.api import GRPOJob, GRPOJobStatus
 from grpojob.api.status import Progress, RolloutLag
 from grpojob.prom import OptionalGauge
-from grpojob.trainer.server import StatusBoard
+from grpojob.leader.server import StatusBoard
 from grpojob_operator import children
 from grpojob_operator.metrics import CHILD_KINDS, RECONCILE_RESULTS, OperatorMetrics
 

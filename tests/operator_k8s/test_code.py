@@ -214,7 +214,7 @@ def test_a_trainer_that_refuses_its_spec_at_start_fails_the_job_at_once_with_its
     /dev/termination-log): StartRefused fails the job at once (no crash loop), TrainerFailed is a
     crash that counts against the backoff limit; both show the exception, not torchrun's words."""
     from grpojob import failures
-    from grpojob.trainer.trainer import TrainerError
+    from grpojob.learner.trainer import TrainerError
 
     log = tmp_path / "termination-log"
     log.write_text("")

@@ -80,8 +80,8 @@ def test_mlflow_file_store(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
     from grpojob.api import parse
-    from grpojob.trainer.callbacks import Callbacks
-    from grpojob.trainer.record import StepRecord
+    from grpojob.leader.callbacks import Callbacks
+    from grpojob.leader.record import StepRecord
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # the tracker sets it for its default store
@@ -110,9 +110,9 @@ def test_evaluations_reach_tensorboard_mlflow_and_callbacks_at_the_step_they_eva
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from grpojob.api import parse
-    from grpojob.evaluation import EvalRecord
-    from grpojob.trainer.callbacks import Callback, Callbacks
-    from grpojob.trainer.record import StepRecord
+    from grpojob.leader.evaluation import EvalRecord
+    from grpojob.leader.callbacks import Callback, Callbacks
+    from grpojob.leader.record import StepRecord
 
     class Seen(Callback):
         calls: list = []

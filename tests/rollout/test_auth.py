@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from grpojob.auth import ENV_METRICS_AUTH
-from grpojob.rollout.client import RolloutClient, RolloutError
-from grpojob.rollout.types import SamplingParams
+from grpojob.leader.rollout_client import RolloutClient, RolloutError
+from grpojob.api.rollout import SamplingParams
 
 from .harness import TOKEN, RolloutProcess, http, make_job, write_config
 

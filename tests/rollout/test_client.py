@@ -9,12 +9,12 @@ import threading
 
 import pytest
 
-from grpojob.rollout.client import RolloutClient, RolloutError
+from grpojob.leader.rollout_client import RolloutClient, RolloutError
 from grpojob.data import PromptStream
 from grpojob.rewards import RewardScorer
-from grpojob.rollout.manager import Pipeline, RolloutManager
-from grpojob.rollout.types import SamplingParams
-from grpojob.rollout.workflows import SingleTurn
+from grpojob.leader.manager import Pipeline, RolloutManager
+from grpojob.api.rollout import SamplingParams
+from grpojob.leader.workflows import SingleTurn
 from grpojob.sync.publisher import WeightPublisher
 
 from .harness import (PROMPTS, TOKEN, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb,
@@ -69,7 +69,7 @@ def test_a_dead_server_is_skipped_and_its_requests_retried(two_servers, caplog):
             return await asyncio.gather(*(client.generate([5, 6], 2, SAMPLING) for _ in range(4)))
         finally:
             await client.close()
-    with caplog.at_level(logging.WARNING, logger="grpojob.rollout.client"):
+    with caplog.at_level(logging.WARNING, logger="grpojob.leader.rollout_client"):
         results = asyncio.run(run())
     assert all(len(r) == 2 for r in results)
     # Said once (not once per request), with why; health() names it until it answers again.

@@ -12,7 +12,7 @@ import torch
 
 from grpojob.rollout import hf_generate
 from grpojob.rollout.hf_engine import HFEngine
-from grpojob.rollout.types import SamplingParams
+from grpojob.api.rollout import SamplingParams
 
 from .harness import PROMPTS, greedy, load_model, make_job, perturb
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpojob.rollout import hf_generate
-from grpojob.rollout.types import SamplingParams
+from grpojob.api.rollout import SamplingParams
 
 from .harness import PROMPTS, greedy, load_model
 

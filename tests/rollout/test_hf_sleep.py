@@ -8,7 +8,7 @@ import time
 import pytest
 
 from grpojob.rollout.hf_engine import HFEngine
-from grpojob.rollout.types import SamplingParams
+from grpojob.api.rollout import SamplingParams
 
 from .harness import make_job
 

@@ -8,7 +8,7 @@ import torch
 
 from grpojob.sync import adapter as adapter_fmt
 from grpojob.sync.publisher import WeightPublisher
-from grpojob.trainer.trainer import GRPOTrainer
+from grpojob.learner.trainer import GRPOTrainer
 
 from .harness import TOKEN, RolloutProcess, make_job, wait_for, write_config
 

@@ -12,11 +12,11 @@ import pytest
 from grpojob.api import plugins
 from grpojob.data import PromptStream
 from grpojob.rewards import RewardError, RewardScorer
-from grpojob.rollout import workflows
-from grpojob.rollout.client import RolloutError
-from grpojob.rollout.manager import Pipeline, RolloutManager
-from grpojob.rollout.types import derive_seed
-from grpojob.rollout.types import Sample
+from grpojob.leader import workflows
+from grpojob.leader.rollout_client import RolloutError
+from grpojob.leader.manager import Pipeline, RolloutManager
+from grpojob.api.rollout import derive_seed
+from grpojob.api.rollout import Sample
 
 from .harness import greedy, load_model, make_job, wait_for
 from .inprocess import ModelGenerator

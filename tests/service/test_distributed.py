@@ -10,10 +10,10 @@ import pytest
 
 from grpojob import auth
 from grpojob.client import AdamParams, Datum, ModelInput, ServiceClient
-from grpojob.client.types import ForwardBackwardInput
+from grpojob.api.service import ForwardBackwardInput
 from grpojob.plan import Placement, roles
-from grpojob.trainer.service_ops import ServiceOps
-from grpojob.trainer.trainer import GRPOTrainer
+from grpojob.service.ops import ServiceOps
+from grpojob.learner.trainer import GRPOTrainer
 from tests.trainer.conftest import make_job, procs  # noqa: F401 - the fixture
 from tests.trainer.test_main import _env
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from grpojob.algorithms import losses
-from grpojob.client.types import Datum, ForwardBackwardInput, ModelInput
-from grpojob.trainer.packing import TrainSeq
-from grpojob.trainer.service_ops import ServiceOps, token_loss
-from grpojob.trainer.trainer import GRPOTrainer
+from grpojob.api.service import Datum, ForwardBackwardInput, ModelInput
+from grpojob.learner.packing import TrainSeq
+from grpojob.service.ops import ServiceOps, token_loss
+from grpojob.learner.trainer import GRPOTrainer
 from tests.trainer.conftest import make_job
 
 
@@ -125,7 +125,7 @@ def test_policy_losses_and_gradients_match_the_trainers_step(trainer, loss_fn):
 def test_on_cuda_with_its_bucketed_shapes_and_bf16_compute(tiny_dir):
     """The CUDA shape (flex attention, bucketed micro-batches, bf16 autocast): each side packs its
     own way, so bf16 rounding differs a little."""
-    from grpojob.trainer import dist
+    from grpojob.learner import dist
 
     trainer = GRPOTrainer(make_job(tiny_dir, mode="service"), dist.DistEnv(device=torch.device("cuda", 0)))
     assert trainer.shape.bucket

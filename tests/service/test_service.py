@@ -16,8 +16,9 @@ from pydantic import ValidationError
 
 from grpojob.auth import Auth
 from grpojob.client import AdamParams, Datum, ModelInput, SamplingParams, ServiceClient, ServiceError
-from grpojob.trainer.build import build
-from grpojob.trainer.server import LeaderServer, StatusBoard
+from grpojob.leader.build import build
+from grpojob.leader.server import LeaderServer, StatusBoard
+from grpojob.service.app import serve
 from tests.trainer.conftest import make_job
 
 TOKEN = "service-token"
@@ -33,7 +34,7 @@ def service(tiny_dir, tmp_path_factory):
     run = build(job, rollouts="inprocess", checkpoint_dir=str(tmp / "ck"), run_dir=str(tmp), board=board,
                 suspend=suspend)
     phase: dict = {}
-    thread = threading.Thread(target=lambda: phase.update(end=run.serve(server)), daemon=True)
+    thread = threading.Thread(target=lambda: phase.update(end=serve(run, server)), daemon=True)
     thread.start()
     client = ServiceClient(f"http://127.0.0.1:{server.port}", TOKEN)
     client.wait_ready(timeout=60)

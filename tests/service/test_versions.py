@@ -11,9 +11,10 @@ import urllib.request
 import pytest
 
 from grpojob.auth import Auth
-from grpojob.trainer.build import build
-from grpojob.trainer.server import LeaderServer, StatusBoard
-from grpojob.trainer.versions import FILE
+from grpojob.leader.build import build
+from grpojob.leader.server import LeaderServer, StatusBoard
+from grpojob.service.app import serve
+from grpojob.service.versions import FILE
 from tests.trainer.conftest import make_job
 
 from .test_service import GOOD, TOKEN, call
@@ -28,7 +29,7 @@ def start(tiny_dir, ck):
     board.suspend_requested = suspend
     server = LeaderServer(board, "127.0.0.1", 0, Auth(TOKEN)).start()
     run = build(job, rollouts="inprocess", checkpoint_dir=str(ck), board=board, suspend=suspend)
-    thread = threading.Thread(target=run.serve, args=(server,), daemon=True)
+    thread = threading.Thread(target=serve, args=(run, server), daemon=True)
     thread.start()
     for _ in range(600):
         if board.snapshot().get("phase") == "running":

@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from grpojob.sync import files, placement
+from grpojob.sync import placement, tensorfiles
 from grpojob.sync.protocol import DISK
 from grpojob.sync.receiver import PushReceiver
 
@@ -32,7 +32,7 @@ class TensorSink:
         self._load(self._rx.receive(cmd), cmd["version"], cmd["weights"])
 
     def load_dir(self, path, version, weights):
-        self._load(files.iter_dir(path), version, weights)
+        self._load(tensorfiles.iter_dir(path), version, weights)
 
     def _load(self, named, version, weights):
         named = dict(named)

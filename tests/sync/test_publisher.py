@@ -79,7 +79,7 @@ def test_push_without_servers_is_kept_for_the_ones_that_come_later(sync, agents)
 
 
 def test_a_server_outlives_a_trainer_restart(sync, agents, tiny_dir):
-    from grpojob.sync.files import iter_dir
+    from grpojob.sync.tensorfiles import iter_dir
 
     port = free_port()
     disk = dict(iter_dir(tiny_dir))

@@ -9,7 +9,7 @@ import sys
 
 from torch.distributed.checkpoint import FileSystemWriter
 
-from grpojob.trainer.build import build
+from grpojob.leader.build import build
 from tests.trainer.conftest import make_job
 
 

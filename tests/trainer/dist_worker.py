@@ -2,11 +2,10 @@
 the in-process engine on rank 0 (it generates the global batch with per-sample seeds, so the
 groups do not depend on the world size), then the final model in $GRPOJOB_RUN_DIR/final-model."""
 import logging
-import sys
 
-from grpojob import config
-from grpojob.trainer import dist
-from grpojob.trainer.build import build
+from grpojob import config, lifeline
+from grpojob.learner import dist
+from grpojob.leader.build import build
 
 
 def main() -> int:
@@ -23,4 +22,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    lifeline.exit_now(main())  # as `grpojob trainer` ends (trainer.main.process)

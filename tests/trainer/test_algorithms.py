@@ -11,7 +11,7 @@ from grpojob.algorithms.losses import (aggregate, flatten_padded, kl_penalty, pp
                                        sequence_log_ratio, token_coefficients, truncated_is_weight)
 from grpojob.api.plugins import BUILTIN_ALGORITHMS
 from grpojob.api.spec import AlgorithmSpec
-from grpojob.rewards.shaping import overlong_penalty
+from grpojob.algorithms.shaping import overlong_penalty
 
 t = torch.tensor
 

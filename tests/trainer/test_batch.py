@@ -8,11 +8,11 @@ import torch
 from grpojob import algorithms
 from grpojob.algorithms import Algorithm
 from grpojob.api.spec import AlgorithmSpec, OverlongSpec
-from grpojob.rollout.types import Completion, Group, Sample
-from grpojob.trainer.batch import prepare, skips_zero_advantage
-from grpojob.trainer.dist import DistEnv
-from grpojob.trainer.logprobs import PolicyLogprobs
-from grpojob.trainer.packing import pack
+from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.learner.batch import prepare, skips_zero_advantage
+from grpojob.learner.dist import DistEnv
+from grpojob.learner.logprobs import PolicyLogprobs
+from grpojob.learner.packing import pack
 
 ENV = DistEnv()
 

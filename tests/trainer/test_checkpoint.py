@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from grpojob import checkpoint
-from grpojob.trainer.build import build
-from grpojob.trainer.memory import reset_host_peak
+from grpojob.leader.build import build
+from grpojob.memory import reset_host_peak
 
 from .conftest import make_job
 from .procs import ROOT

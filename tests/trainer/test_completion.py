@@ -8,8 +8,8 @@ import time
 
 from grpojob import checkpoint, failures
 from grpojob.api import plugins
-from grpojob.trainer.build import build
-from grpojob.trainer.server import StatusBoard
+from grpojob.leader.build import build
+from grpojob.leader.server import StatusBoard
 
 from .conftest import make_job
 

@@ -15,8 +15,8 @@ import torch.distributed as tdist
 
 from grpojob import checkpoint
 from grpojob.local.processes import free_port
-from grpojob.trainer import dist
-from grpojob.trainer.build import build
+from grpojob.learner import dist
+from grpojob.leader.build import build
 
 from .conftest import make_job
 

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from grpojob.plan import CONFIG_FILE, ENV_CHECKPOINT_DIR, ENV_CONFIG, ENV_RUN_DIR, render_config
-from grpojob.trainer.build import build
+from grpojob.leader.build import build
 
 from .conftest import make_job
 from .procs import ROOT, free_port

@@ -6,9 +6,9 @@ import copy
 import pytest
 import torch
 
-from grpojob.trainer.logprobs import PolicyLogprobs, linear_logprobs
-from grpojob.trainer.packing import pack
-from grpojob.trainer.sizing import for_device
+from grpojob.learner.logprobs import PolicyLogprobs, linear_logprobs
+from grpojob.learner.packing import pack
+from grpojob.learner.sizing import for_device
 
 from .test_packing import _reference, _seqs
 

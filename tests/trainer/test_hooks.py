@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from grpojob.trainer.packing import pack
-from grpojob.trainer.trainer import GRPOTrainer
+from grpojob.learner.packing import pack
+from grpojob.learner.trainer import GRPOTrainer
 
 from .conftest import make_job
 from .test_packing import _seqs
@@ -71,7 +71,7 @@ def test_token_logprobs_and_loss_extras(tiny_dir):
         assert scored[mb.seqs[mb.seq_index[j]]][int(mb.token_pos[j])] == pytest.approx(float(logp[j]), abs=1e-5)
     assert all(math.isnan(lp) == (m == 0) for s, lps in zip(seqs, scored) for lp, m in zip(lps, s.loss_mask))
 
-    from grpojob.trainer.batch import Prepared
+    from grpojob.learner.batch import Prepared
 
     for s in seqs:
         s.coef = 1.0 / sum(x.n_trained for x in seqs)

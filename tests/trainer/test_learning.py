@@ -2,7 +2,7 @@
 asked category) from below 0.3 to above 0.8 mean reward within a bounded number of steps."""
 import pytest
 
-from grpojob.trainer.build import build
+from grpojob.leader.build import build
 
 from .conftest import make_job
 

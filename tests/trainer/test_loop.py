@@ -3,7 +3,7 @@ import math
 
 import torch
 
-from grpojob.trainer.build import build
+from grpojob.leader.build import build
 
 from .conftest import make_job
 

@@ -3,7 +3,7 @@ restarted at each stage boundary."""
 import pytest
 import torch
 
-from grpojob.trainer.memory import StageMemory, host_peak_bytes, reset_host_peak
+from grpojob.memory import StageMemory, host_peak_bytes, reset_host_peak
 
 
 def test_each_stage_reports_its_own_peak():

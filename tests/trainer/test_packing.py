@@ -5,11 +5,12 @@ import copy
 import pytest
 import torch
 
-from grpojob.trainer import attention
-from grpojob.trainer import logprobs as lp_mod
-from grpojob.trainer.logprobs import PolicyLogprobs, linear_logprobs, token_logprobs
-from grpojob.trainer.packing import BUCKET_MIN, TrainSeq, dummy, pack, plan
-from grpojob.trainer.sizing import for_device
+from grpojob.learner import attention
+from grpojob.learner import logprobs as lp_mod
+from grpojob.learner.logprobs import PolicyLogprobs, linear_logprobs, token_logprobs
+from grpojob.learner.packing import TrainSeq, dummy, pack, plan
+from grpojob.learner.spans import BUCKET_MIN
+from grpojob.learner.sizing import for_device
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +222,7 @@ def test_dummy_micro_batch_trains_nothing(model):
 def test_compiled_cpu_layers_train_like_eager_layers(model):
     """The big-model CPU shape: layers compiled with dynamic lengths (graph broken at the segments
     attention) give eager's log-probs and gradients, micro-batch after micro-batch of new lengths."""
-    from grpojob.trainer.sizing import TrainShape
+    from grpojob.learner.sizing import TrainShape
 
     shape = TrainShape(attention="segments", row_tokens=None, bucket=False, compute_dtype=None, compile="dynamic")
     eager, compiled = _backend_model(model, "segments"), copy.deepcopy(model)
@@ -241,7 +242,7 @@ def test_compiled_cpu_layers_train_like_eager_layers(model):
 def test_the_cuda_shape_traced_on_cpu_gives_the_unpacked_logprobs(model):
     """What the GPU runs, as far as the CPU can: bucketed rows, a flex BlockMask, layers compiled
     with static shapes (flex inside the graph). Forward only: torch has no flex backward on CPU."""
-    from grpojob.trainer.sizing import TrainShape
+    from grpojob.learner.sizing import TrainShape
 
     shape = TrainShape(attention="flex", row_tokens=None, bucket=True, compute_dtype=None, compile="static")
     policy = PolicyLogprobs(copy.deepcopy(model), shape)

@@ -10,7 +10,7 @@ from grpojob.api.status import TrainerStatus
 from grpojob import auth as authmod
 from grpojob.auth import Auth
 from grpojob.metrics_names import TRAINER
-from grpojob.trainer.server import LeaderServer, StatusBoard
+from grpojob.leader.server import LeaderServer, StatusBoard
 
 
 TOKEN = "the-trainers-token"
@@ -112,7 +112,7 @@ def test_a_job_may_lock_its_metrics_too():
 def test_peak_memory_per_stage_in_status_and_metrics(served):
     """The step record's peaks per stage: /status stageMemory and the two gauges, labelled by
     stage; a stage the next step did not measure (no GPU: no device peaks) has no sample."""
-    from grpojob.trainer.record import StepRecord
+    from grpojob.leader.record import StepRecord
 
     board, base = served
     gib = 2**30

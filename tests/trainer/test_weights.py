@@ -4,7 +4,7 @@ never exceed a bucket and one tensor)."""
 import torch
 
 from grpojob.sync import buckets as bk
-from grpojob.trainer.trainer import GRPOTrainer
+from grpojob.learner.trainer import GRPOTrainer
 
 from .conftest import make_job
 

@@ -13,12 +13,12 @@ import pytest
 
 from grpojob.auth import Auth
 from grpojob.plan import TRAJECTORY_PREFIX
-from grpojob.rollout.client import RolloutError
-from grpojob.rollout.manager import Pipeline, RolloutManager
-from grpojob.trainer.server import LeaderServer, StatusBoard
-from grpojob.trajectories.api import TrajectoryAPI
-from grpojob.trajectories.queue import EnvironmentQueue
-from grpojob.trajectories.wire import Limits
+from grpojob.leader.rollout_client import RolloutError
+from grpojob.leader.manager import Pipeline, RolloutManager
+from grpojob.leader.server import LeaderServer, StatusBoard
+from grpojob.leader.trajectories.api import TrajectoryAPI
+from grpojob.leader.trajectories.queue import EnvironmentQueue
+from grpojob.leader.trajectories.wire import Limits
 
 GROUP, VOCAB, PPS = 3, 512, 2
 TOKEN = "trajectory-test-token"

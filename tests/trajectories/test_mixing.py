@@ -2,7 +2,7 @@
 promptsPerStep, other environments' groups go first and displace nothing for good, the prompt
 stream stays exact, and checkpoints carry registrations and queued groups across a resume.
 Real parts: the tiny model generates (hf_generate), the toy workflow and reward score, the
-trainer trains and checkpoints through grpojob.trainer.build."""
+trainer trains and checkpoints through grpojob.leader.build."""
 from __future__ import annotations
 
 import asyncio
@@ -15,12 +15,12 @@ import torch
 
 from grpojob.data import PromptStream
 from grpojob.rewards import RewardScorer
-from grpojob.rollout import workflows
-from grpojob.rollout.manager import Pipeline, RolloutManager
-from grpojob.rollout.types import Group, Sample, SamplingParams
-from grpojob.trainer.build import build
-from grpojob.trajectories.api import Request
-from grpojob.trajectories.queue import EnvironmentQueue
+from grpojob.leader import workflows
+from grpojob.leader.manager import Pipeline, RolloutManager
+from grpojob.api.rollout import Group, Sample, SamplingParams
+from grpojob.leader.build import build
+from grpojob.leader.trajectories.api import Request
+from grpojob.leader.trajectories.queue import EnvironmentQueue
 from tests.rollout.harness import load_model, make_job
 from tests.rollout.inprocess import ModelGenerator
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from grpojob.rollout.manager import Pipeline, RolloutManager
+from grpojob.leader.manager import Pipeline, RolloutManager
 from grpojob.rollout.openai_api import ChatRequest
 from grpojob.rollout.sessions import chat_prompt, text_prompt
 from grpojob.tiny import build_tokenizer
-from grpojob.trajectories import wire
-from grpojob.trajectories.queue import EnvironmentQueue, Refused
-from grpojob.trajectories.sessions import ENVIRONMENT, Sessions
+from grpojob.leader.trajectories import wire
+from grpojob.leader.trajectories.queue import EnvironmentQueue, Refused
+from grpojob.leader.trajectories.sessions import ENVIRONMENT, Sessions
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {
     "type": "object", "properties": {"expression": {"type": "string"}}}}}]
@@ -190,7 +190,7 @@ def test_a_session_ended_without_a_reward_is_scored_by_the_jobs_rewards(manager,
 def test_session_turns_sample_as_the_job_does():
     from grpojob.api.data import SamplingSpec
     from grpojob.rollout.sessions import Capture, SessionError, SessionStore
-    from grpojob.rollout.types import SamplingParams
+    from grpojob.api.rollout import SamplingParams
 
     job = SamplingSpec(temperature=0.7, top_p=0.9, top_k=20, max_tokens=64)
     got = Capture.sampling(SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=3), job)

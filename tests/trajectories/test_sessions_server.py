@@ -13,13 +13,13 @@ import pytest
 from grpojob.auth import Auth
 from grpojob.local.processes import free_port
 from grpojob.plan import ENV_TRAJECTORY_URL
-from grpojob.rollout.manager import Pipeline, RolloutManager
+from grpojob.leader.manager import Pipeline, RolloutManager
 from grpojob.tiny import build
-from grpojob.trainer.server import LeaderServer, StatusBoard
-from grpojob.trajectories.api import TrajectoryAPI
-from grpojob.trajectories.queue import EnvironmentQueue
-from grpojob.trajectories.sessions import Sessions
-from grpojob.trajectories.wire import Limits
+from grpojob.leader.server import LeaderServer, StatusBoard
+from grpojob.leader.trajectories.api import TrajectoryAPI
+from grpojob.leader.trajectories.queue import EnvironmentQueue
+from grpojob.leader.trajectories.sessions import Sessions
+from grpojob.leader.trajectories.wire import Limits
 from tests.rollout.harness import TOKEN, RolloutProcess, http, make_job, write_config
 
 pytestmark = pytest.mark.slow

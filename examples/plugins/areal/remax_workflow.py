@@ -15,7 +15,7 @@ import asyncio
 import dataclasses
 
 from grpojob.rewards import RewardScorer
-from grpojob.rollout.types import Group, SamplingParams
+from grpojob.api.rollout import Group, SamplingParams
 
 
 class ReMaxWorkflow:

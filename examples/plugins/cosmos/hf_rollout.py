@@ -18,8 +18,8 @@ from typing import Optional
 
 import torch
 
-from grpojob.rollout.types import Completion, SamplingParams
-from grpojob.sync import files, placement
+from grpojob.api.rollout import Completion, SamplingParams
+from grpojob.sync import placement, tensorfiles
 from grpojob.sync.protocol import DISK
 
 log = logging.getLogger("grpojob.rollout")
@@ -106,7 +106,7 @@ class ExampleHFRollout:
         self._load(self._receiver.receive(cmd), cmd["version"], cmd["weights"])
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
-        self._load(files.iter_dir(path), version, weights)
+        self._load(tensorfiles.iter_dir(path), version, weights)
 
     def _load(self, named, version: int, weights: str) -> None:
         params = dict(self.model.state_dict())

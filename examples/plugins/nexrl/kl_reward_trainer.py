@@ -23,8 +23,8 @@ from collections import defaultdict
 import torch
 
 from grpojob import GRPOTrainer
-from grpojob.trainer import dist
-from grpojob.trainer.trainer import TrainerError
+from grpojob.learner import dist
+from grpojob.learner.trainer import TrainerError
 
 
 class KLRewardTrainer(GRPOTrainer):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..api import plugins
-from ..api.spec import AlgorithmSpec
-from .base import Algorithm, LossTerms, Settings, TokenBatch
-from .builtin import BUILTINS
+from grpojob.api import plugins
+from grpojob.api.spec import AlgorithmSpec
+from grpojob.algorithms.base import Algorithm, LossTerms, Settings, TokenBatch
+from grpojob.algorithms.builtin import BUILTINS
 
 REGISTRY: dict[str, type[Algorithm]] = dict(BUILTINS)
 

@@ -14,9 +14,9 @@ from typing import Optional, Sequence
 
 from torch import Tensor
 
-from ..api.spec import AlgorithmSpec
-from . import advantages as adv_fns
-from .losses import kl_penalty, ppo_clip_loss, truncated_is_weight
+from grpojob.api.spec import AlgorithmSpec
+from grpojob.algorithms import advantages as adv_fns
+from grpojob.algorithms.losses import kl_penalty, ppo_clip_loss, truncated_is_weight
 
 log = logging.getLogger("grpojob.algorithms")
 

@@ -6,8 +6,8 @@ import dataclasses
 
 from torch import Tensor
 
-from .base import Algorithm, Settings, TokenBatch
-from .losses import sequence_log_ratio
+from grpojob.algorithms.base import Algorithm, Settings, TokenBatch
+from grpojob.algorithms.losses import sequence_log_ratio
 
 # DAPO's clip-higher upper bound (Yu et al. 2025), used when the spec leaves the range symmetric.
 DAPO_CLIP_HIGH = 0.28

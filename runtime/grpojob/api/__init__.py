@@ -1,8 +1,8 @@
 """The GRPOJob API: spec and status models, validation, manifests, CRD generation. Imports no torch."""
-from .manifest import load_file, load_manifest, set_path
-from .spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, GRPOJob, GRPOJobSpec
-from .status import GRPOJobStatus, TrainerStatus
-from .validate import FieldError, InvalidSpec, check, parse
+from grpojob.api.manifest import load_file, load_manifest, set_path
+from grpojob.api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION, GRPOJob, GRPOJobSpec
+from grpojob.api.status import GRPOJobStatus, TrainerStatus
+from grpojob.api.validate import FieldError, InvalidSpec, check, parse
 
 __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "GRPOJob", "GRPOJobSpec",
            "GRPOJobStatus", "TrainerStatus", "FieldError", "InvalidSpec", "check", "load_file",

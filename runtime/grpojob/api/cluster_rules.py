@@ -28,8 +28,8 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from . import names, quantity
-from .names import Problems
+from grpojob.api import names, quantity
+from grpojob.api.names import Problems
 
 TOLERATION_OPERATORS = ("Equal", "Exists")
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")

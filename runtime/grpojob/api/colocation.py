@@ -13,8 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
+from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT
+
 if TYPE_CHECKING:
-    from .spec import GRPOJobSpec
+    from grpojob.api.spec import GRPOJobSpec
 
 SEPARATE, COLOCATED = "separate", "colocated"
 Placement = Literal["separate", "colocated"]
@@ -51,8 +53,6 @@ def gpus(resources: dict) -> list[str]:
 def problems(spec: "GRPOJobSpec") -> list[tuple[str, str]]:
     """(field path relative to spec, why) of every setting colocated cannot work with; [] when
     placement is separate."""
-    from .spec import RENDEZVOUS_PORT, SYNC_STORE_PORT
-
     if spec.placement != COLOCATED:
         return []
     out = []

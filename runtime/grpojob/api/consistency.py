@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from . import colocation, plugins
+from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT
+from grpojob.api import colocation, plugins
 
 if TYPE_CHECKING:
-    from .spec import GRPOJobSpec
+    from grpojob.api.spec import GRPOJobSpec
 
 Problems = list[tuple[str, str]]
 
@@ -39,8 +40,6 @@ def problems(spec: "GRPOJobSpec") -> Problems:
 def ports(spec: "GRPOJobSpec") -> Problems:
     """Trainer pod 0 also listens on the rendezvous and weight-sync store ports (one network
     namespace: two servers cannot bind one port)."""
-    from .spec import RENDEZVOUS_PORT, SYNC_STORE_PORT
-
     taken = {RENDEZVOUS_PORT: "the rendezvous port (torchrun) of trainer pod 0",
              SYNC_STORE_PORT: "the weight-sync store port of trainer pod 0"}
     if spec.trainer.port in taken:

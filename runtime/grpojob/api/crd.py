@@ -12,10 +12,10 @@ from typing import Any
 
 import yaml
 
-from . import k8s
-from . import spec as s
-from .spec import GRPOJobSpec
-from .status import GRPOJobStatus
+from grpojob.api import k8s
+from grpojob.api import spec as s
+from grpojob.api.spec import GRPOJobSpec
+from grpojob.api.status import GRPOJobStatus
 
 _DROP = {"title", "discriminator"}
 

@@ -6,8 +6,8 @@ from typing import Literal, Optional
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
-from . import arguments, plugins
-from .base import FreeForm, Model, deferring, field, invalid_all
+from grpojob.api import arguments, plugins
+from grpojob.api.base import FreeForm, Model, deferring, field, invalid_all
 
 MAX_PASS_AT = 16  # values of evaluation.passAt
 

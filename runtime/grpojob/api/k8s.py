@@ -30,7 +30,7 @@ _TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a numbe
 def pattern_message(pattern: str) -> str:
     """What a value that does not match `pattern` should be (a quantity's or a name's pattern, said
     in words)."""
-    from .names import PATTERN_WORDS
+    from grpojob.api.names import PATTERN_WORDS
 
     if "KMGTPE" in pattern:
         return _QUANTITY_HINT
@@ -193,8 +193,8 @@ class K8s:
         self.name = name
 
     def validate(self, value: dict[str, Any], info: Any = None) -> dict[str, Any]:
-        from .base import deferring
-        from .cluster_rules import RULES  # the API server's semantic rules, once the schema passes
+        from grpojob.api.base import deferring
+        from grpojob.api.cluster_rules import RULES  # the API server's semantic rules, once the schema passes
 
         value = prune_nulls(value)
         found = errors(self.name, value)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 from pydantic import StringConstraints, ValidationInfo, field_validator
 
-from .base import Model, deferring, field, invalid_all
+from grpojob.api.base import Model, deferring, field, invalid_all
 
 ALL_LINEAR = "all-linear"  # PEFT's shorthand: every linear layer but the output layer
 MAX_TARGET_MODULES = 64
@@ -29,7 +29,7 @@ def matches(target: str, module: str) -> bool:
 def output_layer_problems(targets: list[str], output_layer: str = OUTPUT_LAYER) -> Problems:
     """The targets that would put an adapter on the output layer: the trainer's log-probabilities
     read the output layer's weight directly (the fused, tiled log-softmax), so an adapter there
-    would never see a gradient. One rule for validation and for the trainer (grpojob.trainer.lora)."""
+    would never see a gradient. One rule for validation and for the trainer (grpojob.learner.lora)."""
     return [(f"[{i}]", f"the output layer ({output_layer}) cannot take an adapter; name the decoder's linear "
              f"layers (or {ALL_LINEAR}, which leaves {output_layer} out)")
             for i, t in enumerate(targets) if t != ALL_LINEAR and matches(t, output_layer)]

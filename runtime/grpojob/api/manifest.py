@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import yaml
 
-from .validate import FieldError, InvalidSpec
+from grpojob.api.validate import FieldError, InvalidSpec
 
 
 class _Loader(yaml.SafeLoader):

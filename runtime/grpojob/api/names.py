@@ -21,7 +21,7 @@ from typing import Annotated, Any, Callable
 
 from pydantic import AfterValidator, ValidationInfo, WithJsonSchema
 
-from .base import deferring, invalid_all
+from grpojob.api.base import deferring, invalid_all
 
 Problems = list[tuple[str, str]]  # (sub-path relative to the value, message)
 

@@ -6,10 +6,10 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import StringConstraints, ValidationInfo, field_validator, model_validator
 
-from . import plugins
-from .base import Model, deferring, field, invalid, invalid_all
-from .names import LABEL_VALUE_MAX, ObjectName
-from .workload import RESERVED_VOLUME_PREFIX, Volume
+from grpojob.api import plugins
+from grpojob.api.base import Model, deferring, field, invalid, invalid_all
+from grpojob.api.names import LABEL_VALUE_MAX, ObjectName
+from grpojob.api.workload import RESERVED_VOLUME_PREFIX, Volume
 
 CODE_DIR = "/opt/grpojob/code"  # spec.code's modules in the pods
 

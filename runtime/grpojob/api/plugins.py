@@ -174,14 +174,14 @@ def load_checked(ref: str, where: str, check: Callable[[Any], Optional[str]], er
 # Each kind's check lives next to its registry (most of them import torch); a reference of that
 # kind has already imported it when the check runs.
 _CHECKS = {
-    "trainer": "grpojob.trainer.plugin:check_class",
+    "trainer": "grpojob.learner.plugin:check_class",
     "engine": "grpojob.rollout.engine:check_class",
     "dataset": "grpojob.data:check_factory",
     "dataset_class": "grpojob.data:check_class",
-    "workflow": "grpojob.rollout.workflows:check_class",
+    "workflow": "grpojob.leader.workflows:check_class",
     "algorithm": "grpojob.algorithms:check_class",
     "reward": "grpojob.rewards:check_function",
-    "callback": "grpojob.trainer.callbacks:check_class",
+    "callback": "grpojob.leader.callbacks:check_class",
 }
 
 

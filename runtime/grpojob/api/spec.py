@@ -5,14 +5,15 @@ from typing import Literal, Optional
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
-from . import colocation, consistency, plugins
-from .base import FreeForm, Model, deferring, field, invalid, invalid_all
-from .data import DatasetSpec, EvaluationSpec, SamplingSpec
-from .lora import LoraSpec
-from .names import Annotations, LabelName, Labels, ObjectName, annotations_field, labels_field
-from .operations import CheckpointSpec, CodeSpec, MonitoringSpec, NetworkSpec, RunPolicy, SchedulingSpec
-from .status import GRPOJobStatus
-from .workload import MAX_TOLERATIONS, EnvVar, Resources, Toleration, WorkloadSpec
+from grpojob.api import colocation, consistency, plugins
+from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT  # noqa: F401 - importers' names
+from grpojob.api.base import FreeForm, Model, deferring, field, invalid, invalid_all
+from grpojob.api.data import DatasetSpec, EvaluationSpec, SamplingSpec
+from grpojob.api.lora import LoraSpec
+from grpojob.api.names import Annotations, LabelName, Labels, ObjectName, annotations_field, labels_field
+from grpojob.api.operations import CheckpointSpec, CodeSpec, MonitoringSpec, NetworkSpec, RunPolicy, SchedulingSpec
+from grpojob.api.status import GRPOJobStatus
+from grpojob.api.workload import MAX_TOLERATIONS, EnvVar, Resources, Toleration, WorkloadSpec
 
 GROUP = "grpojob.io"
 VERSION = "v1alpha1"
@@ -26,8 +27,6 @@ SHORT_NAMES = ["grpo"]
 MAX_ENVIRONMENTS = 32
 
 # Ports every process of a job agrees on (cluster defaults; `grpojob run` remaps them locally).
-RENDEZVOUS_PORT = 29500  # torchrun master port on trainer pod 0
-SYNC_STORE_PORT = 29600  # weight-sync TCPStore hosted by trainer rank 0
 
 
 _plugin = plugins.checked_name

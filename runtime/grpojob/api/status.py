@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from .base import Model, field
+from grpojob.api.base import Model, field
 
 Phase = Literal["Pending", "Initializing", "Running", "Suspended", "Succeeded", "Failed"]
 PHASES: tuple[str, ...] = Phase.__args__  # type: ignore[attr-defined]

@@ -7,11 +7,11 @@ from typing import Any, Iterable, Optional
 
 from pydantic import ValidationError
 
-from . import arguments, k8s, lora, plugins
-from .base import DEFER_LOCAL_RULES, FIELD_ERROR, FIELD_ERRORS
-from .colocation import COLOCATED
-from .operations import EPHEMERAL
-from .spec import GRPOJob
+from grpojob.api import arguments, k8s, lora, plugins
+from grpojob.api.base import DEFER_LOCAL_RULES, FIELD_ERROR, FIELD_ERRORS
+from grpojob.api.colocation import COLOCATED
+from grpojob.api.operations import EPHEMERAL
+from grpojob.api.spec import GRPOJob
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class InvalidSpec(ValueError):
 
 @lru_cache(maxsize=1)
 def _schema() -> dict[str, Any]:
-    from .crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
+    from grpojob.api.crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
 
     return openapi_schema()
 

@@ -7,9 +7,9 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import ValidationInfo, model_validator
 
-from .base import Model, deferring, field, invalid_all
-from .k8s import K8s
-from .names import Annotations, Labels, ObjectName, annotations_field, labels_field
+from grpojob.api.base import Model, deferring, field, invalid_all
+from grpojob.api.k8s import K8s
+from grpojob.api.names import Annotations, Labels, ObjectName, annotations_field, labels_field
 
 # Volume names the operator gives its own pod volumes (config, run dir, caches, /tmp...).
 RESERVED_VOLUME_PREFIX = "grpojob-"

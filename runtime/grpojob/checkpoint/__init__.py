@@ -6,5 +6,5 @@ asynchronously, into a temporary directory that is renamed into place once whole
 - `legacy`: the full-state layout written before (a Hugging Face model/ + trainer_state.pt), loaded as is.
 - `export`: a checkpoint to a Hugging Face model directory, tensor by tensor (`grpojob export`).
 """
-from .layout import (HF_DIR, LATEST, SHARDS, STATE_FILE, STEP_DIR, is_complete, latest, list_checkpoints,  # noqa: F401
+from grpojob.checkpoint.layout import (HF_DIR, LATEST, SHARDS, STATE_FILE, STEP_DIR, is_complete, latest, list_checkpoints,  # noqa: F401
                      prune, step_dir)

@@ -16,10 +16,10 @@ from typing import Optional
 
 import torch
 
-from ..sync import adapter
-from ..sync.files import write_safetensors
-from ..sync.stream import TensorStream
-from . import layout, manager  # noqa: F401 - manager: DCP's single-process warning filtered
+from grpojob.sync import adapter
+from grpojob.sync.tensorfiles import write_safetensors
+from grpojob.sync.stream import TensorStream
+from grpojob.checkpoint import layout, manager  # noqa: F401 - manager: DCP's single-process warning filtered
 
 # Flattened DCP keys of the policy's weights: the state dict's "model" entry, whose keys are the
 # trainer's PolicyLogprobs names ("model." + the Hugging Face name).

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import torch
 
-from . import layout
+from grpojob.checkpoint import layout
 
 if TYPE_CHECKING:
-    from ..trainer.trainer import GRPOTrainer
+    from grpojob.learner.trainer import GRPOTrainer
 
 
 def read_state(path: str | Path) -> dict[str, Any]:

@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, Any, Optional
 import torch
 from torch.distributed.tensor import DTensor
 
-from ..sync import adapter
-from . import layout, legacy
+from grpojob.sync import adapter
+from grpojob.checkpoint import layout, legacy
 
 if TYPE_CHECKING:  # the trainer package imports torch.distributed; checkpoint helpers stay light
-    from ..trainer.rollouts import GroupSource
-    from ..trainer.trainer import GRPOTrainer
+    from grpojob.leader.rollouts import GroupSource
+    from grpojob.learner.trainer import GRPOTrainer
 
 log = logging.getLogger("grpojob.checkpoint")
 CLOSE_WAIT_SECONDS = 120.0  # how long the end of a run waits for a save in flight
@@ -59,7 +59,7 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def find_latest(root: str | Path, env) -> Optional[Path]:
     """The newest complete checkpoint, as rank 0 sees it (collective)."""
-    from ..trainer import dist
+    from grpojob.learner import dist
 
     found = layout.latest(root) if env.is_leader else None
     found = dist.broadcast_object(str(found) if found else None, env)
@@ -120,7 +120,7 @@ class CheckpointManager:
 
     def __init__(self, root: str | Path, trainer: "GRPOTrainer", source: "GroupSource", keep_last: int, *,
                  asynchronous: bool = True):
-        from ..trainer import dist
+        from grpojob.learner import dist
 
         self.root, self.trainer, self.source, self.keep_last = Path(root), trainer, source, keep_last
         self.env = trainer.env
@@ -148,7 +148,7 @@ class CheckpointManager:
 
     def _check_shared(self, dist) -> None:
         """Every rank writes into the same directory: it must be one filesystem for all of them."""
-        from ..trainer.trainer import TrainerError
+        from grpojob.learner.trainer import TrainerError
 
         probe = None
         if self.env.is_leader:
@@ -170,7 +170,7 @@ class CheckpointManager:
         rank's shards are staged in host memory (asynchronous) or written (not)."""
         from torch.distributed import checkpoint as dcp
 
-        from ..trainer import dist
+        from grpojob.learner import dist
 
         self.wait()
         tr, env = self.trainer, self.env
@@ -235,7 +235,7 @@ class CheckpointManager:
             return
         save.done.wait()
         if save.error is not None:
-            from ..trainer.trainer import TrainerError
+            from grpojob.learner.trainer import TrainerError
 
             raise TrainerError(f"checkpoint of step {save.step} failed: {save.error}") from save.error
 
@@ -266,7 +266,7 @@ class CheckpointManager:
     def load(self, path: Path) -> None:
         from torch.distributed import checkpoint as dcp
 
-        from ..trainer import dist
+        from grpojob.learner import dist
 
         tr = self.trainer
         if layout.is_legacy(path):

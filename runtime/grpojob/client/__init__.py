@@ -1,7 +1,7 @@
 """grpojob.client: a GRPOJob in mode service, driven from the user's own process (Tinker-style;
 docs/service.md). Imports no torch."""
-from .service import APIFuture, SamplingClient, ServiceClient, ServiceError, TrainingClient
-from .types import (AdamParams, Datum, EncodedTextChunk, ForwardBackwardOutput, LoadStateResponse, ModelInput,
+from grpojob.client.service import APIFuture, SamplingClient, ServiceClient, ServiceError, TrainingClient
+from grpojob.api.service import (AdamParams, Datum, EncodedTextChunk, ForwardBackwardOutput, LoadStateResponse, ModelInput,
                     OptimStepResponse, SampledSequence, SampleResponse, SamplingParams, SaveStateResponse,
                     SaveWeightsForSamplerResponse, ServiceInfo, TensorData)
 

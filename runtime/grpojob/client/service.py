@@ -27,8 +27,8 @@ from typing import Any, Generic, Optional, TypeVar, Union
 
 from pydantic import BaseModel
 
-from ..plan import SERVICE_PREFIX
-from .types import (AdamParams, Datum, ForwardBackwardInput, ForwardBackwardOutput, LoadStateRequest,
+from grpojob.plan import SERVICE_PREFIX
+from grpojob.api.service import (AdamParams, Datum, ForwardBackwardInput, ForwardBackwardOutput, LoadStateRequest,
                     LoadStateResponse, ModelInput, OptimStepRequest, OptimStepResponse, SampleRequest,
                     SampleResponse, SamplingParams, SaveStateRequest, SaveStateResponse, SaveWeightsForSamplerResponse,
                     SaveWeightsRequest, ServiceInfo, policy_version_of)
@@ -97,8 +97,8 @@ class ServiceClient:
     @classmethod
     def from_run_dir(cls, run_dir: Union[str, Path], **kw: Any) -> "ServiceClient":
         """A local run (`grpojob run`): the trainer's URL from its endpoints.json, its token file."""
-        from ..auth import read_file
-        from ..local.runner import ENDPOINTS_FILE, token_path
+        from grpojob.auth import read_file
+        from grpojob.local.runner import ENDPOINTS_FILE, token_path
 
         run_dir = Path(run_dir)
         endpoints = json.loads((run_dir / ENDPOINTS_FILE).read_text())

@@ -19,10 +19,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from ..api import plugins
-from ..api.spec import DatasetSpec, GRPOJobSpec
-from ..rollout.types import Sample
-from .builtin import DATASETS
+from grpojob.api import plugins
+from grpojob.api.spec import DatasetSpec, GRPOJobSpec
+from grpojob.api.rollout import Sample
+from grpojob.data.builtin import DATASETS
 
 log = logging.getLogger("grpojob.data")
 

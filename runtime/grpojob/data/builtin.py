@@ -4,8 +4,12 @@ from __future__ import annotations
 import random
 from typing import Any, Iterator
 
-from ..rewards.builtin import TOY_CATEGORIES
-
+# The toy task: categories of words the tiny tokenizer knows.
+TOY_CATEGORIES = {
+    "animals": "cat dog fox owl bee ant cow pig hen elk yak emu bat rat eel cod".split(),
+    "colors": "red blue green gold pink gray black white brown orange purple".split(),
+    "numbers": None,  # any integer
+}
 _TOY_TEMPLATES = ("list {c} :", "say some {c} :", "name {c} :", "{c} please :")
 
 

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 from typing import Optional
 
-from ..auth import Auth, read_file
+from grpojob.auth import Auth, read_file
 
 
 class TrainerCompletion:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from .. import failures
+from grpojob import failures
 
 
 def descendants(pid: int) -> list[int]:

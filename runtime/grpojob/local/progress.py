@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from ..checkpoint import layout
+from grpojob.checkpoint import layout
 
-EVALUATION = "evaluation"  # the `kind` of an evaluation's row (grpojob.evaluation.KIND); steps have none
+EVALUATION = "evaluation"  # the `kind` of an evaluation's row (grpojob.leader.evaluation.KIND); steps have none
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .processes import Child
+from grpojob.local.processes import Child
 
 
 @dataclass(frozen=True)

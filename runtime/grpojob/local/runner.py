@@ -22,16 +22,16 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .. import auth
-from ..api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
-from ..api.validate import check_plugins
-from ..plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
+from grpojob import auth
+from grpojob.api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
+from grpojob.api.validate import check_plugins
+from grpojob.plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, render_config, roles,
                     trajectory_url)
-from .completion import TrainerCompletion
-from .processes import Child, free_port, stop_all, wait_any
-from .progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
-from .restarts import RestartPolicy, Restarts
+from grpojob.local.completion import TrainerCompletion
+from grpojob.local.processes import Child, free_port, stop_all, wait_any
+from grpojob.local.progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
+from grpojob.local.restarts import RestartPolicy, Restarts
 
 log = logging.getLogger("grpojob.local")
 
@@ -73,7 +73,7 @@ def _ensure_model(job: GRPOJob, out) -> None:
     if flag not in ("true", "tools", "lora"):
         raise RunError(f"spec.model.path: '{path}' has no model (config.json); "
                        f"set annotation {BUILD_TINY}: \"true\" to build a tiny random one there")
-    from ..tiny import LORA_OUTPUT_SCALE, build
+    from grpojob.tiny import LORA_OUTPUT_SCALE, build
 
     print(f"model {path} not found: building a tiny random model there (annotation {BUILD_TINY})", file=out)
     build(path, tools=flag == "tools", output_scale=LORA_OUTPUT_SCALE if flag == "lora" else 1.0)
@@ -268,7 +268,7 @@ def _check_weight_sync(job: GRPOJob) -> None:
     backend = job.spec.weight_sync.backend
     if backend not in ("nccl", "cuda-ipc"):
         return
-    from ..sync import placement
+    from grpojob.sync import placement
 
     reason = placement.check_local_run(backend, placement.visible_gpus())
     if reason:
@@ -278,7 +278,7 @@ def _check_weight_sync(job: GRPOJob) -> None:
 def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
     """spec.code here: pip requirements into the run directory (what the pods' init container
     does), localPath and that directory on this process's path; then every plug-in must import."""
-    from ..code import InstallError, install, use_locally
+    from grpojob.code import InstallError, install, use_locally
 
     c = job.spec.code
     if c.has_modules and not c.local_path:

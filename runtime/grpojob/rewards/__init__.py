@@ -11,11 +11,12 @@ import logging
 import math
 from typing import Any, Awaitable, Callable, Optional, Union
 
-from ..api import plugins
-from ..api.spec import GRPOJobSpec, RewardSpec
-from ..rollout.types import Completion, Group, Sample
-from .builtin import REWARDS
-from .forms import Binding, FormError, bind
+from grpojob.api import plugins
+from grpojob.data import messages_field
+from grpojob.api.spec import GRPOJobSpec, RewardSpec
+from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.rewards.builtin import REWARDS
+from grpojob.rewards.forms import Binding, FormError, bind
 
 log = logging.getLogger("grpojob.rewards")
 
@@ -99,8 +100,6 @@ class RewardScorer:
         """TRL's batch for one group: the dataset's prompt and each completion, as messages when
         the prompt is a conversation (TRL's conversational format), else as text; the row's other
         columns repeated per completion; completion_ids."""
-        from ..data import messages_field  # here: grpojob.data's built-in datasets import rewards.builtin
-
         n, row, d = len(comps), sample.row, self.spec.dataset  # a job with rewards has a dataset
         chat = messages_field(self.spec, row)
         if chat and isinstance(row.get(chat), list):

@@ -6,6 +6,8 @@ import re
 from collections import Counter
 from typing import Any, Optional
 
+from grpojob.data.builtin import TOY_CATEGORIES
+
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
@@ -121,12 +123,6 @@ def countdown(prompt: str, completion: str, numbers: Any = None, target: Any = N
     return 1.0 if abs(value - float(target)) < 1e-6 else format_score
 
 
-# The toy task (see grpojob.data.builtin.toy): categories of words the tiny tokenizer knows.
-TOY_CATEGORIES = {
-    "animals": "cat dog fox owl bee ant cow pig hen elk yak emu bat rat eel cod".split(),
-    "colors": "red blue green gold pink gray black white brown orange purple".split(),
-    "numbers": None,  # any integer
-}
 _WORD = re.compile(r"[a-z]+|\d+")
 
 

@@ -20,7 +20,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..api.plugins import REWARD_SIGNATURES
+from grpojob.api.plugins import REWARD_SIGNATURES
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,10 @@ import inspect
 from dataclasses import dataclass
 from typing import Optional, Protocol
 
-from ..api import plugins
-from ..api.colocation import COLOCATED
-from ..api.spec import GRPOJobSpec
-from .types import Completion, SamplingParams
+from grpojob.api import plugins
+from grpojob.api.colocation import COLOCATED
+from grpojob.api.spec import GRPOJobSpec
+from grpojob.api.rollout import Completion, SamplingParams
 
 ALL_SYNC = ("auto", "nccl", "cuda-ipc", "shm", "gloo", "checkpoint")  # spec.weightSync.backend values
 
@@ -81,7 +81,7 @@ class Engine(Protocol):
         ...
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
-        """Load a Hugging Face model directory (grpojob.sync.files.iter_dir), then switch version;
+        """Load a Hugging Face model directory (grpojob.sync.tensorfiles.iter_dir), then switch version;
         with LoRA a version is a PEFT adapter directory (grpojob.sync.adapter.is_adapter_dir)."""
         ...
 

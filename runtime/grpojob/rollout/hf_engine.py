@@ -37,17 +37,17 @@ from typing import Iterable, Optional
 
 import torch
 
-from .. import devices
-from ..api.spec import GRPOJobSpec
-from ..sync import adapter as lora
-from ..sync import buckets as bk
-from ..sync import files, placement
-from ..sync.placement import Endpoint
-from ..sync.protocol import DISK
-from .engine import max_model_len, torch_dtype_name
-from .hf_generate import Decoder, Row, noise_keys, request_rows
-from .hf_requests import Request, Swap, Turn, settle
-from .types import Completion, SamplingParams
+from grpojob import devices
+from grpojob.api.spec import GRPOJobSpec
+from grpojob.sync import adapter as lora
+from grpojob.sync import buckets as bk
+from grpojob.sync import placement, tensorfiles
+from grpojob.sync.placement import Endpoint
+from grpojob.sync.protocol import DISK
+from grpojob.rollout.engine import max_model_len, torch_dtype_name
+from grpojob.rollout.hf_generate import Decoder, Row, noise_keys, request_rows
+from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, settle
+from grpojob.api.rollout import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
 
@@ -319,7 +319,7 @@ class HFEngine:
         return [placement.local(self.device)]
 
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
-        from ..sync.receiver import PushReceiver
+        from grpojob.sync.receiver import PushReceiver
 
         rx = self._receiver
         if rx is None or rx.addr != store_addr or rx.instance != instance:
@@ -335,7 +335,7 @@ class HFEngine:
             config, named = lora.read(path)
             self.load_adapter(named, config, version, weights)
         else:
-            self.load(files.iter_dir(path), version, weights)
+            self.load(tensorfiles.iter_dir(path), version, weights)
 
     def load_adapter(self, named: Iterable[tuple[str, torch.Tensor]], config: dict, version: int,
                      weights: str) -> None:
@@ -356,17 +356,7 @@ class HFEngine:
         """Swap in named tensors and switch the version at a decode-step boundary; returns once
         generation uses them (see the module docstring for what happens to requests in flight)."""
         named = list(named)
-        unknown = [n for n, _ in named if n not in self._params]
-        if unknown:
-            raise ValueError(f"weights do not match the model {self.spec.model.path}: unknown tensors "
-                             f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
-        missing = self._required - {n for n, _ in named}
-        if missing:
-            raise ValueError(f"weights version {version} lack tensors of the model: {sorted(missing)[:5]}")
-        for n, t in named:
-            if tuple(t.shape) != tuple(self._params[n].shape):
-                raise ValueError(f"tensor {n}: shape {tuple(t.shape)} does not match the model's "
-                                 f"{tuple(self._params[n].shape)}")
+        check_swap(named, self._params, self._required, version, self.spec.model.path)
         self._apply(named, version, weights)
 
     def _apply(self, named: list, version: int, weights: str) -> None:

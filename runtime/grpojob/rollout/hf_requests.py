@@ -8,8 +8,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .hf_generate import Row
-from .types import SamplingParams
+from grpojob.rollout.hf_generate import Row
+from grpojob.api.rollout import SamplingParams
 
 
 @dataclass
@@ -44,3 +44,19 @@ class Turn:
 def settle(future: asyncio.Future, result, error: Optional[BaseException]) -> None:
     if not future.done():
         future.set_exception(error) if error is not None else future.set_result(result)
+
+
+def check_swap(named: list, params: dict, required: set, version: int, model: str) -> None:
+    """ValueError unless `named` covers exactly the model's tensors (`required`: all but tied
+    twins), each in its shape."""
+    unknown = [n for n, _ in named if n not in params]
+    if unknown:
+        raise ValueError(f"weights do not match the model {model}: unknown tensors "
+                         f"{unknown[:5]}{' ...' if len(unknown) > 5 else ''}")
+    missing = required - {n for n, _ in named}
+    if missing:
+        raise ValueError(f"weights version {version} lack tensors of the model: {sorted(missing)[:5]}")
+    for n, t in named:
+        if tuple(t.shape) != tuple(params[n].shape):
+            raise ValueError(f"tensor {n}: shape {tuple(t.shape)} does not match the model's "
+                             f"{tuple(params[n].shape)}")

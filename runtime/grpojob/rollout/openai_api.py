@@ -25,8 +25,8 @@ from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from . import openai_tools as tools_api
-from .types import Completion, SamplingParams
+from grpojob.rollout import openai_tools as tools_api
+from grpojob.api.rollout import Completion, SamplingParams
 
 
 class _Common(BaseModel):

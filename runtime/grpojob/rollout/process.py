@@ -27,15 +27,15 @@ from typing import Optional
 
 from aiohttp import web
 
-from .. import config as job_config
-from .. import failures, lifeline, logs
-from ..api import plugins
-from ..api.spec import GRPOJobSpec
-from ..auth import Auth, TokenError
-from ..plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
+from grpojob import config as job_config
+from grpojob import failures, lifeline, logs
+from grpojob.api import plugins
+from grpojob.api.spec import GRPOJobSpec
+from grpojob.auth import Auth, TokenError
+from grpojob.plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, ENV_LOG_FORMAT, ENV_REPLICA_ID,
                     ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, ENV_TRAJECTORY_URL, bind_host)
-from . import engine as engines
-from .server import Server
+from grpojob.rollout import engine as engines
+from grpojob.rollout.server import Server
 
 log = logging.getLogger("grpojob.rollout")
 
@@ -111,7 +111,7 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
         return 1
     server.started = True
     if sync_addr:
-        from ..sync.agent import SyncAgent
+        from grpojob.sync.agent import SyncAgent
 
         server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=spec.model.path,
                                  checkpoint_dir=checkpoint_dir, token=server.auth.token).start()

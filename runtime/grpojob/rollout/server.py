@@ -36,16 +36,16 @@ from typing import Optional
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..auth import Auth, app_key, middleware
-from ..failures import describe
-from ..api.spec import GRPOJobSpec
-from ..metrics_names import ROLLOUT
-from . import engine as engines
-from . import openai_api as oai
-from . import openai_stream
-from . import sessions as agent_sessions
-from .turns import Turns
-from .types import SamplingParams
+from grpojob.auth import Auth, app_key, middleware
+from grpojob.failures import describe
+from grpojob.api.spec import GRPOJobSpec
+from grpojob.metrics_names import ROLLOUT
+from grpojob.rollout import engine as engines
+from grpojob.rollout import openai_api as oai
+from grpojob.rollout import openai_stream
+from grpojob.rollout import sessions as agent_sessions
+from grpojob.rollout.turns import Turns
+from grpojob.api.rollout import SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
 
@@ -74,7 +74,7 @@ class Server:
                  trajectory_url: Optional[str] = None):
         from prometheus_client import CollectorRegistry
 
-        from .. import prom
+        from grpojob import prom
 
         self.spec = spec
         self.engine = engine

@@ -2,7 +2,7 @@
 `X-Session-Id` are recorded for training, with the exact tokens the model saw.
 
 A session is one trajectory: every turn asks for one completion (n=1). The session's record lives
-on the trainer leader (grpojob.trajectories.sessions, behind the trajectory API), so any rollout
+on the trainer leader (grpojob.leader.trajectories.sessions, behind the trajectory API), so any rollout
 server can serve any turn. For each turn a server:
 
 1. reads the session's record (its tokens so far, the prompt of its last turn as text);
@@ -35,8 +35,8 @@ from typing import Any, Optional
 
 import aiohttp
 
-from .openai_api import ChatRequest, encode
-from .types import Completion, SamplingParams
+from grpojob.rollout.openai_api import ChatRequest, encode
+from grpojob.api.rollout import Completion, SamplingParams
 
 SESSION_HEADER = "X-Session-Id"
 GROUP_HEADER = "X-Session-Group"
@@ -161,7 +161,7 @@ class SessionStore:
 
 def turn(mode: str, group: Optional[str], environment: Optional[str], prompt: Prompt, c: Completion, returned: str,
          messages: int) -> dict:
-    """The body of one turn as the trainer takes it (grpojob.trajectories.wire.SessionTurnIn)."""
+    """The body of one turn as the trainer takes it (grpojob.leader.trajectories.wire.SessionTurnIn)."""
     return {"mode": mode, "group": group, "environment": environment, "prompt_ids": prompt.ids,
             "continued": prompt.continued, "rendered": prompt.rendered, "returned": returned, "messages": messages,
             "completion": {"token_ids": c.completion_ids, "logprobs": c.logprobs, "policy_version": c.policy_version,

@@ -1,5 +1,5 @@
 """The rollout server's side of turn-taking (spec.placement colocated): the trainer puts the engine
-to sleep before it trains and wakes it to generate (grpojob.trainer.turns is the caller).
+to sleep before it trains and wakes it to generate (grpojob.leader.turns is the caller).
 
 HTTP (the job's token, as every endpoint but the probes):
 - POST /sleep {"level": 1} -> {"asleep": true, "seconds", "decode_steps", "freed_bytes", ...: the
@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 from aiohttp import web
 
-from ..trainer.memory import StageMemory
-from . import engine as engines
+from grpojob.memory import StageMemory
+from grpojob.rollout import engine as engines
 
 log = logging.getLogger("grpojob.rollout")
 

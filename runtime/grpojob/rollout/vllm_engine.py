@@ -39,13 +39,13 @@ from typing import Iterator, Optional
 
 import torch
 
-from ..api.colocation import COLOCATED
-from ..api.spec import GRPOJobSpec
-from ..sync import adapter
-from ..sync.placement import Endpoint
-from ..sync.protocol import DISK, WeightSyncError
-from .engine import max_model_len, torch_dtype_name
-from .types import Completion, SamplingParams, derive_seed
+from grpojob.api.colocation import COLOCATED
+from grpojob.api.spec import GRPOJobSpec
+from grpojob.sync import adapter
+from grpojob.sync.placement import Endpoint
+from grpojob.sync.protocol import DISK, WeightSyncError
+from grpojob.rollout.engine import max_model_len, torch_dtype_name
+from grpojob.api.rollout import Completion, SamplingParams, derive_seed
 
 log = logging.getLogger("grpojob.rollout")
 

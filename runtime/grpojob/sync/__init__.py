@@ -15,16 +15,16 @@ Rollout side:
 Shared: `protocol.py` (the store keys), `buckets.py` (the bucket layout), `group.py` (collective
 transfers), `handoff.py` (same-host transfers: /dev/shm and CUDA IPC), `files.py` (safetensors).
 """
-from .protocol import WeightSyncError
+from grpojob.sync.protocol import WeightSyncError
 
 __all__ = ["WeightPublisher", "SyncAgent", "WeightSyncError"]
 
 
 def __getattr__(name):  # torch-heavy parts load on first use
     if name == "WeightPublisher":
-        from .publisher import WeightPublisher
+        from grpojob.sync.publisher import WeightPublisher
         return WeightPublisher
     if name == "SyncAgent":
-        from .agent import SyncAgent
+        from grpojob.sync.agent import SyncAgent
         return SyncAgent
     raise AttributeError(name)

@@ -17,8 +17,8 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from .files import write_safetensors
-from .stream import TensorStream
+from grpojob.sync.tensorfiles import write_safetensors
+from grpojob.sync.stream import TensorStream
 
 WEIGHTS = "adapter_model.safetensors"
 CONFIG = "adapter_config.json"

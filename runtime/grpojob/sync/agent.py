@@ -23,10 +23,10 @@ from typing import Optional, Protocol
 
 from torch.distributed import DistError
 
-from . import placement
-from .credentials import Credentials, Forged
-from .placement import Endpoint
-from .protocol import DISK, WeightSyncError, connect, door, set_json, wait_key
+from grpojob.sync import placement
+from grpojob.sync.credentials import Credentials, Forged
+from grpojob.sync.placement import Endpoint
+from grpojob.sync.protocol import DISK, WeightSyncError, connect, door, set_json, wait_key
 
 log = logging.getLogger("grpojob.sync")
 

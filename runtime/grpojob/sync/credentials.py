@@ -24,8 +24,8 @@ from typing import Any, Optional
 
 from torch.distributed import TCPStore
 
-from ..auth import Auth
-from .protocol import key
+from grpojob.auth import Auth
+from grpojob.sync.protocol import key
 
 SPACE_CHARS = 32  # hex characters of the derived key space (128 bits)
 

@@ -32,16 +32,16 @@ from typing import Callable, Optional
 import torch
 from torch.distributed import DistError, TCPStore
 
-from ..api.spec import WeightSyncSpec
-from . import buckets as bk
-from . import files
-from . import group as grp
-from . import handoff
-from .membership import Member, Membership
-from .placement import COLLECTIVES, SHM_DIR
-from .credentials import Credentials, Forged
-from .protocol import Deadline, WeightSyncError, short_error
-from .stream import TensorStream
+from grpojob.api.spec import WeightSyncSpec
+from grpojob.sync import buckets as bk
+from grpojob.sync import files
+from grpojob.sync import group as grp
+from grpojob.sync import handoff
+from grpojob.sync.membership import Member, Membership
+from grpojob.sync.placement import COLLECTIVES, SHM_DIR
+from grpojob.sync.credentials import Credentials, Forged
+from grpojob.sync.protocol import Deadline, WeightSyncError, short_error
+from grpojob.sync.stream import TensorStream
 
 log = logging.getLogger("grpojob.sync")
 

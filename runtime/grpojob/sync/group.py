@@ -24,8 +24,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
 
-from . import buckets as bk
-from .protocol import Deadline, WeightSyncError, key, short_error
+from grpojob.sync import buckets as bk
+from grpojob.sync.protocol import Deadline, WeightSyncError, key, short_error
 
 log = logging.getLogger("grpojob.sync")
 

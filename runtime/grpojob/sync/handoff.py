@@ -28,8 +28,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from . import buckets as bk
-from .protocol import WeightSyncError
+from grpojob.sync import buckets as bk
+from grpojob.sync.protocol import WeightSyncError
 
 ALIGN = 64  # bytes: each bucket starts on a cache line
 

@@ -20,9 +20,9 @@ from typing import Callable, Optional
 
 from torch.distributed import DistError, TCPStore
 
-from .credentials import Credentials
-from .placement import BACKEND_FIELD, Endpoint, PlacementError
-from .protocol import WeightSyncError, connect, door
+from grpojob.sync.credentials import Credentials
+from grpojob.sync.placement import BACKEND_FIELD, Endpoint, PlacementError
+from grpojob.sync.protocol import WeightSyncError, connect, door
 
 log = logging.getLogger("grpojob.sync")
 

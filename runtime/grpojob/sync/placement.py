@@ -145,7 +145,7 @@ def check_local_run(backend: str, gpus: int) -> Optional[str]:
 
 def visible_gpus() -> int:
     """GPUs this machine's processes compute on (0 where GRPOJOB_DEVICE pins the CPU)."""
-    from .. import devices
+    from grpojob import devices
 
     try:
         if devices.requested() == "cpu":

@@ -47,13 +47,13 @@ from typing import Iterable, Optional
 import torch
 from torch.distributed import DistError, TCPStore
 
-from ..api.spec import SYNC_STORE_PORT, WeightSyncSpec
-from . import placement
-from .delivery import Delivery, Outcome
-from .credentials import Credentials
-from .membership import Membership
-from .protocol import DISK, WeightSyncError, door, weights_id
-from .stream import TensorStream
+from grpojob.api.spec import SYNC_STORE_PORT, WeightSyncSpec
+from grpojob.sync import placement
+from grpojob.sync.delivery import Delivery, Outcome
+from grpojob.sync.credentials import Credentials
+from grpojob.sync.membership import Membership
+from grpojob.sync.protocol import DISK, WeightSyncError, door, weights_id
+from grpojob.sync.stream import TensorStream
 
 log = logging.getLogger("grpojob.sync")
 
@@ -67,7 +67,7 @@ class WeightPublisher:
         `device`: where the trainer's weights live (default: `grpojob.devices.default()`);
         `checkpoint_dir`: the directory shared with the rollout servers (backend checkpoint)."""
         if device is None:
-            from .. import devices
+            from grpojob import devices
             device = devices.default()
         self.sync = sync
         self.colocated = colocated

@@ -17,11 +17,11 @@ from typing import Optional
 import torch
 from torch.distributed import DistError
 
-from . import buckets as bk
-from . import group as grp
-from . import handoff
-from .placement import COLLECTIVES
-from .protocol import Deadline, WeightSyncError, connect, key, short_error
+from grpojob.sync import buckets as bk
+from grpojob.sync import group as grp
+from grpojob.sync import handoff
+from grpojob.sync.placement import COLLECTIVES
+from grpojob.sync.protocol import Deadline, WeightSyncError, connect, key, short_error
 
 
 class PushReceiver:

@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import torch
 
-from . import buckets as bk
+from grpojob.sync import buckets as bk
 
 Spec = tuple[str, tuple[int, ...], torch.dtype]
 

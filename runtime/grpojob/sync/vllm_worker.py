@@ -23,12 +23,12 @@ import torch
 
 class WeightSyncExtension:
     def grpojob_endpoint(self) -> dict:
-        from .placement import local
+        from grpojob.sync.placement import local
 
         return local(self.device).to_json()
 
     def grpojob_receive_push(self, cmd_json: str, store_addr: str, instance: str) -> dict:
-        from .receiver import PushReceiver
+        from grpojob.sync.receiver import PushReceiver
 
         cmd = json.loads(cmd_json)
         rx = getattr(self, "_grpojob_receiver", None)
@@ -37,9 +37,9 @@ class WeightSyncExtension:
         return self._grpojob_reload(rx.receive(cmd, endpoint=int(self.rank)))
 
     def grpojob_receive_adapter(self, cmd_json: str, store_addr: str, instance: str, path: str) -> dict:
-        from .adapter import save
-        from .receiver import PushReceiver
-        from .stream import TensorStream
+        from grpojob.sync.adapter import save
+        from grpojob.sync.receiver import PushReceiver
+        from grpojob.sync.stream import TensorStream
 
         cmd = json.loads(cmd_json)
         rx = getattr(self, "_grpojob_receiver", None)
@@ -51,7 +51,7 @@ class WeightSyncExtension:
         return {"path": path}
 
     def grpojob_load_dir(self, path: str) -> dict:
-        from .files import iter_dir
+        from grpojob.sync.tensorfiles import iter_dir
 
         return self._grpojob_reload(iter_dir(path))
 

@@ -1,2 +1,3 @@
-"""The GRPO trainer: the step loop (loop.Trainer), packing, distributed data parallelism, the
-leader endpoint, and `grpojob trainer` (main.main). Submodules import torch; this one does not."""
+"""The trainer process (`grpojob trainer`, one per torchrun rank): main.main builds the rank's
+learner (grpojob.learner) and, by spec.mode, runs the training loop (grpojob.leader) or serves the
+training API (grpojob.service). This module imports nothing heavy."""

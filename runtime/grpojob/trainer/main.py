@@ -19,8 +19,18 @@ import signal
 import threading
 from typing import Optional
 
-from .. import logs
-from ..plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT, bind_host
+from transformers.utils import logging as hf_logging
+
+from grpojob import config, failures, lifeline, logs
+from grpojob.auth import Auth, TokenError
+from grpojob.data import DatasetError
+from grpojob.devices import DeviceError
+from grpojob.leader.build import build
+from grpojob.leader.server import LeaderServer, StatusBoard
+from grpojob.learner import dist
+from grpojob.learner.trainer import TrainerError
+from grpojob.service.app import serve
+from grpojob.plan import ENV_LOG_FORMAT, ENV_TRAINER_PORT, bind_host
 
 log = logging.getLogger("grpojob.trainer")
 
@@ -45,18 +55,9 @@ ENV_ROLLOUT_SOURCE = "GRPOJOB_ROLLOUT_SOURCE"  # remote (default) | inprocess
 
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
-    from .. import config, failures, lifeline
-    from ..auth import Auth
-    from . import dist
-    from .build import build
-    from .server import LeaderServer, StatusBoard
-    from .trainer import TrainerError
-    from ..auth import TokenError
 
     rank = int(os.environ.get("RANK", "0"))
     setup_logging(rank)
-    from transformers.utils import logging as hf_logging
-
     hf_logging.disable_progress_bar()  # no tqdm bars in pod logs
     suspend = threading.Event()
 
@@ -66,8 +67,6 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     lifeline.watch_parent(suspend.set, grace=PARENT_GONE_GRACE_SECONDS)
-    from ..data import DatasetError
-    from ..devices import DeviceError
 
     # What a trainer refuses before it trains fails the same way at every start: the spec (its
     # fields checked against the model, the dataset, the device), a missing file or package.
@@ -93,7 +92,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         if server is not None:
             server.mount_trajectories(run.trajectory_api())
         training = True
-        phase = run.serve(server) if job.spec.mode == "service" else run.run(hold=True)
+        phase = serve(run, server) if job.spec.mode == "service" else run.run(hold=True)
         log.info("trainer %s", phase, extra={"step": run.trainer.step})
         clean = True
         return 0
@@ -122,3 +121,10 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             dist.shutdown(env, clean=clean)
         if server is not None:
             server.stop()
+
+
+def process(args: Optional[argparse.Namespace] = None) -> int:
+    """`grpojob trainer` as a whole process: main(), then the process ends at once with its code
+    (lifeline.exit_now: a normal interpreter exit can abort a rank that finished cleanly)."""
+    lifeline.exit_now(main(args))
+    return 1  # not reached
