@@ -165,7 +165,7 @@ def rank_main(rank: int, a: argparse.Namespace, model: Path, work: Path, port: i
             p.grad = torch.full_like(p, 1e-3)
         tr.optimizer.step()
         tr.optimizer.zero_grad(set_to_none=True)
-        mgr = CheckpointManager(work / "sharded", tr, NoData(), keep_last=2)
+        mgr = CheckpointManager(work / "sharded", tr, keep_last=2, states={"scheduler": tr.scheduler, "data": NoData()})
         figures: dict[str, dict[str, list]] = {k: {} for k in ("full", "sharded")}
 
         def note(kind: str, **values) -> None:

@@ -5,14 +5,11 @@ broadcast into this run's sharding (trainer.load_state). The next save is sharde
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import torch
 
 from grpojob.checkpoint import layout
-
-if TYPE_CHECKING:
-    from grpojob.learner.trainer import GRPOTrainer
 
 
 def read_state(path: str | Path) -> dict[str, Any]:
@@ -33,8 +30,8 @@ def load_model_state(path: str | Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def load(trainer: "GRPOTrainer", path: str | Path) -> Optional[dict[str, Any]]:
-    """Load a full-state checkpoint into the trainer (collective); its trainer state on rank 0
+def load(trainer, path: str | Path) -> Optional[dict[str, Any]]:
+    """Load a full-state checkpoint into the learner (checkpoint.manager.Learner; collective); its trainer state on rank 0
     (None elsewhere), without the optimizer."""
     weights = optimizer = state = None
     if trainer.env.is_leader:

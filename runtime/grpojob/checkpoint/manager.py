@@ -22,17 +22,18 @@ import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
+import torch.distributed as tdist
+from torch.distributed import checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from grpojob.sync import adapter
 from grpojob.checkpoint import layout, legacy
-
-if TYPE_CHECKING:  # the trainer package imports torch.distributed; checkpoint helpers stay light
-    from grpojob.leader.rollouts import GroupSource
-    from grpojob.learner.trainer import GRPOTrainer
+from grpojob.learner import dist
+from grpojob.learner.errors import TrainerError
+from grpojob.sync import adapter
+from grpojob.sync.stream import TensorStream
 
 log = logging.getLogger("grpojob.checkpoint")
 CLOSE_WAIT_SECONDS = 120.0  # how long the end of a run waits for a save in flight
@@ -59,8 +60,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def find_latest(root: str | Path, env) -> Optional[Path]:
     """The newest complete checkpoint, as rank 0 sees it (collective)."""
-    from grpojob.learner import dist
-
     found = layout.latest(root) if env.is_leader else None
     found = dist.broadcast_object(str(found) if found else None, env)
     return Path(found) if found else None
@@ -115,15 +114,43 @@ class Save:
     done: threading.Event = field(default_factory=threading.Event)
 
 
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Learner(Protocol):
+    """What the manager saves of a rank's learner (grpojob.learner.trainer.GRPOTrainer is one): its
+    sharded model and optimizer state (DCP), its step and policy version, the files that make a
+    checkpoint a model directory, and under LoRA the adapter in PEFT's format."""
+    env: dist.DistEnv
+    step: int
+    version: int
+
+    def sharded_state(self) -> dict[str, Any]: ...
+
+    def load_sharded_state(self, state: dict[str, Any]) -> None: ...
+
+    def load_state(self, weights: Optional[dict[str, torch.Tensor]], optimizer: Optional[dict]) -> None: ...
+
+    def save_model_files(self, directory: Path) -> None: ...
+
+    def adapter_stream(self) -> Optional[TensorStream]: ...
+
+
 class CheckpointManager:
-    """save, wait and load are collective (every rank calls them at the same point)."""
+    """save, wait and load are collective (every rank calls them at the same point).
 
-    def __init__(self, root: str | Path, trainer: "GRPOTrainer", source: "GroupSource", keep_last: int, *,
-                 asynchronous: bool = True):
-        from grpojob.learner import dist
+    states: what else a run needs to continue exactly, saved by rank 0 in the state file under
+    its name and given back at load (the LR schedule, the group source's data position and rollout
+    buffer): anything with state_dict/load_state_dict."""
 
-        self.root, self.trainer, self.source, self.keep_last = Path(root), trainer, source, keep_last
-        self.env = trainer.env
+    def __init__(self, root: str | Path, learner: Learner, keep_last: int, *,
+                 states: Optional[dict[str, Stateful]] = None, asynchronous: bool = True):
+        self.root, self.learner, self.keep_last = Path(root), learner, keep_last
+        self.states = dict(states or {})
+        self.env = learner.env
         self.asynchronous = asynchronous
         self.last_step: Optional[int] = None
         self.last_save: Optional[Save] = None
@@ -134,22 +161,18 @@ class CheckpointManager:
         self.single = not multi  # one rank: DCP writes and reads in this process alone
         self.pg = self._group()
         if multi:
-            self._check_shared(dist)
+            self._check_shared()
 
     def _group(self):
         """A gloo group of its own whenever a process group exists, one rank included: DCP's
         asynchronous save asserts that the group it uses (or, given none, the default one, which
         is NCCL on GPUs) has a CPU backend, and its collectives then stay off the training group."""
-        import torch.distributed as tdist
-
         if not (self.env.initialized and tdist.is_available() and tdist.is_initialized()):
             return None
         return tdist.new_group(backend="gloo")
 
-    def _check_shared(self, dist) -> None:
+    def _check_shared(self) -> None:
         """Every rank writes into the same directory: it must be one filesystem for all of them."""
-        from grpojob.learner.trainer import TrainerError
-
         probe = None
         if self.env.is_leader:
             self.root.mkdir(parents=True, exist_ok=True)
@@ -168,12 +191,8 @@ class CheckpointManager:
     def save(self) -> None:
         """Start saving the current step (after the previous save is committed); returns once this
         rank's shards are staged in host memory (asynchronous) or written (not)."""
-        from torch.distributed import checkpoint as dcp
-
-        from grpojob.learner import dist
-
         self.wait()
-        tr, env = self.trainer, self.env
+        tr, env = self.learner, self.env
         started = time.perf_counter()
         tmp = None
         if env.is_leader:
@@ -184,12 +203,11 @@ class CheckpointManager:
         ranks = dist.gather_objects({"rng": rng_state()}, env)
         if env.is_leader:
             torch.save({"format": 2, "step": tr.step, "policy_version": tr.version, "world": env.world,
-                        "scheduler": tr.scheduler.state_dict(), "ranks": ranks, "data": self.source.state_dict()},
+                        "ranks": ranks, **{name: s.state_dict() for name, s in self.states.items()}},
                        tmp / layout.STATE_FILE)
-            tr.model.config.save_pretrained(tmp / layout.HF_DIR)
-            tr.tokenizer.save_pretrained(tmp / layout.HF_DIR)
-        if tr.peft is not None:  # LoRA: the adapter in PEFT's format too (small; gathered collectively)
-            adapter_stream = tr.weight_stream()
+            tr.save_model_files(tmp / layout.HF_DIR)
+        adapter_stream = tr.adapter_stream()  # LoRA: the adapter in PEFT's format too (small; collective)
+        if adapter_stream is not None:
             try:
                 if env.is_leader:
                     adapter.save(tmp / layout.ADAPTER_DIR, adapter_stream)
@@ -235,8 +253,6 @@ class CheckpointManager:
             return
         save.done.wait()
         if save.error is not None:
-            from grpojob.learner.trainer import TrainerError
-
             raise TrainerError(f"checkpoint of step {save.step} failed: {save.error}") from save.error
 
     def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
@@ -264,11 +280,7 @@ class CheckpointManager:
 
     # ---- loading ------------------------------------------------------------------------------------
     def load(self, path: Path) -> None:
-        from torch.distributed import checkpoint as dcp
-
-        from grpojob.learner import dist
-
-        tr = self.trainer
+        tr = self.learner
         if layout.is_legacy(path):
             state = legacy.load(tr, path)
         else:
@@ -279,9 +291,9 @@ class CheckpointManager:
             del shards
             state = legacy.read_state(path) if tr.env.is_leader else None
         state = dist.broadcast_object(state, tr.env)
-        tr.scheduler.load_state_dict(state["scheduler"])
         tr.step, tr.version = int(state["step"]), int(state["policy_version"])
-        self.source.load_state_dict(state.get("data") or {})
+        for name, s in self.states.items():
+            s.load_state_dict(state.get(name) or {})
         if state.get("world") == tr.env.world:  # RNG streams are per rank: only for the same world size
             set_rng_state(state["ranks"][tr.env.rank]["rng"])
         self.last_step = tr.step

@@ -99,7 +99,8 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
     if board is not None and side.publisher is not None:  # rollout server count and lag, read at each scrape
         board.watch_rollouts(side.publisher.servers)
     try:
-        checkpoints = CheckpointManager(root, trainer, side.source, spec.checkpoint.keep_last)
+        checkpoints = CheckpointManager(root, trainer, spec.checkpoint.keep_last,
+                                        states={"scheduler": trainer.scheduler, "data": side.source})
         if found is not None:
             checkpoints.load(found)
         run_dir = run_dir or os.environ.get(ENV_RUN_DIR)

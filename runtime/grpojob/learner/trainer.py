@@ -315,6 +315,15 @@ class GRPOTrainer:
 
         return TensorStream.gathered(params, dtype)
 
+    def adapter_stream(self) -> Optional[TensorStream]:
+        """Under LoRA, the adapter as weight_stream gives it (collective); None for full fine-tuning."""
+        return self.weight_stream() if self.peft is not None else None
+
+    def save_model_files(self, directory: Path) -> None:
+        """What makes a checkpoint a model directory besides its weights: the config and tokenizer."""
+        self.model.config.save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+
     def sharded_state(self) -> dict[str, Any]:
         """{"model": ..., "optimizer": ...}: this rank's shards of the policy and optimizer state
         (torch.distributed.checkpoint.state_dict.get_state_dict: FQN keys that are the same for
