@@ -14,6 +14,7 @@ from grpojob.api import GRPOJob
 from grpojob.auth import Auth
 from grpojob.plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from grpojob.learner import dist
+from grpojob.api.colocation import COLOCATED
 from grpojob.leader.callbacks import Callbacks
 from grpojob.leader.loop import Loop
 from grpojob.learner.plugin import trainer_class
@@ -21,6 +22,7 @@ from grpojob.leader.record import StepRecord
 from grpojob.leader.rollouts import Rollouts
 from grpojob.leader.wiring import connect
 from grpojob.leader.server import StatusBoard
+from grpojob.leader.turns import Separate, TurnTaking
 from grpojob.learner.trainer import GRPOTrainer
 
 
@@ -108,7 +110,7 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
         callbacks = Callbacks.build(job, run_path) if env.is_leader else None
         loop = Loop(trainer, side.source, side.publisher, checkpoints, run_dir=run_path,
                     board=board, on_step=on_step, suspend=suspend, callbacks=callbacks, evaluation=side.evaluation,
-                    turns=side.turns)
+                    placement=TurnTaking(side.turns, env) if spec.placement == COLOCATED else Separate())
     except BaseException:
         side.close()
         raise

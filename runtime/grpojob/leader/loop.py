@@ -1,9 +1,9 @@
 """The training loop: a short loop over explicit components.
 
     groups  = source.next_step()                 # GroupSource: rank 0's manager, shared out
-    turns.sleep()                                # placement colocated: the engine gives the device back
+    placement.turn("sleep")                      # placement colocated: the engine gives the device back
     update  = trainer.step_training(groups)      # GRPOTrainer: advantages, packed updates
-    turns.wake()                                 # ... and takes it again, before the push
+    placement.turn("wake")                       # ... and takes it again, before the push
     report  = publisher.publish(stream, v)       # every weightSync.everySteps steps: rank 0 pushes the
                                                  # weights as every rank gathers them, tensor by tensor
     evaluation.start(step, v) ... .finish()      # spec.evaluation: after a push, done before the next
@@ -37,13 +37,12 @@ from grpojob.leader.evaluation import EvalRecord
 from grpojob.rollout.engine import torch_dtype_name
 from grpojob.learner import dist
 from grpojob.leader.callbacks import Callbacks
-from grpojob.api.colocation import COLOCATED
 from grpojob.memory import StageMemory
 from grpojob.leader.record import StepRecord
 from grpojob.leader.rollouts import GroupSource, PushReport, WeightPublisher
 from grpojob.leader.server import StatusBoard
 from grpojob.learner.trainer import GRPOTrainer
-from grpojob.leader.turns import DESCRIPTION as TURN_TAKING, EngineTurns, TurnError
+from grpojob.leader.turns import Placement, Separate
 
 log = logging.getLogger("grpojob.trainer")
 
@@ -56,9 +55,8 @@ class Loop:
                  checkpoints: CheckpointManager, *, run_dir: Optional[Path] = None,
                  board: Optional[StatusBoard] = None, on_step: Optional[Callable[[StepRecord], None]] = None,
                  suspend: Optional[threading.Event] = None, callbacks: Optional[Callbacks] = None,
-                 evaluation=None, turns: Optional[EngineTurns] = None):
-        """`turns`: rank 0's way to put a colocated engine to sleep and wake it (spec.placement
-        colocated; None elsewhere: the other ranks only wait for it at each step's sleep)."""
+                 evaluation=None, placement: Optional[Placement] = None):
+        """`placement`: separate (the default) or turn-taking with a colocated engine (leader.turns)."""
         self.trainer, self.source, self.publisher, self.checkpoints = trainer, source, publisher, checkpoints
         self.callbacks = callbacks or Callbacks([])  # rank 0's trackers and user callbacks
         self.spec, self.env = trainer.spec, trainer.env
@@ -70,9 +68,8 @@ class Loop:
         # rank 0's grpojob.leader.evaluation.evaluator.Evaluation (spec.evaluation; None elsewhere), and a
         # finished evaluation waiting to be reported before the next step's record
         self.evaluation, self._evaluated = evaluation, None
-        self.turns = turns
-        self.colocated = self.spec.placement == COLOCATED
-        self.placement = TURN_TAKING if self.colocated else "separate"
+        self.where = placement or Separate()
+        self.placement = self.where.description
 
     def request_suspend(self) -> None:
         """Finish the current step, checkpoint, stop."""
@@ -134,12 +131,12 @@ class Loop:
             return None
         t1 = time.perf_counter()
         self.memory.mark("generate")
-        turns = {"sleep": self._turn("sleep")}  # colocated: nothing generates while the step trains
+        turns = {"sleep": self.where.turn("sleep")}  # colocated: nothing generates while the step trains
         prep, stats = tr.step_training(got.groups)
         extra = stats.pop("extra", {})
         t2 = time.perf_counter()
         self.memory.mark("train")
-        turns["wake"] = self._turn("wake")
+        turns["wake"] = self.where.turn("wake")
         self._finish_evaluation()  # started after the previous push: it ends before the next one
         te = time.perf_counter()
         report = None
@@ -151,7 +148,7 @@ class Loop:
             self._start_evaluation()
         t3 = time.perf_counter()
         self.memory.mark("sync")
-        turns["sync"] = self._turn("sync")
+        turns["sync"] = self.where.turn("sync")
         if tr.step % spec.checkpoint.every_steps == 0 or tr.step >= spec.training.steps:
             self._status(phase="checkpointing")
             self.checkpoint()
@@ -180,23 +177,6 @@ class Loop:
                            **({"evaluate": round(te - t2, 6)} if spec.evaluation is not None else {})},
             stage_host_peak_bytes=host_peaks, stage_device_peak_bytes=device_peaks, step_seconds=seconds,
             placement=self.placement, **_turn_fields(turns))
-
-    def _turn(self, kind: str) -> dict:
-        """placement colocated: rank 0 puts the engine to sleep (every rank waits until it is
-        asleep), wakes it, or reads its memory peak after the push ("sync"); {} elsewhere."""
-        if not self.colocated:
-            return {}
-        out: dict = {}
-        if self.turns is not None:
-            try:
-                out = self.turns.sleep() if kind == "sleep" else self.turns.wake() if kind == "wake" else \
-                    self.turns.mark(kind)
-            except TurnError as e:  # an engine restarting: it catches up when it registers again
-                log.warning("the colocated engine did not %s: %s", kind, e)
-                out = {"error": str(e)}
-        if kind == "sleep" and self.env.world > 1:  # no rank trains before the engine is asleep
-            dist.all_max(torch.zeros(1), self.env)
-        return out
 
     def _rollouts(self) -> list[dict]:
         """Every rollout server's version and lag behind the trainer (rank 0; [] elsewhere)."""

@@ -14,10 +14,14 @@ import json
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+import logging
+from typing import Callable, Optional, Protocol
 
 import torch
 
+from grpojob.learner import dist
+
+log = logging.getLogger("grpojob.trainer")
 DESCRIPTION = "colocated (turn-taking)"  # /status placement: generation and training alternate
 
 
@@ -67,3 +71,45 @@ class EngineTurns:
             raise TurnError(f"{url}{path}: HTTP {e.code}: {e.read().decode(errors='replace')[:300]}") from None
         except (urllib.error.URLError, OSError) as e:
             raise TurnError(f"{url}{path}: {e}") from None
+
+
+class Placement(Protocol):
+    """Where generation runs relative to training, chosen once per run (leader.build): the loop
+    calls `turn` at each step's boundaries and reports `description` in /status."""
+    description: str
+
+    def turn(self, kind: str) -> dict:
+        """kind "sleep" (before the step trains), "wake" (after), "sync" (after the push): the
+        engine's numbers for the step record ({} when there is nothing to do)."""
+        ...
+
+
+class Separate:
+    """The rollout servers have devices of their own: nothing to alternate."""
+    description = "separate"
+
+    def turn(self, kind: str) -> dict:
+        return {}
+
+
+class TurnTaking:
+    """spec.placement colocated: rank 0 puts the engine to sleep before the step trains (every rank
+    waits until it is asleep), wakes it after, and reads its memory peak after the push. `turns`
+    is None on the other ranks: they only wait at each sleep."""
+    description = DESCRIPTION
+
+    def __init__(self, turns: Optional[EngineTurns], env: dist.DistEnv):
+        self.turns, self.env = turns, env
+
+    def turn(self, kind: str) -> dict:
+        out: dict = {}
+        if self.turns is not None:
+            try:
+                out = self.turns.sleep() if kind == "sleep" else self.turns.wake() if kind == "wake" else \
+                    self.turns.mark(kind)
+            except TurnError as e:  # an engine restarting: it catches up when it registers again
+                log.warning("the colocated engine did not %s: %s", kind, e)
+                out = {"error": str(e)}
+        if kind == "sleep" and self.env.world > 1:  # no rank trains before the engine is asleep
+            dist.all_max(torch.zeros(1), self.env)
+        return out
