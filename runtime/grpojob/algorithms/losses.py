@@ -63,6 +63,23 @@ def importance_sampling_loss(log_ratio: Tensor, advantages: Tensor) -> Tensor:
     return -advantages * torch.exp(log_ratio.clamp(max=_MAX_LOG_RATIO))
 
 
+def cispo_loss(logp: Tensor, log_ratio: Tensor, advantages: Tensor, low: float, high: float
+               ) -> tuple[Tensor, Tensor]:
+    """CISPO (MiniMax-M1) as a per-token loss: -sg(clip(r, low, high)) * A * log p, r = pi / q
+    (Tinker's cispo; low and high are the ratio's bounds, its clip_low/high_threshold). The
+    clipped weight is a constant, so every token keeps a gradient (PPO's clip zeroes it).
+    Returns (loss, clipped): 1.0 where the ratio was outside [low, high]."""
+    ratio = torch.exp(log_ratio.clamp(max=_MAX_LOG_RATIO)).detach()
+    weight = ratio.clamp(low, high)
+    return -weight * advantages * logp, ((ratio < low) | (ratio > high)).to(logp.dtype)
+
+
+def dro_loss(logp: Tensor, log_ratio: Tensor, advantages: Tensor, beta: float) -> Tensor:
+    """Direct Reward Optimization (Richemond et al., 2024) as a per-token loss:
+    -(A log p - beta / 2 (log p - log q)^2), q the policy that sampled (Tinker's dro)."""
+    return -(advantages * logp - 0.5 * beta * log_ratio * log_ratio)
+
+
 def nll_loss(logp: Tensor, weights: Tensor) -> Tensor:
     """Weighted negative log-likelihood per token: supervised cross-entropy on chosen targets."""
     return -weights * logp

@@ -12,6 +12,8 @@ advantages or weights to get a mean):
     importance_sampling  target_tokens, logprobs (sampler's), advantages  -A * p / q
     ppo                  as importance_sampling; loss_fn_config clip_low_threshold (0.8),
                          clip_high_threshold (1.2)                        -min(A r, A clip(r))
+    cispo                as ppo                                           -sg(clip(r)) A log p
+    dro                  as importance_sampling; loss_fn_config beta (0.05)  -(A log p - beta/2 (log r)^2)
 """
 from __future__ import annotations
 
@@ -22,15 +24,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from grpojob.api.base import invalid
 
-LossFn = Literal["cross_entropy", "importance_sampling", "ppo"]
+LossFn = Literal["cross_entropy", "importance_sampling", "ppo", "cispo", "dro"]
 # loss_fn -> (inputs it needs, inputs it may take)
 LOSS_INPUTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cross_entropy": (("target_tokens",), ("weights",)),
     "importance_sampling": (("target_tokens", "logprobs", "advantages"), ()),
     "ppo": (("target_tokens", "logprobs", "advantages"), ()),
+    "cispo": (("target_tokens", "logprobs", "advantages"), ()),
+    "dro": (("target_tokens", "logprobs", "advantages"), ()),
 }
 # loss_fn -> its loss_fn_config keys and their defaults (Tinker's PPO clips the ratio to [0.8, 1.2])
-LOSS_CONFIG: dict[str, dict[str, float]] = {"ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2}}
+LOSS_CONFIG: dict[str, dict[str, float]] = {"ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+                                            "cispo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+                                            "dro": {"beta": 0.05}}
+CLIPPED = frozenset({"ppo", "cispo"})  # the losses whose ratio is clipped: clip_fraction:mean
 INT_INPUTS = frozenset({"target_tokens"})
 POLICY_PATH = "grpojob://policy/"  # save_weights_for_sampler's path: this prefix and the policy version
 
@@ -174,8 +181,10 @@ class ForwardBackwardInput(Wire):
             if not math.isfinite(v):
                 raise invalid(f"loss_fn_config.{k}", f"{v} is not a finite number")
         low, high = self.config("clip_low_threshold"), self.config("clip_high_threshold")
-        if self.loss_fn == "ppo" and not 0 <= low <= 1 <= high:
+        if self.loss_fn in CLIPPED and not 0 <= low <= 1 <= high:
             raise invalid("loss_fn_config", f"clip thresholds [{low}, {high}] must hold 1 (0 <= low <= 1 <= high)")
+        if self.loss_fn == "dro" and self.config("beta") < 0:
+            raise invalid("loss_fn_config.beta", f"{self.config('beta')}: the penalty's weight is not negative")
         return self
 
     def config(self, key: str) -> float:
@@ -237,6 +246,7 @@ class SaveStateRequest(Wire):
 
 class LoadStateRequest(Wire):
     path: str = Field(min_length=1, max_length=4096)
+    optimizer: bool = True  # False: the weights only, the optimizer's state starts afresh (Tinker's load_state)
 
 
 class SaveWeightsRequest(Wire):

@@ -22,7 +22,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from grpojob.algorithms import losses
-from grpojob.api.service import AdamParams, ForwardBackwardInput
+from grpojob.api.service import CLIPPED, AdamParams, ForwardBackwardInput
 from grpojob.learner import dist, packing
 from grpojob.learner.packing import MicroBatch, dummy
 from grpojob.service.wire import Refused
@@ -93,7 +93,11 @@ def token_loss(req: ForwardBackwardInput, logp: Tensor, inputs: dict[str, Tensor
     log_ratio = logp - inputs["logprobs"]  # against the policy that sampled
     if req.loss_fn == "importance_sampling":
         return losses.importance_sampling_loss(log_ratio, inputs["advantages"]), None
+    if req.loss_fn == "dro":
+        return losses.dro_loss(logp, log_ratio, inputs["advantages"], req.config("beta")), None
     low, high = req.config("clip_low_threshold"), req.config("clip_high_threshold")
+    if req.loss_fn == "cispo":
+        return losses.cispo_loss(logp, log_ratio, inputs["advantages"], low, high)
     return losses.ppo_clip_loss(log_ratio, inputs["advantages"], 1.0 - low, high - 1.0)
 
 
@@ -144,7 +148,7 @@ class ServiceOps:
         if backward:
             self.pending += 1
         metrics = {"loss:sum": float(sums[0]), "tokens:sum": float(sums[1])}
-        if req.loss_fn == "ppo":
+        if req.loss_fn in CLIPPED:
             metrics["clip_fraction:mean"] = float(sums[2]) / max(float(sums[1]), 1.0)
         shares = dist.gather_objects(logprobs, env)
         if shares is None:
