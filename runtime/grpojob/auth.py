@@ -7,7 +7,8 @@ every role). The token itself is never in an environment variable, a command lin
 config, a status, an Event or a log line.
 
 A request proves it with `Authorization: Bearer <token>` (OpenAI clients send their API key so,
-so OPENAI_API_KEY=<token> works). A request without it or with another token gets 401 with the
+so OPENAI_API_KEY=<token> works); on the trainer leader also with `X-API-Key: tml-<token>`, Tinker's
+API key (the tinker SDK with api_key="tml-" + token). A request without it or with another token gets 401 with the
 body "unauthorized" and nothing else; the refusal is logged with the caller's address, never the
 token. /healthz and /readyz stay open for the kubelet; /metrics is open unless
 GRPOJOB_METRICS_AUTH is true (the operator's chart value `jobs.metricsAuth`). Every other path is
@@ -41,6 +42,7 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # kubelet probes
 METRICS_PATH = "/metrics"
 BODY = b"unauthorized"
 TOKEN_BYTES = 32  # 256 bits
+TINKER_KEY_PREFIX = "tml-"  # the token as the tinker SDK's api_key (X-API-Key), on the trainer leader
 
 
 class TokenError(RuntimeError):
@@ -106,6 +108,14 @@ class Auth:
         if scheme.lower() != "bearer":
             return False
         return hmac.compare_digest(value.strip().encode(), self.token.encode())
+
+    def accepts_api_key(self, api_key: Optional[str]) -> bool:
+        """Whether an X-API-Key header carries this token as a Tinker API key: `tml-<token>` (the
+        `tinker` SDK takes no key without that prefix; constant-time comparison)."""
+        key = (api_key or "").strip()
+        if not key.startswith(TINKER_KEY_PREFIX):
+            return False
+        return hmac.compare_digest(key[len(TINKER_KEY_PREFIX):].encode(), self.token.encode())
 
     def protects(self, path: str) -> bool:
         return path not in OPEN_PATHS and (path != METRICS_PATH or self.metrics)
@@ -199,7 +209,7 @@ def authorize_handler(handler: Any) -> bool:
     """For a BaseHTTPRequestHandler whose class carries `auth`: True when the request carries the
     token; else the 401 is sent (and logged) here and the caller returns."""
     header = handler.headers.get("Authorization")
-    if handler.auth.accepts(header):
+    if handler.auth.accepts(header) or handler.auth.accepts_api_key(handler.headers.get("X-API-Key")):
         return True
     path = handler.path.split("?")[0]
     refused(handler.client_address[0] if handler.client_address else "?", handler.command, path, _why(header))

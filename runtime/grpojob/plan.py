@@ -48,6 +48,8 @@ ENV_COLOCATED_ENGINE = "GRPOJOB_COLOCATED_ENGINE"
 TRAJECTORY_PREFIX = "/trajectories"
 # spec.mode service: the training API, on the same port (grpojob.service.app, grpojob.client).
 SERVICE_PREFIX = "/service"
+# ... and Tinker's own wire, for the `tinker` SDK (grpojob.service.tinker_api).
+TINKER_PREFIX = "/api/v1"
 ENV_CODE_DIR = CODE_DIR_ENV  # spec.code's modules (on PYTHONPATH; relative file references start here)
 ENV_SITE_DIR = "GRPOJOB_SITE_DIR"  # where spec.code.pip is installed (on PYTHONPATH)
 

@@ -21,7 +21,7 @@ from grpojob import auth as authmod
 from grpojob import prom
 from grpojob.api.status import RolloutLag, ServiceCalls, ServiceStatus, TrainerStatus
 from grpojob.metrics_names import TRAINER
-from grpojob.plan import SERVICE_PREFIX, TRAJECTORY_PREFIX
+from grpojob.plan import SERVICE_PREFIX, TINKER_PREFIX, TRAJECTORY_PREFIX
 
 log = logging.getLogger("grpojob.leader.server")
 
@@ -214,6 +214,23 @@ class _Handler(BaseHTTPRequestHandler):
                 code, doc = self.service.handle(Request(self.command, self.path, dict(self.headers), body))
         self._send(code, json.dumps(doc).encode())
 
+    def _tinker(self) -> None:
+        """Tinker's wire (grpojob.service.tinker_api): its bodies are protobuf or JSON."""
+        n = int(self.headers.get("Content-Length") or 0)
+        if self.service is None:
+            code, body, ctype = 503, json.dumps({"error": "the training service is not serving: the trainer is still "
+                                                          "loading (retry), or the job's spec.mode is not service",
+                                                 "reason": "not-serving"}).encode(), "application/json"
+        elif n > self.service.max_body_bytes:
+            code, body, ctype = 413, json.dumps({"error": f"body of {n} bytes, more than "
+                                                          f"{self.service.max_body_bytes}", "reason": "too-large"}
+                                                ).encode(), "application/json"
+            self.close_connection = True
+        else:
+            data = self.rfile.read(n) if self.command == "POST" else b""
+            code, body, ctype = self.service.tinker.handle(self.command, self.path, dict(self.headers), data)
+        self._send(code, body, ctype)
+
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?")[0]
         if not self._allowed(path):
@@ -222,6 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._trajectories()
         elif path.startswith(SERVICE_PREFIX + "/"):
             self._service()
+        elif path.startswith(TINKER_PREFIX + "/"):
+            self._tinker()
         elif path == "/healthz":
             self._send(200, b'{"ok": true}')
         elif path == "/status":
@@ -239,6 +258,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._trajectories()
         elif path.startswith(SERVICE_PREFIX + "/"):
             self._service()
+        elif path.startswith(TINKER_PREFIX + "/"):
+            self._tinker()
         elif path == "/suspend":
             log.info("suspend requested over HTTP")
             self.board.suspend_requested.set()

@@ -16,6 +16,9 @@ every rank computes it (service_ops), so torchrun's ranks serve as one trainer. 
 touch no training state: they are answered in their HTTP thread at once, concurrently with
 training (sample through the rollout servers, on the rollout manager's loop).
 
+The same calls are served in Tinker's own wire under /api/v1 for the `tinker` SDK
+(service.tinker_api, the token as the API key `tml-<token>`): they join the same queue.
+
 Suspension (POST /suspend, SIGTERM) ends serving: queued calls get 503, the trainer checkpoints
 and exits with phase suspended; a restart resumes from that checkpoint.
 """
@@ -42,6 +45,7 @@ from grpojob.leader.rollout_client import RolloutError
 from grpojob.api.rollout import SamplingParams
 from grpojob.learner import dist
 from grpojob.service.ops import ServiceOps
+from grpojob.service.tinker_api import TinkerAPI
 from grpojob.service.wire import ROUTES, Limits, Refused, parse, tokens_of
 from grpojob.service.versions import IssuedVersions
 
@@ -80,6 +84,7 @@ class TrainingService:
         self._current: Optional[_Call] = None
         self.stopping = False
         self.published = self.tr.version  # the version the rollout servers were given (set in serve)
+        self.tinker = TinkerAPI(self)  # Tinker's own wire under /api/v1 (service.tinker_api)
 
     # ---- rank 0: HTTP threads -------------------------------------------------------------------------
     def handle(self, request: "Request") -> tuple[int, dict[str, Any]]:
@@ -107,8 +112,12 @@ class TrainingService:
 
     def submit(self, route: str, req: Optional[BaseModel]) -> dict[str, Any]:
         """Queue a training call and wait for its answer (Refused when it was refused)."""
+        return self.enqueue(route, req).result()
+
+    def enqueue(self, route: str, req: Optional[BaseModel]) -> "concurrent.futures.Future[dict]":
+        """Queue a training call (calls run in the order they were queued); its answer's future."""
         if isinstance(req, LoadStateRequest):
-            req = LoadStateRequest(path=str(self._checkpoint(req.path)))
+            req = req.model_copy(update={"path": str(self._checkpoint(req.path))})
         call = _Call(route, req, concurrent.futures.Future())
         with self._lock:
             if self.stopping:
@@ -116,7 +125,7 @@ class TrainingService:
                               "a restart resumes from that checkpoint", "stopping")
             self.calls.put(call)
         self._queued()
-        return call.answer.result()
+        return call.answer
 
     def _checkpoint(self, path: str) -> Path:
         """A checkpoint of this job: a path save_state returned, its directory name, or the name
@@ -252,6 +261,8 @@ class TrainingService:
             before = tr.version
             run.checkpoints.load(Path(req.path))
             tr.optimizer.zero_grad(set_to_none=True)
+            if not req.optimizer:  # the weights only: Adam's moments start afresh
+                tr.optimizer.state.clear()
             self.ops.pending = 0
             if tr.version <= before:  # a version names one set of weights: never hand one out twice
                 tr.version = self.versions.issue(before)

@@ -57,7 +57,7 @@ def parse(route: str, method: str, body: bytes, limits: Limits) -> Optional[Base
         req = model.model_validate_json(body or b"{}")
     except ValidationError as e:
         raise Refused(400, describe(e)) from None
-    _check_limits(req, limits)
+    check_limits(req, limits)
     return req
 
 
@@ -67,7 +67,8 @@ def _vocab(ids: list[int], vocab: int, where: str) -> None:
             raise Refused(400, f"{where}[{i}]: {t} is outside the vocabulary ({vocab} tokens)")
 
 
-def _check_limits(req: BaseModel, lim: Limits) -> None:
+def check_limits(req: BaseModel, lim: Limits) -> None:
+    """The job's own limits (the vocabulary, training.microBatchTokens) on a validated request."""
     if isinstance(req, ForwardBackwardInput):
         for i, d in enumerate(req.data):
             ids = d.model_input.to_ints()
