@@ -209,6 +209,13 @@ def checkpoint_claim_template(job: GRPOJob) -> Optional[dict[str, Any]]:
 CLAIM_RETENTION = {"whenDeleted": "Delete", "whenScaled": "Retain"}
 
 
+def dataset_secrets(job: GRPOJob) -> list[str]:
+    """The Secrets named by spec.dataset.credentialsSecret and the evaluation set's, once each: only
+    the trainer reads data, so only its container gets them."""
+    sets = [job.spec.dataset] + ([job.spec.evaluation.dataset] if job.spec.evaluation is not None else [])
+    return list(dict.fromkeys(d.credentials_secret for d in sets if d.credentials_secret))
+
+
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
                         owner: Optional[dict[str, Any]], engine: Optional[plan.Role] = None) -> Manifest:
     """`engine`: the rollout role of placement colocated, in each trainer pod (colocated.py)."""
@@ -230,6 +237,9 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                            "periodSeconds": 10, "failureThreshold": 3},
     })
+    secrets = dataset_secrets(job)
+    if secrets:  # the datasets' credentials: every key of each Secret a variable (docs/data.md)
+        container["envFrom"] = [{"secretRef": {"name": name}} for name in secrets]
     pod = pods.pod_spec(w, container, volumes, plan.TRAINER_GRACE_SECONDS, gang.scheduler(job),
                         pods.init_containers(role, container))
     if engine is not None and not shared:

@@ -6,16 +6,34 @@ from typing import Literal, Optional
 
 from pydantic import ValidationInfo, field_validator, model_validator
 
-from grpojob.api import arguments, plugins
+from grpojob.api import arguments, data_url, names, plugins
 from grpojob.api.base import FreeForm, Model, deferring, field, invalid_all
 
 MAX_PASS_AT = 16  # values of evaluation.passAt
+MAX_SHUFFLE_BUFFER = 1_000_000  # rows held (and checkpointed) by a streamed dataset's shuffle buffer
 
 
 class DatasetSpec(Model):
-    path: Optional[str] = field(None, description="Local data: a .jsonl, .json, .csv or .parquet file, a glob "
-                                "of such files (loaded with datasets.load_dataset), or a `datasets` directory "
-                                "saved with save_to_disk. Exactly one of path, factory and class.")
+    path: Optional[str] = field(None, description="Where the rows are (docs/data.md): a .jsonl, .json, .csv or "
+                                ".parquet file or a glob of such files, local or at a URL (s3://, gs://, az://, "
+                                "abfs://, https://, hf://datasets/<org>/<name>/<file or glob>), a `datasets` "
+                                "directory saved with save_to_disk, or a Hub dataset by name "
+                                "(hf://datasets/<org>/<name>[@revision], with config and split). Exactly one of "
+                                "path, factory and class.", max_length=4096)
+    config: Optional[str] = field(None, description="A Hub dataset's configuration (subset), e.g. main for "
+                                  "hf://datasets/openai/gsm8k; only with a Hub dataset by name.", max_length=256)
+    split: Optional[str] = field(None, description="A Hub dataset's split (default train); only with a Hub dataset "
+                                 "by name (files are one split).", max_length=256)
+    streaming: bool = field(False, description="Read the rows lazily (datasets streaming) instead of loading them "
+                            "all: for a dataset larger than memory. Its position, shuffle buffer included, is part "
+                            "of each checkpoint, so a resumed run reads on where it stopped. Only with path.")
+    shuffle_buffer: int = field(1000, ge=1, le=MAX_SHUFFLE_BUFFER, description="With streaming and shuffle: rows "
+                                "held in the seeded shuffle buffer (a draw picks one of them at random); larger "
+                                "mixes more and makes each checkpoint larger.")
+    credentials_secret: Optional[names.ObjectName] = field(
+        None, description="On a cluster: the name of a Secret in the job's namespace whose keys become environment "
+        "variables of the trainer pods (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, HF_TOKEN): the credentials "
+        "that the path's store reads. grpojob run uses your own environment.")
     factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or a reference "
                                    "('module:function' or 'path/to/file.py:function') called with args and "
                                    "returning an iterable of dict rows.",
@@ -31,6 +49,10 @@ class DatasetSpec(Model):
     prompt_field: str = field("prompt", description="Row field holding the prompt text.")
     messages_field: Optional[str] = field(None, description="Row field holding chat messages "
                                           "(list of {role, content}); used instead of promptField.")
+    prompt_template: Optional[str] = field(None, description="Text around each prompt, with {prompt} where the "
+                                           "row's promptField goes, e.g. \"{prompt} Let's think step by step and "
+                                           "output the final answer after '####'.\" (applied before the chat "
+                                           "template; not to messagesField rows).", max_length=4096)
     answer_field: str = field("answer", description="Row field holding the reference answer given to rewards.")
     max_prompt_length: int = field(512, ge=1, description="Prompts longer than this many tokens are dropped.")
     shuffle: bool = field(True, description="Shuffle rows each epoch (seeded by training.seed).")
@@ -52,6 +74,7 @@ class DatasetSpec(Model):
         problems = []
         if sum(x is not None for x in (self.path, self.factory, self.class_)) != 1:
             problems.append(("", "set exactly one of path, factory and class"))
+        problems += self._location_problems()
         builtin = arguments.BUILTIN_DATASETS.get(self.factory or "")
         if builtin is not None:  # a plug-in's args are bound when it is imported (validate.check_plugins)
             problems += [(f"args{sub}", msg) for sub, msg in
@@ -59,6 +82,27 @@ class DatasetSpec(Model):
         if problems:
             raise invalid_all(problems)
         return self
+
+    def _location_problems(self) -> list[tuple[str, str]]:
+        """The path's URL, and the fields that only some locations take (static: no I/O)."""
+        problems: list[tuple[str, str]] = []
+        url = None
+        if self.path is not None:
+            try:
+                url = data_url.parse(self.path)
+            except ValueError as e:
+                problems.append(("path", str(e)))
+        by_name = url is not None and url.by_name
+        for name, value in (("config", self.config), ("split", self.split)):
+            if value is not None and not by_name:
+                problems.append((name, "applies to a Hub dataset by name (path hf://datasets/<org>/<name>) only"))
+        if by_name and self.format != "auto":
+            problems.append(("format", "a Hub dataset by name has its own format: leave format auto"))
+        if self.prompt_template is not None and "{prompt}" not in self.prompt_template:
+            problems.append(("promptTemplate", "has no {prompt}: say where the row's prompt goes"))
+        if self.streaming and self.path is None:
+            problems.append(("streaming", "reads a path: a factory or class gives its rows itself"))
+        return problems
 
 
 class SamplingSpec(Model):

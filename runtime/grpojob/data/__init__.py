@@ -1,6 +1,8 @@
-"""Datasets: local files (jsonl, json, csv, parquet, globs of them, a `datasets` save_to_disk dir),
-built-ins, a factory (`module:function`) or a dataset class (`module:Class`); prompts rendered (chat
-template when asked) and tokenized once; then a deterministic, resumable stream of prompts.
+"""Datasets: files (jsonl, json, csv, parquet, globs of them, a `datasets` save_to_disk dir), local
+or at a URL, or a Hub dataset by name (grpojob.data.sources), read whole or streamed
+(grpojob.data.streaming); built-ins, a factory (`module:function`) or a dataset class
+(`module:Class`); prompts rendered (chat template when asked) and tokenized once; then a
+deterministic, resumable stream of prompts.
 
 A factory is called with spec.dataset.args and returns an iterable of dict rows (a list, a
 generator, a `datasets.Dataset`). A dataset class is constructed with the args, then
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import inspect
+import itertools
 import json
 import logging
 import random
@@ -19,9 +22,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Optional
 
-from grpojob.api import plugins
+from grpojob.api import data_url, plugins
 from grpojob.api.spec import DatasetSpec, GRPOJobSpec
 from grpojob.api.rollout import Sample
+from grpojob.data import sources
 from grpojob.data.builtin import DATASETS
 
 log = logging.getLogger("grpojob.data")
@@ -35,7 +39,6 @@ _FACTORY_CONTRACT = ("a dataset factory must return an iterable of dict rows, e.
                      "'answer': ...}, ...] (a list, a generator or a datasets.Dataset); a factory that writes "
                      "a file should return its rows, or write it once and set spec.dataset.path instead")
 _CLASS_METHODS = ("setup", "__len__", "__getitem__", "reference_answer")
-_LOADERS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}  # datasets builders
 
 
 def check_factory(fn) -> Optional[str]:
@@ -49,19 +52,6 @@ def check_class(cls) -> Optional[str]:
         return "is not a class (a dataset class with setup, __len__, __getitem__ and reference_answer is expected)"
     missing = [m for m in _CLASS_METHODS if not callable(getattr(cls, m, None))]
     return f"lacks {', '.join(missing)} (a dataset class needs {', '.join(_CLASS_METHODS)})" if missing else None
-
-
-def _format(spec: DatasetSpec, path: str, where: str) -> str:
-    if spec.format != "auto":
-        return spec.format
-    if Path(path).is_dir():
-        return "disk"
-    suffix = Path(path).suffix
-    if suffix == ".jsonl":
-        return "jsonl"
-    if suffix in _LOADERS:
-        return _LOADERS[suffix]
-    raise DatasetError(f"{where}.path: cannot tell the format of '{path}'; set {where}.format")
 
 
 def _rows_of(source: Any, where: str) -> list[dict[str, Any]]:
@@ -106,8 +96,9 @@ def _class_rows(spec: GRPOJobSpec, tokenizer: Any, field: str) -> list[dict[str,
 MESSAGES = "messages"  # a dataset class's chat item becomes this row field
 
 
-def load_rows(spec: GRPOJobSpec, tokenizer: Any = None, where: str = "spec.dataset") -> list[dict[str, Any]]:
-    """The dataset's rows as dicts (`where`: the field errors name)."""
+def load_rows(spec: GRPOJobSpec, tokenizer: Any = None, where: str = "spec.dataset",
+              limit: Optional[int] = None) -> list[dict[str, Any]]:
+    """The dataset's rows as dicts (`where`: the field errors name; limit: the first rows only)."""
     d = spec.dataset
     if d.class_:
         return _class_rows(spec, tokenizer, where)
@@ -124,32 +115,33 @@ def load_rows(spec: GRPOJobSpec, tokenizer: Any = None, where: str = "spec.datas
         except Exception as e:
             raise DatasetError(f"{what} failed: {type(e).__name__}: {e}") from e
     assert d.path is not None
-    files = sorted(glob.glob(d.path)) if glob.has_magic(d.path) else [d.path]
-    if not files or not Path(files[0]).exists():
-        why = " (no file matches)" if files == [] else ""
-        raise DatasetError(f"{where}.path: '{d.path}' does not exist{why}")
-    fmt = _format(d, files[0], where)
-    if fmt == "jsonl" and len(files) == 1:  # read here: errors name the line
+    fmt = None if data_url.is_url(d.path) else _local_format(d, where)
+    if fmt == "jsonl":  # a local jsonl file read here: errors name the line
         rows = []
-        for n, line in enumerate(Path(files[0]).read_text().splitlines(), 1):
+        for n, line in enumerate(Path(d.path).read_text().splitlines(), 1):
             if line.strip():
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise DatasetError(f"{where}.path: {files[0]}:{n}: not JSON: {e}") from None
-        return rows
-    import datasets
+                    raise DatasetError(f"{where}.path: {d.path}:{n}: not JSON: {e}") from None
+        return rows[:limit]
+    try:  # streaming: only the rows asked for are read (an evaluation set's maxPrompts)
+        ds = sources.open_dataset(d, where, streaming=d.streaming)
+        return [dict(r) for r in itertools.islice(ds, limit)]
+    except sources.SourceError as e:
+        raise DatasetError(str(e)) from e
+    except Exception as e:  # noqa: BLE001 - a streamed source fails while it is read
+        raise DatasetError(str(sources.explain(e, d.path, where))) from e
 
-    if fmt == "disk":
-        ds = datasets.load_from_disk(files[0])
-        if isinstance(ds, datasets.DatasetDict):
-            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
-        return [dict(r) for r in ds]
-    try:  # a local file or files through datasets' own builders (nothing from a hub)
-        ds = datasets.load_dataset("json" if fmt == "jsonl" else fmt, data_files=files, split="train")
-    except Exception as e:
-        raise DatasetError(f"{where}.path: cannot load {d.path} as {fmt}: {type(e).__name__}: {e}") from e
-    return [dict(r) for r in ds]
+
+def _local_format(d: DatasetSpec, where: str) -> Optional[str]:
+    """A single local file's format (None: a glob, a directory or a missing file: sources says)."""
+    if glob.has_magic(d.path) or not Path(d.path).is_file():
+        return None
+    try:
+        return sources.file_format(d, d.path, where)
+    except sources.SourceError as e:
+        raise DatasetError(str(e)) from e
 
 
 def messages_field(spec: GRPOJobSpec, row: dict[str, Any]) -> Optional[str]:
@@ -172,32 +164,49 @@ def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index:
         raise DatasetError(f"dataset row {index} has no field '{d.prompt_field}' ({where}.promptField); "
                            f"it has {sorted(row)}")
     text = str(row[d.prompt_field])
+    if d.prompt_template is not None:
+        text = d.prompt_template.replace("{prompt}", text)
     if spec.model.use_chat_template:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     return text
 
 
-def load_samples(spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset") -> list[Sample]:
-    """Every usable row, rendered and tokenized; prompts over maxPromptLength are dropped."""
-    rows = load_rows(spec, tokenizer, where)
-    samples, dropped = [], 0
-    for i, row in enumerate(rows):
-        text = render_prompt(spec, tokenizer, row, i, where)
-        templated = bool(messages_field(spec, row) or spec.model.use_chat_template)
-        ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
-        if len(ids) > spec.dataset.max_prompt_length:
-            dropped += 1
-            continue
-        if spec.dataset.answer_field != "answer" and spec.dataset.answer_field in row:
-            row = {**row, "answer": row[spec.dataset.answer_field]}  # rewards read `answer`
-        samples.append(Sample(index=i, prompt=text, prompt_ids=list(ids), row=row))
+def to_sample(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int, where: str = "spec.dataset",
+              seq: int = -1) -> Optional[Sample]:
+    """One row rendered and tokenized; None when its prompt is over maxPromptLength."""
+    text = render_prompt(spec, tokenizer, row, index, where)
+    templated = bool(messages_field(spec, row) or spec.model.use_chat_template)
+    ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
+    if len(ids) > spec.dataset.max_prompt_length:
+        return None
+    if spec.dataset.answer_field != "answer" and spec.dataset.answer_field in row:
+        row = {**row, "answer": row[spec.dataset.answer_field]}  # rewards read `answer`
+    return Sample(index=index, prompt=text, prompt_ids=list(ids), row=row, seq=seq)
+
+
+def load_samples(spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset",
+                 limit: Optional[int] = None) -> list[Sample]:
+    """Every usable row (limit: of the first rows), rendered and tokenized; prompts over
+    maxPromptLength are dropped."""
+    rows = load_rows(spec, tokenizer, where, limit)
+    samples = [s for s in (to_sample(spec, tokenizer, row, i, where) for i, row in enumerate(rows)) if s is not None]
+    dropped = len(rows) - len(samples)
     if dropped:
         log.info("dropped prompts longer than maxPromptLength", extra={"dropped": dropped, "kept": len(samples)})
     if not samples:
         raise DatasetError(f"no usable prompts: {len(rows)} rows, {dropped} longer than "
                            f"{where}.maxPromptLength ({spec.dataset.max_prompt_length})")
     return samples
+
+
+def prompt_stream(spec: GRPOJobSpec, tokenizer: Any):
+    """The job's prompt stream: the rows read lazily (spec.dataset.streaming) or all loaded."""
+    if spec.dataset.streaming:
+        from grpojob.data.streaming import StreamingPrompts
+
+        return StreamingPrompts(spec, tokenizer)
+    return PromptStream(spec, tokenizer)
 
 
 class PromptStream:
@@ -240,4 +249,7 @@ class PromptStream:
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        if state.get("streaming"):
+            raise DatasetError("spec.dataset.streaming: the checkpoint was written by a run that streamed the "
+                               "dataset; resume it with streaming true (or start a new run)")
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

@@ -62,7 +62,9 @@ class Evaluator:
         assert ev is not None, "spec.evaluation is not set"
         view = evaluation_spec(spec)
         self.settings, self.seed, self.generator = ev, spec.training.seed, generator
-        self.samples: list[Sample] = load_samples(view, tokenizer, WHERE)[:ev.max_prompts]
+        # a streamed set: only the rows maxPrompts asks for are read (docs/data.md)
+        limit = ev.max_prompts if view.dataset.streaming else None
+        self.samples: list[Sample] = load_samples(view, tokenizer, WHERE, limit)[:ev.max_prompts]
         self.workflow = workflows.build(view, tokenizer)
         self.scorer = RewardScorer(view, tokenizer)
         self.concurrency = concurrency

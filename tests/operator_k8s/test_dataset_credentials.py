@@ -1,0 +1,34 @@
+"""spec.dataset.credentialsSecret on a cluster (docs/data.md): the Secret's keys become variables of
+the trainer container only (envFrom), never of the rollout servers; every manifest stays valid."""
+from __future__ import annotations
+
+from grpojob.api import parse
+from grpojob_operator import children
+from tests.helpers.k8s_schema import validate_all
+
+from .conftest import job_manifest
+
+OWNER = children.owner_reference("j", "0f6c2c35-2d1b-4ad0-9d43-0a1b2c3d4e5f")
+
+
+def _containers(objs, kind):
+    return [c for o in objs if o["kind"] == kind for c in o["spec"]["template"]["spec"]["containers"]]
+
+
+def test_the_dataset_secrets_reach_the_trainer_container_only():
+    doc = job_manifest("j")
+    doc["spec"]["dataset"] = {"path": "s3://bucket/train.parquet", "credentialsSecret": "s3-reader",
+                              "maxPromptLength": 64}
+    doc["spec"]["evaluation"] = {"dataset": {"path": "gs://other/test.jsonl", "credentialsSecret": "gcs-reader",
+                                                 "maxPromptLength": 64}}
+    objs = children.build(parse(doc), namespace="ml", owner=OWNER)
+    [trainer] = _containers(objs, "StatefulSet")
+    assert trainer["envFrom"] == [{"secretRef": {"name": "s3-reader"}}, {"secretRef": {"name": "gcs-reader"}}]
+    assert all("envFrom" not in c for c in _containers(objs, "Deployment"))
+    validate_all(objs)
+    # the same Secret for both: named once; none: no envFrom at all
+    doc["spec"]["evaluation"]["dataset"]["credentialsSecret"] = "s3-reader"
+    [trainer] = _containers(children.build(parse(doc), namespace="ml", owner=OWNER), "StatefulSet")
+    assert trainer["envFrom"] == [{"secretRef": {"name": "s3-reader"}}]
+    [plain] = _containers(children.build(parse(job_manifest("j")), namespace="ml", owner=OWNER), "StatefulSet")
+    assert "envFrom" not in plain
