@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GRPOTrainer": "grpojob.learner.trainer",
-    "Callback": "grpojob.leader.callbacks",
+    "Callback": "grpojob.api.contracts",
     "Algorithm": "grpojob.algorithms",
 }
 __all__ = ["__version__", *_LAZY]

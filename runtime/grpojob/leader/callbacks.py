@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from grpojob.api import GRPOJob, plugins
+from grpojob.api.contracts import Callback
 
 log = logging.getLogger("grpojob.trainer")
 
@@ -27,31 +28,12 @@ WANDB_DIR = "wandb"
 MLRUNS_DIR = "mlruns"
 
 
-class Callback:
-    """Base class of user callbacks (every method optional to override)."""
-
-    def on_step_end(self, record) -> None:
-        """After each step; `record` is the StepRecord (record.scalars() flattens its numbers)."""
-
-    def on_checkpoint(self, step: int, path: Path) -> None:
-        """After the checkpoint of `step` was committed at `path` (a torch.distributed.checkpoint
-        directory; `grpojob export PATH OUT` makes a Hugging Face model of it). Saves are written
-        in the background: this comes on the loop's thread at the first step boundary after."""
-
-    def on_evaluation(self, record) -> None:
-        """After an evaluation of the policy of `record.step` (grpojob.leader.evaluation.EvalRecord;
-        record.scalars() names its numbers eval/...)."""
-
-    def close(self) -> None:
-        """The run ended (completed, suspended or failed)."""
-
-
 def check_class(cls) -> Optional[str]:
     if not inspect.isclass(cls):
         return "is not a class (a callback class with on_step_end and on_checkpoint is expected)"
     missing = [m for m in ("on_step_end", "on_checkpoint") if not callable(getattr(cls, m, None))]
     if missing:
-        return f"lacks {' and '.join(missing)} (subclass grpojob.leader.callbacks.Callback)"
+        return f"lacks {' and '.join(missing)} (subclass grpojob.Callback)"
     return None
 
 

@@ -19,13 +19,13 @@ import os
 import threading
 import time
 import uuid
-from typing import Optional, Protocol
+from typing import Optional
 
 from torch.distributed import DistError
 
 from grpojob.sync import placement
 from grpojob.sync.credentials import Credentials, Forged
-from grpojob.sync.placement import Endpoint
+from grpojob.api.contracts import WeightSink
 from grpojob.sync.protocol import DISK, WeightSyncError, connect, door, set_json, wait_key
 
 log = logging.getLogger("grpojob.sync")
@@ -35,19 +35,6 @@ HOT_SECONDS = 120.0  # after a command, poll for the next one often (HOT_POLL) f
 # small model over cuda-ipc takes a few ms, so poll every 0.5 ms there (a store round trip of about
 # 30 us each: a few % of one of a GPU node's cores); a CPU engine keeps its cores.
 HOT_POLL_SECONDS = {"cuda": 0.0005, "cpu": 0.005}
-
-
-class WeightSink(Protocol):
-    """What the agent loads weights into (the rollout engine). Both calls block until the new
-    weights serve requests, and switch the engine's policy version together with the weights.
-    `last_pause_seconds`: how long the last load kept generation from running (None: unknown)."""
-    last_pause_seconds: Optional[float]
-
-    def endpoints(self) -> list[Endpoint]: ...  # one per receiving process (vLLM: one per worker)
-
-    def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None: ...
-
-    def load_dir(self, path: str, version: int, weights: str) -> None: ...
 
 
 class SyncAgent:
