@@ -181,3 +181,51 @@ def test_a_web_url_is_read_through_fsspec(tmp_path, tokenizer):
             load_samples(spec_with(path=url.replace("train", "missing")), tokenizer)
     finally:
         server.shutdown()
+
+
+_HUB_PROBE = """
+import sys
+from grpojob.api import parse
+from grpojob.data import DatasetError, load_samples
+from grpojob.tiny import build_tokenizer
+try:
+    load_samples(parse(__import__("json").loads(sys.argv[1])).spec, build_tokenizer(512), limit=3)
+except DatasetError as e:
+    print(e)
+"""
+
+
+@pytest.mark.parametrize("dataset,env", [
+    (dict(path="hf://datasets/openai/gsm8k", config="main", streaming=True), {"HF_HUB_OFFLINE": "1"}),
+    (dict(path="hf://datasets/openai/gsm8k/main/train-*.parquet"), {"HF_ENDPOINT": "closed"}),
+], ids=["by-name-offline", "files-unreachable"])
+def test_a_hub_dataset_that_cannot_be_reached_is_said_at_the_start_with_the_field(dataset, env, tmp_path):
+    """No network here: the Hub path runs through datasets and huggingface_hub up to the request,
+    and the failure is the trainer's clear refusal (the Hub itself is not reached: docs/data.md)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: (f"http://127.0.0.1:{_closed_port()}" if v == "closed" else v) for k, v in env.items()}
+    r = subprocess.run([sys.executable, "-c", _HUB_PROBE, json.dumps(doc_with(**dataset))], capture_output=True,
+                       text=True, timeout=120, env={**os.environ, "HF_HOME": str(tmp_path / "hf"), **env})
+    assert r.stdout.startswith(f"spec.dataset.path: cannot reach '{dataset['path']}'"), r.stdout + r.stderr[-2000:]
+    assert "check the trainer's network" in r.stdout
+
+
+def test_the_gsm8k_example_reads_gsm8k_by_url_and_evaluates_on_its_test_split(tokenizer):
+    from pathlib import Path
+
+    from grpojob.api import load_file
+    from grpojob.data import render_prompt
+
+    job = parse(load_file(Path(__file__).resolve().parents[2] / "examples" / "qwen-gsm8k.yaml"))
+    d, ev = job.spec.dataset, job.spec.evaluation
+    assert (d.path, d.config, d.split, d.streaming) == ("hf://datasets/openai/gsm8k", "main", "train", True)
+    assert (ev.dataset.path, ev.dataset.config, ev.dataset.split) == ("hf://datasets/openai/gsm8k", "main", "test")
+    assert "math_exact" in [r.name for r in job.spec.rewards]
+    row = {"question": "Natalia sold 48 clips. How many?", "answer": "48 #### 48"}
+    plain = job.spec.model_copy(update={"model": job.spec.model.model_copy(update={"use_chat_template": False})})
+    assert render_prompt(plain, tokenizer, row, 0) == (
+        "Natalia sold 48 clips. How many?\nLet's think step by step and output the final answer after \"####\".")

@@ -58,6 +58,8 @@ def file_format(spec: DatasetSpec, path: str, where: str) -> str:
                       f"(jsonl, json, csv, parquet or disk)")
 
 
+_UNREACHABLE = ("couldn't reach", "connection refused", "connecterror", "name resolution", "name or service not known",
+                "timed out", "offlinemode", "network is unreachable")
 _MISSING = ("filenotfound", "notfound", "nosuchkey", "nosuchbucket", "unable to find", "404 not found",
             "data_files are invalid", "doesn't exist on the hub", "does not exist")
 _DENIED = ("credential", "permission", "unauthenticated", "unauthorized", "forbidden", "accessdenied",
@@ -72,6 +74,9 @@ def explain(e: BaseException, path: str, where: str) -> SourceError:
     said = str(e).split("\n\nDebug source:")[0].strip()
     said = f"{type(e).__name__}: {said[:800]}{' ...' if len(said) > 800 else ''}"
     words = said.lower()
+    if any(w in words for w in _UNREACHABLE):
+        return SourceError(f"{where}.path: cannot reach '{path}': {said} -- check the trainer's network (and "
+                           f"AWS_ENDPOINT_URL or HF_ENDPOINT, if set; HF_HUB_OFFLINE)")
     if any(w in words for w in _MISSING):
         return SourceError(f"{where}.path: '{path}' does not exist (no object or file matches, or its bucket is "
                            f"missing): {said}")
