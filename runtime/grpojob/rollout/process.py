@@ -58,7 +58,8 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
     """Serve until SIGTERM/SIGINT, the parent's death (exit 0) or the engine's failure (exit 1,
     with plugins.ENGINE_FAILED and the engine's error as the termination message)."""
     engine = engines.build(backend, spec)
-    server = Server(spec, engine, replica=replica, auth=auth, trajectory_url=trajectory_url)
+    server = Server(engine, model_path=spec.model.path, sampling=spec.rollout.sampling, replica=replica, auth=auth,
+                    trajectory_url=trajectory_url)
     runner = web.AppRunner(server.app(), access_log=None, shutdown_timeout=HTTP_DRAIN_SECONDS)
     await runner.setup()
     site = web.TCPSite(runner, bind_host(advertise), port)
@@ -92,7 +93,7 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
 
 async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str], url: str,
                checkpoint_dir: Optional[str]) -> int:
-    engine, replica, spec = server.engine, server.replica, server.spec
+    engine, replica = server.engine, server.replica
     starting = asyncio.ensure_future(engine.start())
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
@@ -113,7 +114,7 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
     if sync_addr:
         from grpojob.sync.agent import SyncAgent
 
-        server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=spec.model.path,
+        server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=server.model_path,
                                  checkpoint_dir=checkpoint_dir, token=server.auth.token).start()
     log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)
     while not stop.is_set():

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grpojob.auth import Auth, app_key, middleware
 from grpojob.failures import describe
-from grpojob.api.spec import GRPOJobSpec
+from grpojob.api.data import SamplingSpec
 from grpojob.metrics_names import ROLLOUT
 from grpojob.rollout import engine as engines
 from grpojob.rollout import openai_api as oai
@@ -70,18 +70,20 @@ class GenerateIn(BaseModel):
 class Server:
     """HTTP front of one engine (and its sync agent)."""
 
-    def __init__(self, spec: GRPOJobSpec, engine, *, replica: str, auth: Auth, agent=None,
-                 trajectory_url: Optional[str] = None):
+    def __init__(self, engine, *, model_path: str, sampling: SamplingSpec, replica: str, auth: Auth,
+                 agent=None, trajectory_url: Optional[str] = None):
+        """model_path: the model the engine starts from (version 0); sampling: spec.rollout.sampling,
+        the defaults of a request that gives none."""
         from prometheus_client import CollectorRegistry
 
         from grpojob import prom
 
-        self.spec = spec
+        self.model_path, self.sampling = model_path, sampling
         self.engine = engine
         self.agent = agent
         self.replica = replica
         self.auth = auth
-        self.model_name = os.path.basename(os.path.normpath(spec.model.path)) or spec.model.path
+        self.model_name = os.path.basename(os.path.normpath(model_path)) or model_path
         self.started = False
         self.start_error: Optional[str] = None
         self.metrics = prom.build(ROLLOUT, CollectorRegistry())
@@ -111,7 +113,7 @@ class Server:
         if self.start_error:
             return f"engine failed to start: {self.start_error}"
         if not self.started:
-            return f"{self.engine.backend} engine is loading {self.spec.model.path}"
+            return f"{self.engine.backend} engine is loading {self.model_path}"
         dead = self.broken()
         if dead:
             return dead
@@ -218,7 +220,7 @@ class Server:
                                f"older than the required {body.min_version}", "stale",
                                policy_version=self.engine.version)
         s = body.sampling
-        sampling = SamplingParams.from_spec(self.spec.rollout.sampling) if s is None else \
+        sampling = SamplingParams.from_spec(self.sampling) if s is None else \
             SamplingParams(s.temperature, s.top_p, s.top_k, s.max_tokens, s.seed)
         try:
             out = await self._run(body.prompt_ids, body.n, sampling)
@@ -252,9 +254,9 @@ class Server:
         except agent_sessions.SessionError as e:
             return self._session_error(e)
         prompts = [prompt.ids] if prompt else body.prompts(tok)
-        sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
+        sampling = body.sampling(self.sampling.max_tokens)
         if capture:
-            sampling = capture.sampling(sampling, self.spec.rollout.sampling)
+            sampling = capture.sampling(sampling, self.sampling)
         try:
             results = await asyncio.gather(*(self._run(p, body.n, sampling) for p in prompts))
         except _Refused as e:
@@ -278,9 +280,9 @@ class Server:
             return self._session_error(e)
         except Exception as e:  # a template that rejects these messages
             return self._error(400, f"messages: cannot apply the chat template: {e}", "bad_request", openai=True)
-        sampling = body.sampling(self.spec.rollout.sampling.max_tokens)
+        sampling = body.sampling(self.sampling.max_tokens)
         if capture:
-            sampling = capture.sampling(sampling, self.spec.rollout.sampling)
+            sampling = capture.sampling(sampling, self.sampling)
         try:
             group = await self._run(prompt, body.n, sampling)
         except _Refused as e:
