@@ -165,6 +165,9 @@ def test_a_training_step_round_trips(service):
     assert moved.metrics["loss:sum"] != pytest.approx(after.metrics["loss:sum"])
     loaded = training.load_state(saved.path).result()
     assert loaded.step == saved.step and loaded.policy_version == version + 3  # versions never repeat
+    assert len(run.trainer.optimizer.state) == 0  # Tinker's load_state: the weights, a fresh optimizer
+    training.load_state_with_optimizer(saved.path).result()
+    assert len(run.trainer.optimizer.state) > 0
     restored = training.forward(data, "importance_sampling").result()
     assert restored.metrics["loss:sum"] == pytest.approx(after.metrics["loss:sum"], rel=1e-5)
 

@@ -2,7 +2,7 @@
 builds, shaped after Tinker's (`Datum`, `ModelInput`, `TensorData`, `AdamParams`,
 `SamplingParams`, `ForwardBackwardOutput`, ...), so a Tinker training loop ports by changing its
 imports. The same models validate requests in the client (an error before anything is sent) and in
-the trainer (grpojob.service.wire adds the job's limits). Pydantic only: no torch, no numpy.
+the trainer (grpojob.service.wire adds the job's limits). Pydantic only: no torch or numpy at import (TensorData's conversions import them when called).
 
 A datum follows Tinker's alignment: position i of `model_input` predicts `target_tokens[i]`, and
 every loss input has one value per model_input token. Losses are sums over tokens (scale
@@ -105,6 +105,28 @@ class TensorData(Wire):
     def tolist(self) -> list:
         return list(self.data)
 
+    @classmethod
+    def from_numpy(cls, array: Any) -> "TensorData":
+        """A 1-D numpy array: integers as int64, floats as float32 (Tinker's TensorData.from_numpy)."""
+        import numpy as np
+        array = np.asarray(array)
+        if array.ndim != 1:
+            raise ValueError(f"a {array.ndim}-D array: only 1-D tensors are taken")
+        return cls.from_list(array.tolist(), "int64" if np.issubdtype(array.dtype, np.integer) else "float32")
+
+    @classmethod
+    def from_torch(cls, tensor: Any) -> "TensorData":
+        """A 1-D torch tensor (any device), as from_numpy."""
+        return cls.from_numpy(tensor.detach().cpu().numpy())
+
+    def to_numpy(self) -> Any:
+        import numpy as np
+        return np.asarray(self.data, dtype=np.int64 if self.dtype == "int64" else np.float32)
+
+    def to_torch(self) -> Any:
+        import torch
+        return torch.as_tensor(self.to_numpy())
+
 
 def _fields(values: list, dtype: str) -> dict[str, Any]:
     """TensorData's fields for a plain list: floats made float (an int logprob is fine), int64
@@ -192,15 +214,16 @@ class ForwardBackwardInput(Wire):
 
 
 class AdamParams(Wire):
-    """One optimizer step's settings. Unset betas, eps and weight decay keep the optimizer's
-    (training.weightDecay, AdamW's betas 0.9/0.999 and eps 1e-8 unless a call set others);
-    grad_clip_norm unset clips at training.gradClip, 0 does not clip."""
-    learning_rate: float = Field(gt=0, le=1)
-    beta1: Optional[float] = Field(None, ge=0, lt=1)
-    beta2: Optional[float] = Field(None, ge=0, lt=1)
-    eps: Optional[float] = Field(None, gt=0)
-    weight_decay: Optional[float] = Field(None, ge=0)
-    grad_clip_norm: Optional[float] = Field(None, ge=0)
+    """One optimizer step's settings, with Tinker's defaults (learning rate 1e-4, betas 0.9/0.95,
+    eps 1e-12, no weight decay, grad_clip_norm 0: no clipping). None keeps the optimizer's own
+    (training.weightDecay, AdamW's betas 0.9/0.999 and eps 1e-8 unless a call set others), and
+    grad_clip_norm None clips at training.gradClip."""
+    learning_rate: float = Field(1e-4, gt=0, le=1)
+    beta1: Optional[float] = Field(0.9, ge=0, lt=1)
+    beta2: Optional[float] = Field(0.95, ge=0, lt=1)
+    eps: Optional[float] = Field(1e-12, gt=0)
+    weight_decay: Optional[float] = Field(0.0, ge=0)
+    grad_clip_norm: Optional[float] = Field(0.0, ge=0)
 
 
 class OptimStepRequest(Wire):

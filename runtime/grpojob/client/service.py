@@ -71,7 +71,9 @@ class _HTTP:
         self.timeout = timeout
 
     def call(self, route: str, body: Optional[BaseModel], out: type[M]) -> M:
-        data = body.model_dump_json(exclude_none=True).encode() if body is not None else None
+        # what the caller set, None included (AdamParams: None keeps the optimizer's own); the rest
+        # takes the same defaults on the service's side
+        data = body.model_dump_json(exclude_unset=True).encode() if body is not None else None
         req = urllib.request.Request(self.base + route, data=data, headers=self.headers,
                                      method="POST" if body is not None else "GET")
         try:
@@ -183,7 +185,11 @@ class TrainingClient:
         return self._submit("/save_state", SaveStateRequest(name=name), SaveStateResponse)
 
     def load_state(self, path: str) -> APIFuture[LoadStateResponse]:
-        """Weights and optimizer state from a save_state path (Tinker's load_state_with_optimizer)."""
+        """The weights of a save_state path; the optimizer's state starts afresh (Tinker's load_state)."""
+        return self._submit("/load_state", LoadStateRequest(path=path, optimizer=False), LoadStateResponse)
+
+    def load_state_with_optimizer(self, path: str) -> APIFuture[LoadStateResponse]:
+        """The weights and the optimizer's state of a save_state path."""
         return self._submit("/load_state", LoadStateRequest(path=path), LoadStateResponse)
 
     def get_info(self) -> ServiceInfo:
@@ -210,6 +216,9 @@ class TrainingClient:
 
     async def load_state_async(self, path: str) -> APIFuture[LoadStateResponse]:
         return self.load_state(path)
+
+    async def load_state_with_optimizer_async(self, path: str) -> APIFuture[LoadStateResponse]:
+        return self.load_state_with_optimizer(path)
 
 
 class SamplingClient:
