@@ -180,6 +180,19 @@ def test_every_call_of_a_tinker_loop_is_served_or_refused_by_name(job):
     assert len(fresh.sample(types.ModelInput.from_ints(prompt), 2, types.SamplingParams(max_tokens=2)
                             ).result().sequences) == 2
 
+    # /status counts the calls as it counts the /service ones
+    ops = run.loop.board.snapshot()["service"]["ops"]
+    assert (ops["optim_step"]["calls"], ops["optim_step"]["refused"]) == (2, 0)
+    assert ops["sample"]["refused"] == 2 and ops["sample"]["calls"] >= 5 and ops["sample"]["tokens"] > 0
+    assert ops["forward_backward"]["refused"] == 1 and ops["forward"]["calls"] >= 8
+
+    # RestClient: the job's one model; what a GRPOJob keeps elsewhere is refused by route
+    rest = tinker.RestClient(base_url=url, api_key="tml-" + TOKEN)
+    (only,) = rest.get_server_capabilities().result().supported_models
+    assert (only.model_name, only.trainable, only.sampleable) == (model, True, True)
+    with pytest.raises(Exception, match="not served by a GRPOJob"):
+        rest.list_checkpoints(training.model_id).result()
+
     # the job's token is the API key; another key is refused
     with pytest.raises(tinker.AuthenticationError):
         tinker.ServiceClient(base_url=url, api_key="tml-wrong").create_lora_training_client(

@@ -2,7 +2,8 @@
 builds, shaped after Tinker's (`Datum`, `ModelInput`, `TensorData`, `AdamParams`,
 `SamplingParams`, `ForwardBackwardOutput`, ...), so a Tinker training loop ports by changing its
 imports. The same models validate requests in the client (an error before anything is sent) and in
-the trainer (grpojob.service.wire adds the job's limits). Pydantic only: no torch or numpy at import (TensorData's conversions import them when called).
+the trainer (grpojob.service.wire adds the job's limits). Pydantic only: no torch or numpy at
+import (TensorData's conversions import them when called).
 
 A datum follows Tinker's alignment: position i of `model_input` predicts `target_tokens[i]`, and
 every loss input has one value per model_input token. Losses are sums over tokens (scale

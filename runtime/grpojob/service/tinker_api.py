@@ -24,6 +24,7 @@ import concurrent.futures
 import json
 import logging
 import os
+import time
 import uuid
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Optional
@@ -35,7 +36,7 @@ from grpojob.api.service import (AdamParams, Datum, ForwardBackwardInput, LoadSt
 from grpojob.plan import ENV_JOB, TINKER_PREFIX
 from grpojob.service import tinker_wire as tw
 from grpojob.service.tinker_futures import JSON, PROTO, Futures, as_json
-from grpojob.service.wire import Refused, check_limits
+from grpojob.service.wire import Refused, check_limits, tokens_of
 
 if TYPE_CHECKING:
     from grpojob.service.app import TrainingService
@@ -43,6 +44,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("grpojob.service.tinker")
 
 PREFIX = TINKER_PREFIX
+# route -> the call it is, as /status and /metrics count them (the /service calls' names)
+OPS = {"/forward_backward": "forward_backward", "/optim_step": "optim_step", "/save_weights": "save_state",
+       "/load_weights": "load_state", "/save_weights_for_sampler": "save_weights_for_sampler", "/asample": "sample"}
 SAMPLE_THREADS = 32
 
 
@@ -64,17 +68,31 @@ class TinkerAPI:
         except ImportError:
             return 501, json.dumps({"error": "Tinker's wire needs the tinker package in the trainer's image "
                                              "(pip install 'grpojob[tinker]')"}).encode(), JSON
+        t0 = time.perf_counter()
         try:
             ctype, out = self._route(method, route, {k.lower(): v for k, v in headers.items()}, body)
             return 200, out, ctype
         except Refused as e:
-            return e.status, json.dumps({"error": str(e), "reason": e.reason}).encode(), JSON
+            code, doc = e.status, {"error": str(e), "reason": e.reason}
         except ValidationError as e:
             from grpojob.leader.trajectories.wire import describe
-            return 400, json.dumps({"error": describe(e), "reason": "invalid"}).encode(), JSON
+            code, doc = 400, {"error": describe(e), "reason": "invalid"}
         except Exception as e:  # noqa: BLE001 - a call's failure is its answer
             log.exception("tinker %s failed", route)
-            return 500, json.dumps({"error": f"{type(e).__name__}: {e}", "reason": "failed"}).encode(), JSON
+            code, doc = 500, {"error": f"{type(e).__name__}: {e}", "reason": "failed"}
+        if route in OPS:
+            self._observe(OPS[route], "refused" if code < 500 else "failed", t0)
+        return code, json.dumps(doc).encode(), JSON
+
+    def _observe(self, op: str, result: str, t0: float, tokens: int = 0) -> None:
+        """One call answered, in /status and /metrics (as the /service calls are)."""
+        if self.svc.board is not None:
+            self.svc.board.observe_call(op, result, time.perf_counter() - t0, tokens if result == "ok" else 0)
+
+    def _outcome(self, error: Optional[BaseException]) -> str:
+        if error is None:
+            return "ok"
+        return "refused" if isinstance(error, Refused) and error.status < 500 else "failed"
 
     def _route(self, method: str, route: str, headers: dict[str, str], body: bytes) -> tuple[str, bytes]:
         if method == "GET":
@@ -173,7 +191,10 @@ class TinkerAPI:
 
     def _queue(self, route: str, req: Any, convert: Callable[[Any], tuple[str, bytes]],
                model_id: Optional[str] = None) -> dict:
-        return {"request_id": self.futures.add(self.svc.enqueue(route, req), convert), "model_id": model_id}
+        t0, future = time.perf_counter(), self.svc.enqueue(route, req)
+        future.add_done_callback(lambda f: self._observe(route.strip("/"), self._outcome(f.exception()), t0,
+                                                         tokens_of(req)))
+        return {"request_id": self.futures.add(future, convert), "model_id": model_id}
 
     def _optim_step(self, doc: dict) -> dict:
         from tinker import types
@@ -282,6 +303,17 @@ class TinkerAPI:
 
     def _sample(self, req: SampleRequest, version: int, stop: tw.Stop, prompt_logprobs: bool,
                 last_n: Optional[int]) -> bytes:
+        t0 = time.perf_counter()
+        try:
+            body, tokens = self._sample_now(req, version, stop, prompt_logprobs, last_n)
+        except BaseException as e:
+            self._observe("sample", self._outcome(e), t0)
+            raise
+        self._observe("sample", "ok", t0, tokens)
+        return body
+
+    def _sample_now(self, req: SampleRequest, version: int, stop: tw.Stop, prompt_logprobs: bool,
+                    last_n: Optional[int]) -> tuple[bytes, int]:
         self._served(version)
         doc, _ = self.svc.sample(req)
         tok = self.svc.tr.tokenizer
@@ -293,7 +325,7 @@ class TinkerAPI:
             seqs.append(tw.cut_at_stop(s["tokens"], s["logprobs"], s["stop_reason"], stop,
                                        lambda ids: tok.decode(ids, skip_special_tokens=False)))
         lps = self._prompt_logprobs(req.prompt.to_ints(), version, last_n) if prompt_logprobs else None
-        return tw.encode_sample(seqs, lps)
+        return tw.encode_sample(seqs, lps), req.prompt.length * len(seqs) + sum(len(t) for t, _, _ in seqs)
 
     def _served(self, version: int) -> None:
         if version != self.svc.published:
