@@ -18,7 +18,8 @@ log = logging.getLogger("grpojob.operator.metrics")
 
 _JOB_GAUGES = ("grpojob_job_step", "grpojob_job_total_steps", "grpojob_job_reward_mean",
                "grpojob_job_policy_lag", "grpojob_job_trainer_ready", "grpojob_job_rollout_ready",
-               "grpojob_job_restarts")
+               "grpojob_job_restarts", "grpojob_job_rollout_desired", "grpojob_job_autoscale_wait_fraction",
+               "grpojob_job_autoscale_idle_fraction")
 # Counters start at 0 for every label value they can take, so a panel shows 0 (and rate() sees
 # the first increase) rather than "no data" before anything went wrong.
 RECONCILE_RESULTS = ("success", "invalid", "error")
@@ -73,8 +74,11 @@ class OperatorMetrics:
         self._count_phases()
         g, lbl = self.m, {"namespace": namespace, "job": name}
         p = st.progress
+        a = st.autoscale
         optional = {"grpojob_job_total_steps": total_steps(spec) or p.total_steps or None,
-                    "grpojob_job_reward_mean": p.reward_mean, "grpojob_job_policy_lag": policy_lag(p)}
+                    "grpojob_job_reward_mean": p.reward_mean, "grpojob_job_policy_lag": policy_lag(p),
+                    "grpojob_job_autoscale_wait_fraction": a.wait_fraction if a else None,
+                    "grpojob_job_autoscale_idle_fraction": a.idle_fraction if a else None}
         for metric, value in optional.items():
             if value is None:
                 _remove(g[metric], namespace, name)
@@ -83,6 +87,7 @@ class OperatorMetrics:
         g["grpojob_job_step"].labels(**lbl).set(p.step)
         g["grpojob_job_trainer_ready"].labels(**lbl).set(st.trainer.ready)
         g["grpojob_job_rollout_ready"].labels(**lbl).set(st.rollout.ready)
+        g["grpojob_job_rollout_desired"].labels(**lbl).set(st.rollout.desired)
         g["grpojob_job_restarts"].labels(**lbl).set(st.restarts)
 
     def forget(self, namespace: str, name: str) -> None:

@@ -67,6 +67,9 @@ TRAINER = (
               "samples.", record="policy_staleness_max"),
     MetricDef("grpojob_trainer_wait_seconds", "gauge", "Seconds the trainer waited for groups in the last step.",
               record="wait_seconds"),
+    MetricDef("grpojob_trainer_wait_fraction", "gauge", "Share of the last step the trainer waited for groups "
+              "(wait / step seconds): spec.rollout.autoscale's scale-up signal, and one for an HPA or KEDA.",
+              record="wait_fraction"),
     MetricDef("grpojob_rollout_idle_fraction", "gauge", "Fraction of the last step during which no group was "
               "being generated.", record="rollout_idle_fraction"),
     MetricDef("grpojob_groups_in_flight", "gauge", "Groups being generated or ready ahead of training at the "
@@ -141,6 +144,14 @@ OPERATOR = (
     MetricDef("grpojob_job_trainer_ready", "gauge", "Ready trainer pods of each job.", ("namespace", "job")),
     MetricDef("grpojob_job_rollout_ready", "gauge", "Ready rollout pods of each job.", ("namespace", "job")),
     MetricDef("grpojob_job_restarts", "gauge", "Trainer restarts of each job.", ("namespace", "job")),
+    MetricDef("grpojob_job_rollout_desired", "gauge", "Rollout pods each job wants (with spec.rollout.autoscale: "
+              "the autoscaler's number; against grpojob_job_rollout_ready).", ("namespace", "job")),
+    MetricDef("grpojob_job_autoscale_wait_fraction", "gauge", "spec.rollout.autoscale's scale-up signal: the share "
+              "of the trainer's last step spent waiting for groups; no sample without autoscale or before the "
+              "trainer's first step.", ("namespace", "job")),
+    MetricDef("grpojob_job_autoscale_idle_fraction", "gauge", "spec.rollout.autoscale's scale-down signal: the "
+              "rollout servers' idle share of the trainer's last step; no sample without autoscale or before it is "
+              "known.", ("namespace", "job")),
 )
 
 ALL = TRAINER + ROLLOUT + OPERATOR

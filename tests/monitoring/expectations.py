@@ -18,6 +18,10 @@ NOT_MEASURED = {
     "grpojob_service_request_seconds": _TRAIN_MODE,
     "grpojob_service_tokens_total": _TRAIN_MODE,
     "grpojob_service_queued_requests": _TRAIN_MODE,
+    "grpojob_job_autoscale_wait_fraction": "the scene's job has no spec.rollout.autoscale (tests/operator_k8s/"
+                                           "test_autoscale.py measures it)",
+    "grpojob_job_autoscale_idle_fraction": "the scene's job has no spec.rollout.autoscale (tests/operator_k8s/"
+                                           "test_autoscale.py measures it)",
 }
 
 # Named in metrics_names but not set on this path yet. When the trainer starts setting one, the
@@ -74,7 +78,7 @@ PANELS = {
     "Peak memory by stage": POSITIVE,  # host bytes (no GPU in the scene)
     "Sample staleness": COUNT,
     "Trainer wait and generation pauses": COUNT,
-    "Rollout idle fraction": FRACTION,
+    "Rollout idle and trainer wait shares": FRACTION,
     "Groups in flight": COUNT,
     "Resampled and stale groups": COUNT,
     "Rollout server lag": COUNT,

@@ -14,6 +14,7 @@ from grpojob.api import FieldError, GRPOJob, GRPOJobStatus
 from grpojob.api.validate import warnings as spec_warnings
 
 from ..children import Scale
+from . import autoscaling
 from . import suspend as suspension
 from .conditions import Conditions, Event, iso, parse_time
 from .observe import (Observation, count_restarts, engine_failures, last_failure, leader_completed,
@@ -71,9 +72,13 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
 
     # Finished jobs: keep the outcome, clean up, and go away after the TTL.
     if st.phase in TERMINAL:
-        return finish(_cleanup_scale(job), delete_job=_ttl_passed(job, st, now))
+        return finish(_cleanup_scale(job, st), delete_job=_ttl_passed(job, st, now))
 
     spec = job.spec
+    # spec.rollout.autoscale: the rollout servers' number while the job runs (the trainer's signals).
+    st.autoscale, scaled = autoscaling.step(job, prev.autoscale, obs.trainer, now)
+    events += scaled
+    running = Scale(spec.trainer.replicas, autoscaling.rollout_replicas(job, st.autoscale))
     # A suspend that would lose the checkpoints (checkpoint.storage: ephemeral) is refused.
     suspend = spec.run_policy.suspend and not suspension.refuse_ephemeral(conds, st, obs, job)
     suspending = suspend or conds.is_("Suspended") or conds.is_("Suspended", "Unknown", suspension.CHECKPOINTING)
@@ -88,7 +93,7 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
             st.phase, st.message = "Suspended", "suspended: resume with spec.runPolicy.suspend=false"
             return finish(Scale(0, 0))
         st.message = "checkpointing before suspend"
-        return finish(Scale(spec.trainer.replicas, spec.rollout.replicas), request_suspend=step.request)
+        return finish(running, request_suspend=step.request)
 
     if conds.is_("Suspended") or conds.is_("Suspended", "Unknown", suspension.CHECKPOINTING):
         conds.set("Suspended", False, "Resumed", "resuming from the newest checkpoint")
@@ -98,7 +103,7 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
             conds.is_("Suspended", "False", suspension.REFUSED) and not spec.run_policy.suspend):
         conds.set("Suspended", False, "NotSuspended")
 
-    scale = Scale(spec.trainer.replicas, spec.rollout.replicas)
+    scale = running
     if st.start_time is None and any(p.phase == "Running" for p in obs.trainer_pods):
         st.start_time = iso(now)
     start = parse_time(st.start_time)
@@ -106,21 +111,21 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
     failed_plugin = plugin_failure(obs)
     if failed_plugin:  # the same on every restart: fail now, with the runtime's own words
         _fail(conds, st, now, *failed_plugin)
-        return finish(_cleanup_scale(job))
+        return finish(_cleanup_scale(job, st))
     if st.restarts > spec.run_policy.backoff_limit:
         why = last_failure(obs)
         _fail(conds, st, now, "BackoffLimitExceeded", f"trainer failed {st.restarts} times "
               f"(backoffLimit {spec.run_policy.backoff_limit})" + (f": {why}" if why else ""))
-        return finish(_cleanup_scale(job))
+        return finish(_cleanup_scale(job, st))
     if deadline and start and (now - start).total_seconds() > deadline:
         _fail(conds, st, now, "DeadlineExceeded", f"ran longer than activeDeadlineSeconds ({deadline}s)")
-        return finish(_cleanup_scale(job))
+        return finish(_cleanup_scale(job, st))
     if completed:
         st.phase, st.completion_time = "Succeeded", iso(now)
         st.progress.step = max(st.progress.step, spec.training.steps)  # the word may come before a report of it
         st.message = f"trained {st.progress.step}/{st.progress.total_steps} steps"
         conds.set("Succeeded", True, "Completed", st.message)
-        return finish(_cleanup_scale(job))
+        return finish(_cleanup_scale(job, st))
     running_reason = _phase(conds, st, obs, scale, job, was_running=prev.phase == "Running",
                             last_step=prev.progress.step)
     return finish(scale)
@@ -212,9 +217,9 @@ def _fail(conds: Conditions, st: GRPOJobStatus, now: datetime, reason: str, mess
     conds.set("Failed", True, reason, message)
 
 
-def _cleanup_scale(job: GRPOJob) -> Scale:
+def _cleanup_scale(job: GRPOJob, st: GRPOJobStatus) -> Scale:
     if job.spec.run_policy.clean_pod_policy == "None":
-        return Scale(job.spec.trainer.replicas, job.spec.rollout.replicas)
+        return Scale(job.spec.trainer.replicas, autoscaling.rollout_replicas(job, st.autoscale))
     # Running and All both scale to zero: a StatefulSet or Deployment restarts any container that
     # exits, so no pod is left Completed to keep.
     return Scale(0, 0)

@@ -6,6 +6,7 @@ from typing import Literal, Optional
 from pydantic import ValidationInfo, field_validator, model_validator
 
 from grpojob.api import colocation, consistency, plugins
+from grpojob.api.autoscale import AutoscaleSpec
 from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT  # noqa: F401 - importers' names
 from grpojob.api.base import FreeForm, Model, deferring, field, invalid, invalid_all
 from grpojob.api.data import DatasetSpec, EvaluationSpec, SamplingSpec
@@ -171,6 +172,10 @@ class RolloutSpec(WorkloadSpec):
                           "nothing itself and trains only on groups its environments submit.",
                           json_schema_extra={"pattern": plugins.name_pattern("workflow")})
     port: int = field(8000, ge=1024, le=65535, description="HTTP port of each rollout server.")
+    autoscale: Optional[AutoscaleSpec] = field(None, description="Scale the rollout servers between minReplicas "
+                                               "and maxReplicas on the trainer's wait for groups and the servers' "
+                                               "idle share (replicas is then the number to start with). Unset: "
+                                               "replicas, fixed.")
 
     @field_validator("workflow")
     @classmethod

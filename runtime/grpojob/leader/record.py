@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from grpojob.api.status import StageMemory
+from grpojob.api.status import PipelineStatus, StageMemory
 
 
 @dataclass
@@ -47,6 +47,7 @@ class StepRecord:
     train_tokens_per_second: Optional[float] = None
     # the pipeline
     wait_seconds: float = 0.0  # the trainer waiting for groups (= stage "generate")
+    wait_fraction: Optional[float] = None  # wait_seconds / step_seconds (set from them when left out)
     rollout_idle_fraction: Optional[float] = None
     groups_in_flight: int = 0
     groups_resampled: int = 0
@@ -79,6 +80,10 @@ class StepRecord:
     time: float = field(default_factory=time.time)
     extra: dict[str, float] = field(default_factory=dict)  # plug-ins' own numbers
 
+    def __post_init__(self) -> None:
+        if self.wait_fraction is None and self.step_seconds > 0:
+            self.wait_fraction = round(min(1.0, self.wait_seconds / self.step_seconds), 6)
+
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
@@ -103,7 +108,12 @@ class StepRecord:
         return {"step": self.step, "policy_version": self.policy_version, "reward_mean": self.reward_mean,
                 "kl": self.kl, "tokens_per_second": self.tokens_per_second, "rollouts": self.rollouts,
                 "weight_sync_backend": self.weight_sync_backend, "stage_memory": stages,
-                "placement": self.placement}
+                "placement": self.placement,
+                "pipeline": PipelineStatus(step=self.step, wait_seconds=self.wait_seconds,
+                                           step_seconds=self.step_seconds, wait_fraction=self.wait_fraction,
+                                           rollout_idle_fraction=self.rollout_idle_fraction,
+                                           groups_in_flight=self.groups_in_flight,
+                                           policy_staleness=self.policy_staleness)}
 
 
 def _number(v: Any) -> bool:

@@ -1,0 +1,204 @@
+"""spec.rollout.autoscale: rollout servers that follow the trainer's backpressure.
+
+The rule is one pure function, `decide`, that the operator (grpojob_operator.status.autoscaling:
+the rollout Deployment's replicas) and `grpojob run` (grpojob.local.autoscaler: rollout processes)
+both call with what the trainer leader reports for its last step (`Signals`, from /status or
+metrics.jsonl), the scaler's own state (`State`, kept in GRPOJob.status.autoscale on a cluster)
+and the time. It returns the replicas to run, why, and the next state.
+
+The model behind the numbers: a step is the trainer's wait for groups (W) plus the rest (T - W:
+training, scoring, the push); more rollout servers shorten generation, in inverse proportion,
+and leave the rest alone. So r servers that make the trainer wait W of a T-second step need
+
+    r' = ceil(r * W * (1 - t) / (t * (T - W)))
+
+to bring its wait share down to the target t (the trainer waiting for groups more than
+targetWaitFraction of the step: scale up). Scaling down is asked by the servers' idle share of
+the step (idle > targetIdleFraction), sized as the HorizontalPodAutoscaler sizes on utilisation,
+r' = ceil(r * busy / (1 - targetIdleFraction)), and never below the r' above (a smaller pool
+would make the trainer wait more than the target: no bounce). Between the two: hold (the band).
+Hysteresis: a direction must hold `steps` consecutive trainer steps (a look at an unchanged step
+counts nothing); within the streak, a scale-up takes the smallest size it asked for and a
+scale-down the largest (like the HPA's stabilisation window). Cool-down: no scale-up within
+scaleUp.cooldownSeconds, no scale-down within scaleDown.cooldownSeconds, of the last change.
+Each change moves at most maxChange replicas, and never outside [minReplicas, maxReplicas].
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from grpojob.api.base import Model, field
+
+UP, DOWN, HOLD = "up", "down", "hold"
+
+
+class ScaleRule(Model):
+    """How one direction of the autoscaler acts (the HorizontalPodAutoscaler's behavior.scaleUp/scaleDown)."""
+    steps: int = field(2, ge=1, le=1000, description="Consecutive trainer steps whose signal asks for this "
+                       "direction before it is taken (hysteresis).")
+    cooldown_seconds: int = field(60, ge=0, le=86400, description="Seconds after the last change of "
+                                  "replicas (either way) before this direction may act again.")
+    max_change: int = field(2, ge=1, le=1000, description="Replicas added (scaleUp) or removed (scaleDown) at "
+                            "most per change.")
+
+
+class AutoscaleSpec(Model):
+    """Rollout servers scaled on the trainer's RL signals (docs/services.md#autoscaling)."""
+    model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
+        {"rule": "(has(self.minReplicas) ? self.minReplicas : 1) <= self.maxReplicas",
+         "message": "minReplicas must not exceed maxReplicas"}]}}
+
+    min_replicas: int = field(1, ge=1, le=1000, description="Fewest rollout servers.")
+    max_replicas: int = field(ge=1, le=1000, description="Most rollout servers.")
+    target_wait_fraction: float = field(0.2, gt=0, lt=1, description="Scale up while the trainer waits for "
+                                        "groups more than this share of its step (waitSeconds / stepSeconds).")
+    target_idle_fraction: float = field(0.5, gt=0, lt=1, description="Scale down while the rollout servers idle "
+                                        "more than this share of the step (no group being generated), as long "
+                                        "as fewer servers would keep the trainer's wait under targetWaitFraction.")
+    scale_up: ScaleRule = field(default_factory=ScaleRule, description="When and how far to scale up.")
+    scale_down: ScaleRule = field(default_factory=lambda: ScaleRule(steps=5, cooldown_seconds=300, max_change=1),
+                                  description="When and how far to scale down (default: 5 steps, 300 s "
+                                  "cool-down, 1 replica at a time).")
+
+
+def problems(spec) -> list[tuple[str, str]]:
+    """(field path relative to spec, why) of what spec.rollout.autoscale cannot work with."""
+    a = spec.rollout.autoscale
+    if a is None:
+        return []
+    out = []
+    if a.min_replicas > a.max_replicas:
+        out.append(("rollout.autoscale.minReplicas", f"{a.min_replicas} exceeds maxReplicas ({a.max_replicas})"))
+    elif not a.min_replicas <= spec.rollout.replicas <= a.max_replicas:
+        out.append(("rollout.replicas", f"{spec.rollout.replicas}: the servers to start with must be within "
+                    f"rollout.autoscale's minReplicas..maxReplicas ({a.min_replicas}..{a.max_replicas})"))
+    if spec.placement == "colocated":
+        out.append(("rollout.autoscale", "placement colocated runs one engine inside the trainer pod: there is "
+                    "nothing to scale; use placement separate"))
+    if spec.mode == "service":
+        out.append(("rollout.autoscale", "mode service has no training loop whose wait for groups could drive it: "
+                    "scale rollout.replicas yourself, or use mode train"))
+    return out
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the trainer leader reports of its last step (TrainerStatus.pipeline, a metrics.jsonl record)."""
+    step: int
+    wait_seconds: Optional[float] = None  # the trainer's wait for groups
+    step_seconds: Optional[float] = None
+    idle_fraction: Optional[float] = None  # share of the step no group was being generated
+    groups_in_flight: Optional[int] = None  # reported alongside, not decided on
+    policy_lag: Optional[float] = None  # reported alongside, not decided on
+
+    @property
+    def wait_fraction(self) -> Optional[float]:
+        if self.wait_seconds is None or not self.step_seconds:
+            return None
+        return min(1.0, max(0.0, self.wait_seconds / self.step_seconds))
+
+    def words(self) -> str:
+        parts = [f"step {self.step}"]
+        if self.wait_fraction is not None:
+            parts.append(f"trainer waited {self.wait_fraction:.0%} of the step for groups "
+                         f"({self.wait_seconds:.2f}/{self.step_seconds:.2f} s)")
+        if self.idle_fraction is not None:
+            parts.append(f"rollout servers idle {self.idle_fraction:.0%}")
+        if self.groups_in_flight is not None:
+            parts.append(f"{self.groups_in_flight} groups in flight")
+        if self.policy_lag is not None:
+            parts.append(f"policy lag {self.policy_lag:g}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class State:
+    """The scaler's memory between looks."""
+    replicas: int
+    last_step: int = -1  # the last trainer step counted
+    direction: str = HOLD  # of the current streak
+    streak: int = 0  # consecutive steps asking for `direction`
+    proposal: int = 0  # replicas the streak asks for (up: the smallest asked, down: the largest)
+    last_change: Optional[float] = None  # time (seconds) of the last change of replicas
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    reason: str  # Bounds, ScaleUp, ScaleDown, InBand, Waiting, CoolingDown, NoNewStep, NoSignal
+    message: str
+    state: State
+
+    @property
+    def changed(self) -> bool:
+        return self.reason in ("Bounds", "ScaleUp", "ScaleDown")
+
+
+def replicas_for_wait(replicas: int, wait: float, step: float, target: float) -> float:
+    """Servers that bring the trainer's wait share to `target` (generation time in inverse
+    proportion to servers, the rest of the step unchanged); inf when the step is all waiting."""
+    if wait <= 0:
+        return 0.0
+    rest = step - wait
+    if rest <= 0:
+        return math.inf
+    return replicas * wait * (1 - target) / (target * rest)
+
+
+def want(spec: AutoscaleSpec, replicas: int, s: Signals) -> tuple[str, int]:
+    """(direction, replicas asked for) from one step's signals, within the bounds and maxChange."""
+    wait = s.wait_fraction
+    needed = replicas_for_wait(replicas, s.wait_seconds or 0.0, s.step_seconds or 0.0, spec.target_wait_fraction) \
+        if wait is not None else 0.0
+    if wait is not None and wait > spec.target_wait_fraction:
+        top = min(spec.max_replicas, replicas + spec.scale_up.max_change)
+        return UP, min(top, max(replicas + 1, _ceil(needed)))
+    if s.idle_fraction is not None and s.idle_fraction > spec.target_idle_fraction:
+        busy = _ceil(replicas * (1 - s.idle_fraction) / (1 - spec.target_idle_fraction))
+        floor = max(spec.min_replicas, replicas - spec.scale_down.max_change)
+        target = max(floor, busy, _ceil(needed))
+        if target < replicas:
+            return DOWN, target
+    return HOLD, replicas
+
+
+def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) -> Decision:
+    """The replicas to run now, why, and the next state (module docstring: the rule)."""
+    r = state.replicas
+    bounded = min(spec.max_replicas, max(spec.min_replicas, r))
+    if bounded != r:  # the bounds were edited (or a first look): obey them at once
+        return Decision(bounded, "Bounds", f"{r} replicas are outside minReplicas..maxReplicas "
+                        f"({spec.min_replicas}..{spec.max_replicas})",
+                        replace(state, replicas=bounded, direction=HOLD, streak=0, proposal=0, last_change=now))
+    if s is None or s.wait_fraction is None:
+        return Decision(r, "NoSignal", "the trainer has not reported a step's wait yet", state)
+    if s.step <= state.last_step:
+        return Decision(r, "NoNewStep", f"no step since step {state.last_step}", state)
+    direction, asked = want(spec, r, s)
+    if direction == HOLD:
+        return Decision(r, "InBand", s.words(), replace(state, last_step=s.step, direction=HOLD, streak=0, proposal=0))
+    same = direction == state.direction
+    proposal = (min if direction == UP else max)(state.proposal, asked) if same else asked
+    streak = state.streak + 1 if same else 1
+    counted = replace(state, last_step=s.step, direction=direction, streak=streak, proposal=proposal)
+    rule = spec.scale_up if direction == UP else spec.scale_down
+    if streak < rule.steps:
+        return Decision(r, "Waiting", f"{s.words()}: scale {direction} to {proposal} asked for {streak} of "
+                        f"{rule.steps} steps", counted)
+    if state.last_change is not None and now - state.last_change < rule.cooldown_seconds:
+        left = rule.cooldown_seconds - (now - state.last_change)
+        return Decision(r, "CoolingDown", f"{s.words()}: scale {direction} to {proposal} waits {left:.0f} s more "
+                        f"(scale{direction.capitalize()}.cooldownSeconds {rule.cooldown_seconds})", counted)
+    why = (f"the trainer waits for groups over {spec.target_wait_fraction:.0%} of its step"
+           if direction == UP else f"rollout servers idle over {spec.target_idle_fraction:.0%} of the step")
+    return Decision(proposal, "ScaleUp" if direction == UP else "ScaleDown",
+                    f"{r} -> {proposal} rollout servers: {why} for {streak} steps ({s.words()})",
+                    State(replicas=proposal, last_step=s.step, last_change=now))
+
+
+def _ceil(x: float) -> int:
+    if math.isinf(x):
+        return 1 << 30
+    return math.ceil(x - 1e-9)
