@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from grpojob.api import FieldError, GRPOJob, plugins
-from grpojob.plan import ENV_SITE_DIR
+from grpojob import config, failures
+from grpojob.plan import ENV_SITE_DIR, Placement, code_env
 
 MARKER = ".grpojob-requirements.json"
 FIELD = "spec.code.pip"
@@ -61,8 +62,6 @@ def install(job: GRPOJob, target: Path, echo: Callable[[str], None] = print) -> 
 
 
 def main(args=None) -> int:
-    from grpojob import config, failures
-
     job = config.load(resolve_plugins=False)
     target = os.environ.get(ENV_SITE_DIR)
     if not target:
@@ -80,8 +79,6 @@ def main(args=None) -> int:
 def use_locally(job: GRPOJob, site_dir: Optional[Path] = None) -> dict[str, str]:
     """Make spec.code.localPath (and an installed site dir) importable in this process, as the
     plan's environment does for the processes it starts; returns that environment."""
-    from grpojob.plan import Placement, code_env
-
     where = Placement(trainer_host="127.0.0.1", config_path="", checkpoint_dir="", run_dir="",
                       code_dir=str(Path(job.spec.code.local_path).resolve()) if job.spec.code.local_path else None,
                       site_dir=str(site_dir) if site_dir else None)

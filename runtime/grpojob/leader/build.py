@@ -14,6 +14,10 @@ from grpojob.api import GRPOJob
 from grpojob.auth import Auth
 from grpojob.plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from grpojob.learner import dist
+from grpojob.leader.trajectories.api import TrajectoryAPI
+from grpojob.leader.trajectories.sessions import Sessions
+from grpojob.leader.trajectories.wire import Limits
+from grpojob.rewards import RewardScorer
 from grpojob.api.colocation import COLOCATED
 from grpojob.leader.callbacks import Callbacks
 from grpojob.leader.loop import Loop
@@ -70,11 +74,6 @@ class TrainerRun:
         manager = self.rollouts.source.manager
         if manager is None:
             return None
-        from grpojob.rewards import RewardScorer
-        from grpojob.leader.trajectories.api import TrajectoryAPI
-        from grpojob.leader.trajectories.sessions import Sessions
-        from grpojob.leader.trajectories.wire import Limits
-
         spec, model, tokenizer = self.trainer.spec, self.trainer.model, self.trainer.tokenizer
         limits = Limits(group_size=spec.algorithm.group_size, vocab_size=model.get_input_embeddings().num_embeddings,
                         max_sequence_tokens=spec.training.micro_batch_tokens)

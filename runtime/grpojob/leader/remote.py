@@ -12,6 +12,7 @@ from grpojob.api.colocation import COLOCATED
 from grpojob.api.spec import GRPOJobSpec
 from grpojob.plan import ENV_SYNC_ADDR
 from grpojob.leader.rollouts import PushReport
+from grpojob.sync.publisher import WeightPublisher
 
 log = logging.getLogger("grpojob.leader.remote")
 
@@ -29,8 +30,6 @@ class RemotePublisher:
 
     def __init__(self, spec: GRPOJobSpec, host: str, port: int, *, resumed: bool, device: torch.device,
                  checkpoint_dir: str, token: str):
-        from grpojob.sync import WeightPublisher
-
         self.sync = WeightPublisher(spec.weight_sync, host=host, port=port, device=device, token=token,
                                     initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir,
                                     colocated=spec.placement == COLOCATED)

@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from grpojob import devices
+
 log = logging.getLogger("grpojob.learner.dist")
 
 
@@ -70,8 +72,6 @@ def init(timeout_seconds: float = 600) -> DistEnv:
 
 
 def _device(local_rank: int) -> torch.device:
-    from grpojob import devices
-
     return devices.default(local_rank)
 
 

@@ -44,6 +44,7 @@ from grpojob.sync import buckets as bk
 from grpojob.sync import placement, tensorfiles
 from grpojob.sync.placement import Endpoint
 from grpojob.sync.protocol import DISK
+from grpojob.sync.receiver import PushReceiver
 from grpojob.rollout.engine import max_model_len, torch_dtype_name
 from grpojob.rollout.hf_generate import Decoder, Row, noise_keys, request_rows
 from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, settle
@@ -319,8 +320,6 @@ class HFEngine:
         return [placement.local(self.device)]
 
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
-        from grpojob.sync.receiver import PushReceiver
-
         rx = self._receiver
         if rx is None or rx.addr != store_addr or rx.instance != instance:
             rx = self._receiver = PushReceiver(store_addr, instance, self.device)

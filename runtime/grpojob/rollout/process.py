@@ -36,6 +36,7 @@ from grpojob.plan import (ENV_ADVERTISE_HOST, ENV_BACKEND, ENV_CHECKPOINT_DIR, E
                     ENV_ROLLOUT_PORT, ENV_SYNC_ADDR, ENV_TRAJECTORY_URL, bind_host)
 from grpojob.rollout import engine as engines
 from grpojob.rollout.server import Server
+from grpojob.sync.agent import SyncAgent
 
 log = logging.getLogger("grpojob.rollout")
 
@@ -112,8 +113,6 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
         return 1
     server.started = True
     if sync_addr:
-        from grpojob.sync.agent import SyncAgent
-
         server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=server.model_path,
                                  checkpoint_dir=checkpoint_dir, token=server.auth.token).start()
     log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)

@@ -34,8 +34,10 @@ from dataclasses import asdict
 from typing import Optional
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from grpojob import prom
 from grpojob.auth import Auth, app_key, middleware
 from grpojob.failures import describe
 from grpojob.api.data import SamplingSpec
@@ -74,10 +76,6 @@ class Server:
                  agent=None, trajectory_url: Optional[str] = None):
         """model_path: the model the engine starts from (version 0); sampling: spec.rollout.sampling,
         the defaults of a request that gives none."""
-        from prometheus_client import CollectorRegistry
-
-        from grpojob import prom
-
         self.model_path, self.sampling = model_path, sampling
         self.engine = engine
         self.agent = agent

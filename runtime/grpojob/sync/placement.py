@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from grpojob import devices
+
 BACKEND_FIELD = "spec.weightSync.backend"
 PATHS = ("nccl", "cuda-ipc", "shm", "gloo", "checkpoint")
 COLLECTIVES = ("nccl", "gloo")  # paths that form a process group; the others hand buffers over
@@ -145,8 +147,6 @@ def check_local_run(backend: str, gpus: int) -> Optional[str]:
 
 def visible_gpus() -> int:
     """GPUs this machine's processes compute on (0 where GRPOJOB_DEVICE pins the CPU)."""
-    from grpojob import devices
-
     try:
         if devices.requested() == "cpu":
             return 0

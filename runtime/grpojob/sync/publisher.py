@@ -47,6 +47,7 @@ from typing import Iterable, Optional
 import torch
 from torch.distributed import DistError, TCPStore
 
+from grpojob import devices
 from grpojob.api.spec import SYNC_STORE_PORT, WeightSyncSpec
 from grpojob.sync import placement
 from grpojob.sync.delivery import Delivery, Outcome
@@ -67,7 +68,6 @@ class WeightPublisher:
         `device`: where the trainer's weights live (default: `grpojob.devices.default()`);
         `checkpoint_dir`: the directory shared with the rollout servers (backend checkpoint)."""
         if device is None:
-            from grpojob import devices
             device = devices.default()
         self.sync = sync
         self.colocated = colocated
