@@ -25,6 +25,7 @@ from typing import Any, Optional
 from grpojob import auth
 from grpojob.api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
 from grpojob.api.validate import check_plugins
+from grpojob.api.data_url import is_url
 from grpojob.plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, render_config, roles,
                     trajectory_url)
@@ -48,16 +49,17 @@ class RunError(RuntimeError):
 
 
 def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
-    """Relative model/dataset paths are relative to where `grpojob run` is started; checkpoints
-    always live in the run directory (the cluster's absolute mount path means nothing here)."""
+    """Relative model/dataset paths are relative to where `grpojob run` is started (a dataset URL,
+    s3:// or hf:// ..., stays as it is); checkpoints always live in the run directory (the
+    cluster's absolute mount path means nothing here)."""
     spec = doc["spec"]
     for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path"), ("code", "localPath")):
         value = (spec.get(section) or {}).get(key)
-        if value:
+        if value and not (isinstance(value, str) and is_url(value)):
             spec[section][key] = str(Path(value).expanduser().resolve())
     held_out = spec.get("evaluation") or {}  # spec.evaluation.dataset.path too
     held_out = held_out.get("dataset") if isinstance(held_out, dict) else None
-    if isinstance(held_out, dict) and held_out.get("path"):
+    if isinstance(held_out, dict) and held_out.get("path") and not is_url(str(held_out["path"])):
         held_out["path"] = str(Path(held_out["path"]).expanduser().resolve())
     ckpt = spec.setdefault("checkpoint", {})
     ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))

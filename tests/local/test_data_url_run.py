@@ -1,0 +1,51 @@
+"""`grpojob run` with its dataset streamed from an S3 API (moto's server on 127.0.0.1), credentials
+from the user's environment as a local run takes them (docs/data.md): interrupted with Ctrl-C
+mid-epoch and run again, it trains every row of its first steps once and none twice."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from grpojob.data.builtin import toy
+from grpojob.local.progress import read_records
+from tests.helpers.s3 import parquet, s3, s3_server  # noqa: F401 - fixtures
+
+from .test_run import grpojob_run, processes_of, wait_steps
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    yield tmp_path
+    for pid in processes_of(tmp_path / "run"):  # never leave a process behind, even on failure
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_run_streams_its_dataset_from_s3_and_resumes_mid_epoch(s3, workdir):
+    rows = [{**row, "id": i} for i, row in enumerate(toy(size=400, seed=3))]
+    path = s3.put("toy/train-00000.parquet", parquet(rows[:200], row_group_size=32))
+    s3.put("toy/train-00001.parquet", parquet(rows[200:], row_group_size=32))
+    glob = path.replace("train-00000.parquet", "train-*.parquet")
+    run_dir = workdir / "run"
+    sets = ("training.steps=10", "checkpoint.everySteps=100", "algorithm.maxStaleness=1",
+            f"dataset={{path: '{glob}', streaming: true, shuffleBuffer: 64, maxPromptLength: 32}}")
+    proc = grpojob_run(run_dir, *sets, cwd=workdir)  # AWS_* from this process's environment (the s3 fixture)
+    wait_steps(run_dir, 3, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0 and "step-" in out, out
+    done = len(read_records(run_dir / "metrics.jsonl"))
+    assert processes_of(run_dir) == []
+
+    proc = grpojob_run(run_dir, *sets, cwd=workdir)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert f"resuming after step {done}" in out
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 11))
+    trained = [i for r in records for i in r["sample_ids"]]
+    assert len(trained) == len(set(trained)) == 10 * 16, "a row was trained twice"
+    assert max(trained) < 10 * 16 + 64, "rows beyond what the stream and its buffer had read"
