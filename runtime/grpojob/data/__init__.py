@@ -203,7 +203,7 @@ def load_samples(spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset",
 def prompt_stream(spec: GRPOJobSpec, tokenizer: Any):
     """The job's prompt stream: the rows read lazily (spec.dataset.streaming) or all loaded."""
     if spec.dataset.streaming:
-        from grpojob.data.streaming import StreamingPrompts
+        from grpojob.data.streaming import StreamingPrompts  # here: streaming imports this module
 
         return StreamingPrompts(spec, tokenizer)
     return PromptStream(spec, tokenizer)

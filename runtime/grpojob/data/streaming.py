@@ -28,6 +28,7 @@ from typing import Any, Iterator, Optional
 
 from grpojob.api.rollout import Sample
 from grpojob.api.spec import GRPOJobSpec
+from grpojob.data import DatasetError, sources, to_sample
 
 log = logging.getLogger("grpojob.data")
 
@@ -44,8 +45,6 @@ def window(spec: GRPOJobSpec) -> int:
 
 class StreamingPrompts:
     def __init__(self, spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset", source: Any = None):
-        from grpojob.data import DatasetError, sources
-
         self.spec, self.tokenizer, self.where = spec, tokenizer, where
         d = spec.dataset
         self.buffer_size = d.shuffle_buffer if d.shuffle else 1
@@ -71,8 +70,6 @@ class StreamingPrompts:
 
     # ---- reading ----------------------------------------------------------------------------------
     def _fill(self, upto: Optional[int] = None) -> None:
-        from grpojob.data import DatasetError, sources
-
         while not self._exhausted and len(self._buffer) < (upto or self.buffer_size):
             if self._it is None:
                 self._it = iter(self.source)
@@ -95,8 +92,6 @@ class StreamingPrompts:
         return self._buffer.pop()
 
     def _new_epoch(self) -> None:
-        from grpojob.data import DatasetError
-
         if self.usable == 0:
             raise DatasetError(f"no usable prompts: {self.read} rows, {self.dropped} longer than "
                                f"{self.where}.maxPromptLength ({self.spec.dataset.max_prompt_length})")
@@ -108,8 +103,6 @@ class StreamingPrompts:
         log.info("dataset stream: epoch %d", self.epoch)
 
     def _sample(self, index: int, row: dict[str, Any], seq: int) -> Optional[Sample]:
-        from grpojob.data import to_sample
-
         return to_sample(self.spec, self.tokenizer, row, index, self.where, seq=seq)
 
     # ---- the Prompts protocol (grpojob.api.rollout) ------------------------------------------------
@@ -136,8 +129,6 @@ class StreamingPrompts:
 
     def sample_at(self, seq: int) -> Sample:
         """A sample issued lately, again (those issued but not trained when a checkpoint was taken)."""
-        from grpojob.data import DatasetError
-
         if seq not in self._issued:
             raise DatasetError(f"prompt {seq} of the stream is not held: the stream keeps the last {self.window} "
                                f"issued (from {next(iter(self._issued), self.seq)} to {self.seq - 1})")
@@ -155,8 +146,6 @@ class StreamingPrompts:
                 "issued": json.dumps(list(self._issued.items()), default=str)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        from grpojob.data import DatasetError
-
         if not state.get("streaming"):
             raise DatasetError(f"{self.where}.streaming: the checkpoint was written by a run that read the dataset "
                                f"whole; resume it with streaming false (or start a new run)")
