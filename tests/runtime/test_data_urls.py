@@ -113,6 +113,7 @@ def test_a_streamed_dataset_resumes_where_it_stopped_through_a_checkpoint(s3, to
     assert all(index == row for index, row in straight)  # a sample's index is its row's place in the file
     first = prompt_stream(spec, tokenizer)
     head = [(s.index, s.row["id"]) for s in first.take(25)]
+    assert first.read == 16 + 24  # lazily: the buffer's 16 rows and one per later draw, of the file's 60
     torch.save({"data": first.state_dict()}, tmp_path / "state.pt")  # as the checkpoint manager does
     state = torch.load(tmp_path / "state.pt", weights_only=True)["data"]
     second = prompt_stream(spec, tokenizer)

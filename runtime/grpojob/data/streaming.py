@@ -20,6 +20,7 @@ the source's order) shows it. `datasets` resumes inside a file by reading it fro
 the saved row (those rows are skipped, not used)."""
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import random
@@ -64,6 +65,7 @@ class StreamingPrompts:
         self._issued: OrderedDict[int, tuple[int, dict[str, Any]]] = OrderedDict()  # seq -> (index, row)
         self._it: Optional[Iterator[dict[str, Any]]] = None
         self._exhausted = False
+        atexit.register(self.close)  # before the interpreter tears down what the reader's cleanup needs
         self._fill(upto=1)  # a missing object, bad credentials or an unreadable file fail at the trainer's start
         if not self._buffer:
             raise DatasetError(f"{where}.path: '{d.path}' holds no rows")
@@ -99,11 +101,19 @@ class StreamingPrompts:
         self.read = self.drawn = self.usable = 0
         self._exhausted = False
         self.source.set_epoch(self.epoch)
+        self.close()
         self._it = iter(self.source)  # the source from its start (a fresh iterator has no saved position)
         log.info("dataset stream: epoch %d", self.epoch)
 
     def _sample(self, index: int, row: dict[str, Any], seq: int) -> Optional[Sample]:
         return to_sample(self.spec, self.tokenizer, row, index, self.where, seq=seq)
+
+    def close(self) -> None:
+        """Stop the source's reader (its files are closed now, not by the garbage collector at exit)."""
+        it, self._it = self._it, None
+        close = getattr(it, "close", None)
+        if close is not None:
+            close()
 
     # ---- the Prompts protocol (grpojob.api.rollout) ------------------------------------------------
     def next(self) -> Sample:
@@ -157,4 +167,4 @@ class StreamingPrompts:
         self.source.set_epoch(self.epoch)
         if not self._exhausted:
             self.source.load_state_dict(state["source"])
-        self._it = None  # iterated anew from the loaded position
+        self.close()  # iterated anew from the loaded position
