@@ -4,6 +4,8 @@ call; what a GRPOJob cannot take is refused by name; stop sequences cut a comple
 stopping would have; the cispo and dro losses are Tinker's formulas; the token is Tinker's key."""
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import math
 
 import pytest
@@ -16,6 +18,7 @@ from tinker.proto.response_conv import deserialize_forward_backward_output, dese
 from grpojob.algorithms import losses
 from grpojob.auth import Auth
 from grpojob.service import tinker_wire as tw
+from grpojob.service.tinker_futures import JSON, RETRIEVED, Futures, as_json
 from grpojob.service.wire import Limits, Refused
 
 LIMITS = Limits(vocab_size=512, max_sequence_tokens=64, max_tokens=8)
@@ -109,3 +112,24 @@ def test_the_token_is_tinkers_api_key_with_its_prefix():
     auth = Auth("secret")
     assert auth.accepts_api_key("tml-secret") and not auth.accepts_api_key("secret")
     assert not auth.accepts_api_key("tml-other") and not auth.accepts_api_key(None)
+
+
+def test_futures_say_try_again_then_answer_and_keep_the_last_answers():
+    pending = concurrent.futures.Future()
+    futures = Futures()
+    rid = futures.add(pending, as_json)
+    assert json.loads(futures.retrieve(rid, wait=0.01)[1]) == {"type": "try_again", "request_id": rid,
+                                                               "queue_state": "active"}
+    pending.set_result({"metrics": {"step": 1.0}})
+    assert futures.retrieve(rid) == futures.retrieve(rid) == (JSON, b'{"metrics": {"step": 1.0}}')  # again
+    refused = concurrent.futures.Future()
+    refused.set_exception(Refused(409, "no gradients to step with"))
+    failed = concurrent.futures.Future()
+    failed.set_exception(RuntimeError("boom"))
+    assert json.loads(futures.retrieve(futures.add(refused, as_json))[1]) == {
+        "error": "no gradients to step with", "category": "user"}
+    assert json.loads(futures.retrieve(futures.add(failed, as_json))[1])["category"] == "server"
+    for _ in range(RETRIEVED + 1):
+        futures.retrieve(futures.done({}, as_json))
+    with pytest.raises(Refused, match=f"request_id {rid}: no such request"):
+        futures.retrieve(rid)

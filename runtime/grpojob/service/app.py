@@ -194,6 +194,7 @@ class TrainingService:
         finally:
             if server is not None:
                 server.mount_service(None)  # 503 from now on: the rollout side closes after this
+            self.tinker.close()
         return self._stop()
 
     def _next(self) -> tuple:

@@ -60,6 +60,10 @@ class TinkerAPI:
         self.models: set[str] = set()
         self.pool = concurrent.futures.ThreadPoolExecutor(SAMPLE_THREADS, thread_name_prefix="grpojob-tinker")
 
+    def close(self) -> None:
+        """The service stopped: samples still waiting are dropped (their clients get 503s next)."""
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
     # ---- dispatch ------------------------------------------------------------------------------
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, str]:
         route = path.split("?")[0].removeprefix(PREFIX)

@@ -2,9 +2,9 @@
 request id, and the client fetches the result with /api/v1/retrieve_future, which waits up to
 WAIT_SECONDS here and then says "try_again" (the SDK asks again at once).
 
-A result is converted once (a converter may record what it returned, e.g. a sampler's id) and
-kept after it was fetched, so a client that lost an answer can fetch it again; the oldest
-finished ones go once more than KEEP are held."""
+A result is converted once (a converter may record what it returned, e.g. a sampler's id). The
+last RETRIEVED fetched ones are kept, so a client that lost an answer can fetch it again; a result
+never fetched (its client gone) goes once more than KEEP are held and it is the oldest finished."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -18,6 +18,7 @@ from grpojob.service.wire import Refused
 
 WAIT_SECONDS = 20.0  # under the SDK's 45 s timeout on retrieve_future
 KEEP = 4096
+RETRIEVED = 64
 JSON, PROTO = "application/json", "application/x-protobuf"
 
 # converter: the call's raw result -> (content type, body)
@@ -54,6 +55,7 @@ class Futures:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._entries: "OrderedDict[str, _Entry]" = OrderedDict()
+        self._retrieved: "OrderedDict[str, _Entry]" = OrderedDict()
 
     def add(self, future: "concurrent.futures.Future[Any]", convert: Converter) -> str:
         with self._lock:
@@ -74,11 +76,17 @@ class Futures:
 
     def retrieve(self, rid: str, wait: float = WAIT_SECONDS) -> tuple[str, bytes]:
         with self._lock:
-            entry = self._entries.get(rid)
+            entry = self._entries.get(rid) or self._retrieved.get(rid)
         if entry is None:
             raise Refused(404, f"request_id {rid}: no such request (or it is long gone)", "not-found")
         try:
             entry.future.exception(timeout=wait)  # waits; never raises the call's own error
         except concurrent.futures.TimeoutError:
             return as_json({"type": "try_again", "request_id": rid, "queue_state": "active"})
-        return entry.resolve()
+        answer = entry.resolve()
+        with self._lock:
+            if self._entries.pop(rid, None) is not None:
+                self._retrieved[rid] = entry
+                while len(self._retrieved) > RETRIEVED:
+                    self._retrieved.popitem(last=False)
+        return answer
