@@ -1,7 +1,7 @@
 """Which spec changes a running job accepts.
 
 Scaling the rollouts (not with scheduling.gang kueue: its pod group's size is in every pod's
-template), the run policy (suspend, limits, cleanup) and who may reach the pods (the
+template) and their autoscaler's settings, the run policy (suspend, limits, cleanup) and who may reach the pods (the
 NetworkPolicies) apply in place; a suspended job takes any edit but its checkpoint storage (FIXED);
 anything else
 (model, data, algorithm, trainer shape...) would silently restart or corrupt a run, so it is refused
@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from grpojob.api import API_VERSION, KIND, GRPOJob, check
 
-MUTABLE = ("rollout.replicas", "runPolicy", "network")  # spec paths (camelCase) that may change while running
+MUTABLE = ("rollout.replicas", "rollout.autoscale", "runPolicy", "network")  # spec paths (camelCase) that may change while running
 # Fixed for the job's life, suspended too: they shape the trainer StatefulSet's volumeClaimTemplates,
 # which the API server refuses to change (only replicas, template, updateStrategy, ordinals,
 # persistentVolumeClaimRetentionPolicy, minReadySeconds and revisionHistoryLimit may).

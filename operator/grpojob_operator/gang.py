@@ -50,9 +50,11 @@ def group_name(job: GRPOJob) -> str:
 
 
 def members(job: GRPOJob) -> int:
-    """Pods of the gang: every trainer pod and every rollout pod (none of its own when colocated)."""
+    """Pods of the gang: every trainer pod and every rollout pod (none of its own when colocated);
+    with spec.rollout.autoscale, the rollout pods it never goes below (minReplicas)."""
     spec = job.spec
-    return spec.trainer.replicas + (0 if spec.placement == COLOCATED else spec.rollout.replicas)
+    rollouts = spec.rollout.autoscale.min_replicas if spec.rollout.autoscale else spec.rollout.replicas
+    return spec.trainer.replicas + (0 if spec.placement == COLOCATED else rollouts)
 
 
 def pod_metadata(job: GRPOJob, role: str) -> tuple[dict[str, str], dict[str, str]]:

@@ -59,6 +59,12 @@ def test_not_with_placement_colocated_nor_mode_service():
     assert "mode service" in errors(d)["spec.rollout.autoscale"]
 
 
+def test_not_with_a_kueue_gang():
+    d = doc(autoscale={"maxReplicas": 4})
+    d["spec"]["scheduling"] = {"gang": "kueue"}
+    assert errors(d)["spec.rollout.autoscale"].startswith("scheduling.gang kueue puts the pod group's size")
+
+
 @pytest.mark.parametrize("field,value", [("targetWaitFraction", 1.0), ("targetIdleFraction", 0.0),
                                          ("maxReplicas", 0), ("minReplicas", 0)])
 def test_out_of_range_fields(field, value):

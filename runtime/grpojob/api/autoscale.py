@@ -77,6 +77,9 @@ def problems(spec) -> list[tuple[str, str]]:
     if spec.placement == "colocated":
         out.append(("rollout.autoscale", "placement colocated runs one engine inside the trainer pod: there is "
                     "nothing to scale; use placement separate"))
+    if spec.scheduling.gang == "kueue":
+        out.append(("rollout.autoscale", "scheduling.gang kueue puts the pod group's size in every pod's template: "
+                    "each new count would be a new gang that restarts every pod; use scheduling.gang volcano or none"))
     if spec.mode == "service":
         out.append(("rollout.autoscale", "mode service has no training loop whose wait for groups could drive it: "
                     "scale rollout.replicas yourself, or use mode train"))
