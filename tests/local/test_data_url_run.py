@@ -49,3 +49,13 @@ def test_a_run_streams_its_dataset_from_s3_and_resumes_mid_epoch(s3, workdir):
     trained = [i for r in records for i in r["sample_ids"]]
     assert len(trained) == len(set(trained)) == 10 * 16, "a row was trained twice"
     assert max(trained) < 10 * 16 + 64, "rows beyond what the stream and its buffer had read"
+
+
+def test_a_missing_object_stops_grpojob_run_with_the_field_path(s3, workdir):
+    """The trainer's refusal on screen, not a launcher's traceback, and no restart."""
+    proc = grpojob_run(workdir / "run", f"dataset={{path: 's3://{s3.name}/nothing/train.parquet', streaming: true}}",
+                       cwd=workdir)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    assert f"DatasetError: spec.dataset.path: 's3://{s3.name}/nothing/train.parquet' does not exist" in out, out
+    assert "Traceback" not in out and "restart" not in out.lower(), out

@@ -106,6 +106,12 @@ def test_parquet_and_jsonl_from_s3_are_read_whole_and_streamed(s3, tokenizer):
         assert stream.epoch == 1
 
 
+def test_a_streamed_evaluation_set_reads_only_the_rows_it_evaluates(s3, tokenizer):
+    s3.put("d/test.parquet", parquet(ROWS, row_group_size=8))
+    spec = spec_with(path=f"s3://{s3.name}/d/test.parquet", streaming=True)
+    assert [s.row["id"] for s in load_samples(spec, tokenizer, limit=5)] == [0, 1, 2, 3, 4]  # in file order
+
+
 def test_a_streamed_dataset_resumes_where_it_stopped_through_a_checkpoint(s3, tokenizer, tmp_path):
     s3.put("d/train.parquet", parquet(ROWS, row_group_size=7))
     spec = spec_with(path=f"s3://{s3.name}/d/train.parquet", streaming=True, shuffleBuffer=16)
