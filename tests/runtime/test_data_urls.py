@@ -117,20 +117,23 @@ def test_a_streamed_dataset_resumes_where_it_stopped_through_a_checkpoint(s3, to
     spec = spec_with(path=f"s3://{s3.name}/d/train.parquet", streaming=True, shuffleBuffer=16)
     straight = [(s.index, s.row["id"]) for s in prompt_stream(spec, tokenizer).take(150)]
     assert all(index == row for index, row in straight)  # a sample's index is its row's place in the file
-    first = prompt_stream(spec, tokenizer)
-    head = [(s.index, s.row["id"]) for s in first.take(25)]
-    assert first.read == 16 + 24  # lazily: the buffer's 16 rows and one per later draw, of the file's 60
-    torch.save({"data": first.state_dict()}, tmp_path / "state.pt")  # as the checkpoint manager does
-    state = torch.load(tmp_path / "state.pt", weights_only=True)["data"]
-    second = prompt_stream(spec, tokenizer)
-    second.load_state_dict(state)
-    tail = [(s.index, s.row["id"]) for s in second.take(125)]
-    assert head + tail == straight  # the same rows in the same order, as if never stopped
     ids = [row for _, row in straight]
     assert sorted(ids[:60]) == list(range(60)) and sorted(ids[60:120]) == list(range(60))
     assert ids[:60] != list(range(60)) and ids[:60] != ids[60:120]  # shuffled, anew each epoch
-    # prompts issued before the checkpoint are still there for the rollout manager's resume
-    assert second.sample_at(24).row["id"] == head[24][1] and second.sample_at(24).seq == 24
+    # stopped mid-file, with the file read to its end (the buffer draining), at the epoch's end, after it
+    for cut in (25, 50, 60, 61):
+        first = prompt_stream(spec, tokenizer)
+        head = [(s.index, s.row["id"]) for s in first.take(cut)]
+        if cut == 25:
+            assert first.read == 16 + 24  # lazily: the buffer's 16 rows and one per later draw, of the file's 60
+        torch.save({"data": first.state_dict()}, tmp_path / "state.pt")  # as the checkpoint manager does
+        state = torch.load(tmp_path / "state.pt", weights_only=True)["data"]
+        second = prompt_stream(spec, tokenizer)
+        second.load_state_dict(state)
+        tail = [(s.index, s.row["id"]) for s in second.take(150 - cut)]
+        assert head + tail == straight, f"stopped after {cut}"  # the same rows in the same order
+        # prompts issued before the checkpoint are still there for the rollout manager's resume
+        assert second.sample_at(cut - 1).row["id"] == head[-1][1] and second.sample_at(cut - 1).seq == cut - 1
 
 
 def test_the_shuffle_is_seeded(s3, tokenizer):
