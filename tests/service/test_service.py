@@ -89,7 +89,7 @@ GOOD = datum([5, 6, 7, 8], logprobs=[-1.0] * 4, advantages=[0.0, 0.0, 1.0, 1.0])
     ("/optim_step", {"adam_params": {"learning_rate": -1}},
      400, "adam_params.learning_rate: Input should be greater than 0"),
     ("/sample", {"prompt": {"chunks": [{"tokens": [5, 6]}]}, "num_samples": 2,
-                 "sampling_params": {"stop": ["\n"]}}, 400, "sampling_params.stop: stop sequences are not supported"),
+                 "sampling_params": {"stop": []}}, 400, "sampling_params.stop: []: no stop at all (not even EOS)"),
     ("/sample", {"prompt": {"chunks": [{"tokens": list(range(3, 63))}]}, "sampling_params": {"max_tokens": 8}},
      400, "prompt (60 tokens) + sampling_params.max_tokens = 68, more than training.microBatchTokens (64)"),
     ("/sample", {"prompt": {"chunks": [{"tokens": [5]}]}, "min_policy_version": 99}, 409, "min_policy_version 99"),
@@ -139,6 +139,11 @@ def test_a_training_step_round_trips(service):
                                                      SamplingParams(max_tokens=3)).result()
     assert len(sampled.sequences) == 4 and all(1 <= len(s.tokens) <= 3 for s in sampled.sequences)
     data = _datums(prompt, sampled.sequences)
+    stops = list(range(0, 512, 2))  # a completion is cut after its first stop token
+    stopped = client.create_sampling_client().sample(ModelInput.from_ints(prompt), 16,
+                                                     SamplingParams(max_tokens=3, stop=stops)).result()
+    assert all(not set(s.tokens[:-1]) & set(stops) and len(s.logprobs) == len(s.tokens) for s in stopped.sequences)
+    assert any(s.stop_reason == "stop" and s.tokens[-1] in stops and len(s.tokens) < 3 for s in stopped.sequences)
 
     before = training.forward(data, "importance_sampling").result()
     for s, out in zip(sampled.sequences, before.loss_fn_outputs):  # the trainer's log-probs are the sampler's

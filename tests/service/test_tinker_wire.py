@@ -10,6 +10,7 @@ import math
 
 import pytest
 import torch
+from pydantic import ValidationError
 import zstandard
 from tinker import types
 from tinker.proto.request_conv import forward_backward_request_to_proto
@@ -17,7 +18,9 @@ from tinker.proto.response_conv import deserialize_forward_backward_output, dese
 
 from grpojob.algorithms import losses
 from grpojob.auth import Auth
+from grpojob.api.service import ModelInput, SampleRequest, SamplingParams
 from grpojob.service import tinker_wire as tw
+from grpojob.service.stops import cut_at_stop
 from grpojob.service.tinker_futures import JSON, RETRIEVED, Futures, as_json
 from grpojob.service.wire import Limits, Refused
 
@@ -83,13 +86,14 @@ def test_a_stop_cuts_the_completion_after_it():
 
     def decode(ids):
         return "".join(text[i] for i in ids)
-    assert tw.cut_at_stop([1, 2, 3], [-1.0, -2.0, -3.0], "length", "\n", decode) == ([1, 2], [-1.0, -2.0], "stop")
-    assert tw.cut_at_stop([1, 2, 3], [-1.0, -2.0, -3.0], "length", [3], decode) == ([1, 2, 3], [-1.0, -2.0, -3.0],
+    assert cut_at_stop([1, 2, 3], [-1.0, -2.0, -3.0], "length", "\n", decode) == ([1, 2], [-1.0, -2.0], "stop")
+    assert cut_at_stop([1, 2, 3], [-1.0, -2.0, -3.0], "length", [3], decode) == ([1, 2, 3], [-1.0, -2.0, -3.0],
                                                                                        "stop")
-    assert tw.cut_at_stop([1, 3], [-1.0, -3.0], "length", ["\n"], decode) == ([1, 3], [-1.0, -3.0], "length")
-    assert tw.cut_at_stop([1, 3], [-1.0, -3.0], "stop", None, decode) == ([1, 3], [-1.0, -3.0], "stop")
-    with pytest.raises(Refused, match="not even EOS"):
-        tw.check_stop([])
+    assert cut_at_stop([1, 3], [-1.0, -3.0], "length", ["\n"], decode) == ([1, 3], [-1.0, -3.0], "length")
+    assert cut_at_stop([1, 3], [-1.0, -3.0], "stop", None, decode) == ([1, 3], [-1.0, -3.0], "stop")
+    with pytest.raises(ValidationError, match=r"sampling_params.stop\n  Value error, \[\]: no stop at all \(not even EOS\)"):
+        SampleRequest(prompt=ModelInput.from_ints([5]), sampling_params={"stop": []})
+    assert SamplingParams(stop=[7, 8]).stop == [7, 8] and SamplingParams(stop="\n").stop == "\n"
     last_two = tw.with_last_n([math.nan, -1.0, -2.0, -3.0], 2)  # prompt_logprobs_last_n
     assert math.isnan(last_two[1]) and last_two[2:] == [-2.0, -3.0]
 

@@ -232,21 +232,25 @@ class OptimStepRequest(Wire):
 
 
 class SamplingParams(Wire):
-    """Tinker's fields; max_tokens unset: the job's rollout.sampling.maxTokens. Stop sequences are
-    not supported by the rollout servers' /generate (only EOS stops)."""
+    """Tinker's fields; max_tokens unset: the job's rollout.sampling.maxTokens. `stop`: strings or
+    token ids; a completion is cut after the first (grpojob.service.stops); generation stops at EOS
+    either way, so [] (no stop at all) is refused."""
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
     seed: Optional[int] = Field(None, ge=0)
-    stop: Optional[Any] = None
+    stop: Union[None, str, list[str], list[int]] = None
 
     @field_validator("stop")
     @classmethod
-    def _no_stop(cls, v: Any) -> None:
-        if v is not None:
-            raise ValueError("stop sequences are not supported (generation stops at EOS or max_tokens): leave unset")
-        return None
+    def _stops(cls, v: Any) -> Any:
+        if v is not None and len(v) == 0:
+            raise ValueError(f"{v!r}: no stop at all (not even EOS) is not supported: the rollout servers always "
+                             "stop at EOS; leave it unset")
+        if isinstance(v, list) and any(isinstance(s, str) and not s for s in v):
+            raise ValueError("an empty stop string")
+        return v
 
 
 class SampleRequest(Wire):

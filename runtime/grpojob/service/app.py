@@ -45,6 +45,7 @@ from grpojob.leader.rollout_client import RolloutError
 from grpojob.api.rollout import SamplingParams
 from grpojob.learner import dist
 from grpojob.service.ops import ServiceOps
+from grpojob.service.stops import cut_at_stop
 from grpojob.service.tinker_api import TinkerAPI
 from grpojob.service.wire import ROUTES, Limits, Refused, parse, tokens_of
 from grpojob.service.versions import IssuedVersions
@@ -160,10 +161,19 @@ class TrainingService:
                                             timeout=float(spec.weight_sync.timeout_seconds) * 3)
         except RolloutError as e:
             raise Refused(502, f"the rollout servers did not answer: {e}", "rollout") from None
-        seqs = [SampledSequence(stop_reason="length" if c.truncated else "stop", tokens=c.completion_ids,
-                                logprobs=c.logprobs, policy_version=c.policy_version, text=c.text) for c in done]
-        tokens = len(prompt) * len(done) + sum(len(c.completion_ids) for c in done)
+        seqs = []
+        for c in done:  # cut after a stop sequence (service.stops): the engines stop at EOS only
+            ids, lps, reason = cut_at_stop(c.completion_ids, c.logprobs, "length" if c.truncated else "stop",
+                                           sp.stop, self._decode)
+            text = c.text if len(ids) == len(c.completion_ids) else self.tr.tokenizer.decode(
+                ids, skip_special_tokens=True)
+            seqs.append(SampledSequence(stop_reason=reason, tokens=ids, logprobs=lps, policy_version=c.policy_version,
+                                        text=text))
+        tokens = len(prompt) * len(seqs) + sum(len(s.tokens) for s in seqs)
         return {"sequences": [s.model_dump() for s in seqs]}, tokens
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tr.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _queued(self) -> None:
         if self.board is not None:

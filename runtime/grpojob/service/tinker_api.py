@@ -294,40 +294,36 @@ class TinkerAPI:
                 raise Refused(400, f"prompt.chunks[{j}]: {chunk.type} chunks are not supported (text tokens only)")
             tokens += list(chunk.tokens)
         sp = req.sampling_params
-        tw.check_stop(sp.stop)
+        stop = sp.stop if sp.stop is None or isinstance(sp.stop, str) else list(sp.stop)
         ours = SampleRequest(prompt=ModelInput.from_ints(tokens), num_samples=req.num_samples,
                              sampling_params=SamplingParams(max_tokens=sp.max_tokens, temperature=sp.temperature,
-                                                            top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed),
+                                                            top_p=sp.top_p, top_k=sp.top_k, seed=sp.seed, stop=stop),
                              min_policy_version=version)
         check_limits(ours, self.svc.limits)
-        future = self.pool.submit(self._sample, ours, version, sp.stop,
-                                  bool(req.prompt_logprobs), req.prompt_logprobs_last_n)
+        future = self.pool.submit(self._sample, ours, version, bool(req.prompt_logprobs), req.prompt_logprobs_last_n)
         rid = self.futures.add(future, lambda body: (PROTO, body))
         return {"request_id": rid, "sample_sequence_ids": [f"{rid}-{i}" for i in range(req.num_samples)]}
 
-    def _sample(self, req: SampleRequest, version: int, stop: tw.Stop, prompt_logprobs: bool,
-                last_n: Optional[int]) -> bytes:
+    def _sample(self, req: SampleRequest, version: int, prompt_logprobs: bool, last_n: Optional[int]) -> bytes:
         t0 = time.perf_counter()
         try:
-            body, tokens = self._sample_now(req, version, stop, prompt_logprobs, last_n)
+            body, tokens = self._sample_now(req, version, prompt_logprobs, last_n)
         except BaseException as e:
             self._observe("sample", self._outcome(e), t0)
             raise
         self._observe("sample", "ok", t0, tokens)
         return body
 
-    def _sample_now(self, req: SampleRequest, version: int, stop: tw.Stop, prompt_logprobs: bool,
+    def _sample_now(self, req: SampleRequest, version: int, prompt_logprobs: bool,
                     last_n: Optional[int]) -> tuple[bytes, int]:
         self._served(version)
-        doc, _ = self.svc.sample(req)
-        tok = self.svc.tr.tokenizer
+        doc, _ = self.svc.sample(req)  # cut after its stop sequences there
         seqs = []
         for s in doc["sequences"]:
             if s["policy_version"] != version:
                 raise Refused(409, f"the rollout servers moved to policy version {s['policy_version']} while sampling "
                               f"version {version}: make a sampling client from the current weights", "version")
-            seqs.append(tw.cut_at_stop(s["tokens"], s["logprobs"], s["stop_reason"], stop,
-                                       lambda ids: tok.decode(ids, skip_special_tokens=False)))
+            seqs.append((s["tokens"], s["logprobs"], s["stop_reason"]))
         lps = self._prompt_logprobs(req.prompt.to_ints(), version, last_n) if prompt_logprobs else None
         return tw.encode_sample(seqs, lps), req.prompt.length * len(seqs) + sum(len(t) for t, _, _ in seqs)
 

@@ -1,7 +1,7 @@
 """Tinker's binary wire as the training service takes it (service.tinker_api): the protobuf
 messages of the `tinker` SDK (its generated module tinker.proto.tinker_public_pb2, from the
-`tinker` extra; nothing of it is copied here), turned into grpojob.api.service's models and back,
-and stop sequences cut out of the rollout servers' completions. No torch.
+`tinker` extra; nothing of it is copied here), turned into grpojob.api.service's models and back.
+No torch.
 
     forward_backward request   application/x-protobuf, zstd when the client config says so
     forward_backward answer    ForwardBackwardOutput: one ArrayRecord, `logprobs` per datum
@@ -10,7 +10,7 @@ and stop sequences cut out of the rollout servers' completions. No torch.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import Any, Optional
 
 import numpy as np
 from pydantic import ValidationError
@@ -18,9 +18,6 @@ from pydantic import ValidationError
 from grpojob.api.service import ForwardBackwardInput
 from grpojob.leader.trajectories.wire import describe
 from grpojob.service.wire import Limits, Refused, check_limits
-
-Stop = Union[None, str, Sequence[str], Sequence[int]]
-
 
 def pb() -> Any:
     """The SDK's generated protobuf module (ImportError without the `tinker` extra)."""
@@ -124,34 +121,6 @@ def encode_sample(sequences: list[tuple[list[int], list[float], str]], prompt_lo
     if prompt_logprobs is not None:
         out.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     return out.SerializeToString()
-
-
-def check_stop(stop: Stop) -> None:
-    """Refuse the stop settings this service cannot honour (Refused 400)."""
-    if stop is None:
-        return
-    items = [stop] if isinstance(stop, str) else list(stop)
-    if not items:
-        raise Refused(400, "sampling_params.stop: [] (no stop at all, not even EOS) is not supported: the "
-                      "rollout servers always stop at EOS")
-    if any(isinstance(s, str) and not s for s in items):
-        raise Refused(400, "sampling_params.stop: an empty stop string")
-
-
-def cut_at_stop(tokens: list[int], logprobs: list[float], reason: str, stop: Stop,
-                decode: Callable[[list[int]], str]) -> tuple[list[int], list[float], str]:
-    """A completion cut after its first stop: a stop token id (kept, as the engines keep EOS), or
-    the token that completes a stop string. Generation is left to right, so the kept prefix is
-    exactly what stopping there would have sampled; its stop reason is then "stop"."""
-    if stop is None:
-        return tokens, logprobs, reason
-    items = [stop] if isinstance(stop, str) else list(stop)
-    ids = {s for s in items if isinstance(s, int)}
-    strings = [s for s in items if isinstance(s, str)]
-    for k, t in enumerate(tokens):
-        if t in ids or (strings and any(s in decode(tokens[:k + 1]) for s in strings)):
-            return tokens[:k + 1], logprobs[:k + 1], "stop"
-    return tokens, logprobs, reason
 
 
 def with_last_n(logprobs: list[float], last_n: Optional[int]) -> list[float]:
