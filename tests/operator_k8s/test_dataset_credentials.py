@@ -32,3 +32,18 @@ def test_the_dataset_secrets_reach_the_trainer_container_only():
     assert trainer["envFrom"] == [{"secretRef": {"name": "s3-reader"}}]
     [plain] = _containers(children.build(parse(job_manifest("j")), namespace="ml", owner=OWNER), "StatefulSet")
     assert "envFrom" not in plain
+
+
+def test_render_says_which_dataset_secrets_the_pods_need():
+    import yaml
+
+    from grpojob_operator import render
+
+    doc = job_manifest("j")
+    doc["spec"]["dataset"] = {"path": "s3://bucket/train.parquet", "credentialsSecret": "s3-reader",
+                              "maxPromptLength": 64}
+    for token in (False, True):
+        out = render.render(doc, "ml", token=token)
+        assert "# The trainer pods read Secret ml/s3-reader (spec.dataset.credentialsSecret" in out
+        assert not any(o["kind"] == "Secret" and o["metadata"]["name"] == "s3-reader" for o in yaml.safe_load_all(out))
+    assert "credentialsSecret" not in render.render(job_manifest("j"), "ml")
