@@ -29,6 +29,7 @@ from grpojob.api.data_url import is_url
 from grpojob.plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, render_config, roles,
                     trajectory_url)
+from grpojob.local.autoscaler import LocalAutoscaler
 from grpojob.local.completion import TrainerCompletion
 from grpojob.local.processes import Child, free_port, stop_all, wait_any
 from grpojob.local.progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
@@ -159,6 +160,9 @@ class Run:
         self.restarts = Restarts(restarts)
         self.interrupted: Optional[int] = None
         self.completion = TrainerCompletion(_endpoints(self.children)["trainer-0"], token_path(run_dir))
+        auto = job.spec.rollout.autoscale  # refused with placement colocated
+        self.scaler = LocalAutoscaler(auto, run_dir, [c for c in self.children if c.name.startswith("rollout-")],
+                                      note=self.progress.note) if auto else None
 
     def _on_signal(self, signum, _frame) -> None:
         if self.interrupted is not None:  # second Ctrl-C: no more patience
@@ -196,6 +200,8 @@ class Run:
             for c in self.restarts.ready():
                 c.start()
                 live.append(c)
+            if self.scaler is not None:
+                self._autoscale(live)
             dead = wait_any(live, timeout=0.5)
             if dead is None:
                 continue
@@ -203,6 +209,16 @@ class Run:
             if self._exited(dead):
                 self.progress.update()
                 return 0
+
+    def _autoscale(self, live: list[Child]) -> None:
+        """spec.rollout.autoscale: servers started join the watch; those stopped leave it (their exit is no failure)."""
+        started, stopped = self.scaler.poll()
+        self.children += started
+        live += started
+        for c in stopped:
+            if c in live:
+                live.remove(c)
+            self.restarts.due.pop(c.name, None)
 
     def _exited(self, dead: Child) -> bool:
         """Decide about a child that exited: True when the run is done; restarts it later, or

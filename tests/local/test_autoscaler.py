@@ -1,0 +1,103 @@
+"""spec.rollout.autoscale in `grpojob run` at unit level: the local scaler reads the trainer's step rows
+from metrics.jsonl and starts or stops rollout server processes (fakes here: no process runs; the
+pure rule's own cases are in tests/api/test_autoscale.py, a real run in test_autoscale_run.py)."""
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+from grpojob.api.autoscale import AutoscaleSpec, ScaleRule
+from grpojob.local.autoscaler import DECISIONS_FILE, LocalAutoscaler, another_server
+from grpojob.local.processes import Child
+from grpojob.plan import ENV_REPLICA_ID, ENV_ROLLOUT_PORT
+
+SPEC = AutoscaleSpec(min_replicas=1, max_replicas=3, scale_up=ScaleRule(steps=2, cooldown_seconds=30, max_change=1),
+                     scale_down=ScaleRule(steps=1, cooldown_seconds=0, max_change=1))
+
+
+class FakeServer(Child):
+    def start(self) -> None:
+        self.events.append(("start", self.name))
+
+    def signal(self, sig: int) -> None:
+        self.events.append((signal.Signals(sig).name, self.name))
+
+
+def server(events, index: int, tmp_path: Path) -> FakeServer:
+    c = FakeServer(f"rollout-{index}", ["grpojob", "rollout"], {ENV_REPLICA_ID: f"rollout-{index}",
+                                                                ENV_ROLLOUT_PORT: "1", "KEEP": "x"},
+                   tmp_path / "logs" / f"rollout-{index}.log")
+    c.events = events
+    return c
+
+
+def write(run_dir: Path, *rows) -> None:
+    with open(run_dir / "metrics.jsonl", "a") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def row(step, wait, idle, total=10.0):
+    return {"step": step, "wait_seconds": wait, "step_seconds": total, "rollout_idle_fraction": idle,
+            "groups_in_flight": 2, "policy_staleness": 0.0}
+
+
+def test_up_after_two_steps_then_cooldown_then_down(tmp_path):
+    events: list = []
+    now = [100.0]
+    made = []
+
+    def make(template, index):
+        c = another_server(template, index)
+        fake = server(events, index, tmp_path)
+        fake.env = c.env
+        made.append(fake)
+        return fake
+
+    notes: list[str] = []
+    scaler = LocalAutoscaler(SPEC, tmp_path, [server(events, 0, tmp_path)], make=make, note=notes.append,
+                             clock=lambda: now[0])
+    write(tmp_path, row(1, 8.0, 0.0))
+    assert scaler.poll() == ([], []) and events == []
+    # a half-written line is left for the next look; an evaluation's row is not a step
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"kind": "evaluation", "step": 1}) + "\n" + json.dumps(row(2, 8.0, 0.0))[:20])
+    assert scaler.poll() == ([], [])
+    with open(tmp_path / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(row(2, 8.0, 0.0))[20:] + "\n")
+    started, stopped = scaler.poll()
+    assert [c.name for c in started] == ["rollout-1"] and stopped == [] and events == [("start", "rollout-1")]
+    new = made[0]
+    assert new.env[ENV_REPLICA_ID] == "rollout-1" and new.env["KEEP"] == "x"
+    assert new.env[ENV_ROLLOUT_PORT] != "1", "a port of its own"
+    assert notes[0].startswith("autoscale: ScaleUp: 1 -> 2 rollout servers: the trainer waits for groups over 20%")
+
+    write(tmp_path, row(3, 8.0, 0.0), row(4, 8.0, 0.0))  # within scaleUp.cooldownSeconds 30
+    now[0] = 110.0
+    assert scaler.poll() == ([], []) and scaler.state.replicas == 2
+    now[0] = 131.0
+    write(tmp_path, row(5, 8.0, 0.0))
+    assert [c.name for c in scaler.poll()[0]] == ["rollout-2"]
+
+    write(tmp_path, row(6, 0.0, 0.9))  # idle: one step, no cool-down, one at a time: the newest goes
+    started, stopped = scaler.poll()
+    assert started == [] and [c.name for c in stopped] == ["rollout-2"] and events[-1] == ("SIGTERM", "rollout-2")
+    write(tmp_path, row(7, 0.0, 0.9), row(8, 0.0, 0.9))
+    assert [c.name for c in scaler.poll()[1]] == ["rollout-1"]  # then 1: minReplicas, and it stays
+    assert [c.name for c in scaler.servers] == ["rollout-0"]
+    write(tmp_path, row(9, 0.0, 0.9))
+    assert scaler.poll() == ([], [])
+
+    log = [json.loads(line) for line in (tmp_path / DECISIONS_FILE).read_text().splitlines()]
+    assert [(d["step"], d["reason"], d["replicas"], d["started"], d["stopped"]) for d in log] == [
+        (2, "ScaleUp", 2, ["rollout-1"], []), (5, "ScaleUp", 3, ["rollout-2"], []),
+        (6, "ScaleDown", 2, [], ["rollout-2"]), (7, "ScaleDown", 1, [], ["rollout-1"])]
+
+
+def test_a_resumed_run_reads_only_new_steps(tmp_path):
+    events: list = []
+    write(tmp_path, row(1, 8.0, 0.0), row(2, 8.0, 0.0), row(3, 8.0, 0.0))
+    scaler = LocalAutoscaler(SPEC, tmp_path, [server(events, 0, tmp_path)], note=lambda _: None)
+    assert scaler.poll() == ([], [])
+    assert scaler.state.last_step == -1
