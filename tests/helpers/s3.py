@@ -12,9 +12,9 @@ from __future__ import annotations
 import importlib.util
 import io
 import os
-import shutil
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ENV_PYTHON = "GRPOJOB_TEST_S3_PYTHON"
 VENV = ROOT / ".venv-s3"
-MAKE_IT = (f"python3 -m venv {VENV.name} && {VENV.name}/bin/pip install 'moto[server]>=5,<6' "
+MAKE_IT = (f"python3 -m venv {VENV.name} && {VENV.name}/bin/pip install 'moto[server]>=5.1,<6' "
            f"(or set {ENV_PYTHON} to a python that has moto[server])")
 REGION = "us-east-1"
 KEY, SECRET = "testing-key", "testing-secret"  # moto accepts any; the runtime must send some
@@ -41,7 +41,7 @@ def python() -> Optional[str]:
     if (VENV / "bin" / "python").exists():
         return str(VENV / "bin" / "python")
     if importlib.util.find_spec("moto") is not None and importlib.util.find_spec("flask") is not None:
-        return shutil.which("python") or "python"
+        return sys.executable
     return None
 
 
