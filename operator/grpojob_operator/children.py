@@ -213,7 +213,7 @@ def dataset_secrets(job: GRPOJob) -> list[str]:
     """The Secrets named by spec.dataset.credentialsSecret and the evaluation set's, once each: only
     the trainer reads data, so only its container gets them."""
     sets = [job.spec.dataset] + ([job.spec.evaluation.dataset] if job.spec.evaluation is not None else [])
-    return list(dict.fromkeys(d.credentials_secret for d in sets if d.credentials_secret))
+    return list(dict.fromkeys(d.credentials_secret for d in sets if d is not None and d.credentials_secret))
 
 
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,

@@ -47,3 +47,13 @@ def test_render_says_which_dataset_secrets_the_pods_need():
         assert "# The trainer pods read Secret ml/s3-reader (spec.dataset.credentialsSecret" in out
         assert not any(o["kind"] == "Secret" and o["metadata"]["name"] == "s3-reader" for o in yaml.safe_load_all(out))
     assert "credentialsSecret" not in render.render(job_manifest("j"), "ml")
+
+
+def test_a_job_without_a_dataset_renders_without_secrets():
+    doc = job_manifest("j")
+    doc["spec"].pop("dataset")
+    doc["spec"]["rollout"] = {**doc["spec"].get("rollout", {}), "workflow": "none"}
+    doc["spec"]["environments"] = [{"name": "env", "command": ["python", "-m", "env"]}]
+    doc["spec"]["training"]["microBatchTokens"] = 1024  # the default maxPromptLength stands without a dataset
+    objs = children.build(parse(doc), namespace="ml", owner=OWNER)
+    assert all("envFrom" not in c for c in _containers(objs, "StatefulSet"))
