@@ -158,3 +158,8 @@ def test_signals_in_words():
     assert s.wait_fraction == 0.75
     assert s.words() == ("step 7, trainer waited 75% of the step for groups (3.00/4.00 s), rollout servers idle 10%, "
                          "2 groups in flight, policy lag 1")
+
+
+def test_a_trainer_resumed_from_an_earlier_step_still_counts():
+    d = decide(SPEC, State(replicas=1, last_step=20, direction=UP, streak=1, proposal=3), sig(11, 8.0), now=0.0)
+    assert (d.replicas, d.reason) == (3, "ScaleUp")  # 3 < the 5 asked: the streak's smallest ask

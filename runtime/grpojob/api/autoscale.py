@@ -18,8 +18,9 @@ the step (idle > targetIdleFraction), sized as the HorizontalPodAutoscaler sizes
 r' = ceil(r * busy / (1 - targetIdleFraction)), and never below the r' above (a smaller pool
 would make the trainer wait more than the target: no bounce). Between the two: hold (the band).
 Hysteresis: a direction must hold `steps` consecutive trainer steps (a look at an unchanged step
-counts nothing); within the streak, a scale-up takes the smallest size it asked for and a
-scale-down the largest (like the HPA's stabilisation window). Cool-down: no scale-up within
+counts nothing; a trainer resumed from an earlier checkpoint counts on from its new steps); within
+the streak, a scale-up takes the smallest size it asked for and a scale-down the largest (like the
+HPA's stabilisation window). Cool-down: no scale-up within
 scaleUp.cooldownSeconds, no scale-down within scaleDown.cooldownSeconds, of the last change.
 Each change moves at most maxChange replicas, and never outside [minReplicas, maxReplicas].
 """
@@ -177,7 +178,7 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
                         replace(state, replicas=bounded, direction=HOLD, streak=0, proposal=0, last_change=now))
     if s is None or s.wait_fraction is None:
         return Decision(r, "NoSignal", "the trainer has not reported a step's wait yet", state)
-    if s.step <= state.last_step:
+    if s.step == state.last_step:  # (a step below it is a trainer resumed from an earlier checkpoint: new)
         return Decision(r, "NoNewStep", f"no step since step {state.last_step}", state)
     direction, asked = want(spec, r, s)
     if direction == HOLD:
