@@ -9,6 +9,8 @@ import math
 import statistics
 import threading
 import time
+import urllib.error
+import urllib.request
 from itertools import cycle, islice
 
 import pytest
@@ -192,6 +194,13 @@ def test_every_call_of_a_tinker_loop_is_served_or_refused_by_name(job):
     assert (only.model_name, only.trainable, only.sampleable) == (model, True, True)
     with pytest.raises(Exception, match="not served by a GRPOJob"):
         rest.list_checkpoints(training.model_id).result()
+
+    # another SDK release than the one served is refused before anything else
+    refused = urllib.request.Request(url + "/api/v1/client/config", data=b'{"sdk_version": "0.22.7"}',
+                                     headers={"X-API-Key": "tml-" + TOKEN, "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(refused, timeout=10)
+    assert e.value.code == 400 and "this GRPOJob serves the wire of tinker 0.38.x only" in e.value.read().decode()
 
     # the job's token is the API key; another key is refused
     with pytest.raises(tinker.AuthenticationError):

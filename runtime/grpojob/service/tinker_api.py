@@ -48,6 +48,7 @@ PREFIX = TINKER_PREFIX
 OPS = {"/forward_backward": "forward_backward", "/optim_step": "optim_step", "/save_weights": "save_state",
        "/load_weights": "load_state", "/save_weights_for_sampler": "save_weights_for_sampler", "/asample": "sample"}
 SAMPLE_THREADS = 32
+SDK_SERVED = "0.38"  # the tinker release whose wire is served (pyproject's tinker extra pins it)
 
 
 class TinkerAPI:
@@ -133,7 +134,12 @@ class TinkerAPI:
     # ---- session ---------------------------------------------------------------------------------
     def _client_config(self, doc: dict) -> dict:
         """Feature flags the SDK reads at start: plain API keys, httpx, one request per
-        forward_backward chunk in order, zstd bodies, custom losses and samples polled client-side."""
+        forward_backward chunk in order, zstd bodies, custom losses and samples polled client-side.
+        Another SDK release than the one served is refused here, before anything else."""
+        sdk = str(doc.get("sdk_version") or "")
+        if not sdk.startswith(SDK_SERVED + "."):
+            raise Refused(400, f"tinker SDK {sdk or '(no version)'}: this GRPOJob serves the wire of tinker "
+                          f"{SDK_SERVED}.x only (pip install 'grpojob[tinker]')", "sdk-version")
         return {"pjwt_auth_enabled": False, "credential_default_source": "api_key", "use_pyqwest_transport": False,
                 "parallel_fwdbwd_chunks": False, "proto_compress_fwdbwd": True, "custom_loss_server_side": False,
                 "sample_use_retrieve_futures": False, "sample_join_sampling_session": False}
