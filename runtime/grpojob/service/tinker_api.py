@@ -26,6 +26,7 @@ import logging
 import os
 import time
 import uuid
+from collections import OrderedDict
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -48,6 +49,7 @@ PREFIX = TINKER_PREFIX
 OPS = {"/forward_backward": "forward_backward", "/optim_step": "optim_step", "/save_weights": "save_state",
        "/load_weights": "load_state", "/save_weights_for_sampler": "save_weights_for_sampler", "/asample": "sample"}
 SAMPLE_THREADS = 32
+SAMPLERS = 4096
 SDK_SERVED = "0.38"  # the tinker release whose wire is served (pyproject's tinker extra pins it)
 
 
@@ -56,9 +58,9 @@ class TinkerAPI:
         self.svc = service
         self.run_id = os.environ.get(ENV_JOB) or "grpojob"
         self.futures = Futures()
-        self.samplers: dict[str, int] = {}  # sampling session id -> the policy version it samples
+        # sampling session id -> the policy version it samples (the newest SAMPLERS; older ones are refused)
+        self.samplers: "OrderedDict[str, int]" = OrderedDict()
         self.sampler_names: dict[str, int] = {}  # save_weights_for_sampler(name) -> policy version
-        self.models: set[str] = set()
         self.pool = concurrent.futures.ThreadPoolExecutor(SAMPLE_THREADS, thread_name_prefix="grpojob-tinker")
 
     def close(self) -> None:
@@ -182,7 +184,6 @@ class TinkerAPI:
             raise Refused(400, "lora_config.seed: the adapter is the job's own (spec.model.lora); leave seed unset")
         self._check_model(req.base_model, req.lora_config.rank)
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
-        self.models.add(model_id)
         return {"request_id": self.futures.done({"model_id": model_id, "type": "create_model"}, as_json),
                 "model_id": model_id}
 
@@ -233,7 +234,6 @@ class TinkerAPI:
         if model_id is None:  # create_training_client_from_state[_with_optimizer]: a client on the loaded state
             self._check_model(req.base_model, None)
             model_id = f"{req.session_id}:train:{req.model_seq_id}"
-            self.models.add(model_id)
         return self._queue("/load_state", LoadStateRequest(path=name, optimizer=req.optimizer),
                            lambda r: as_json({"path": req.path, "model_id": model_id, "type": "load_weights"}),
                            model_id)
@@ -258,6 +258,8 @@ class TinkerAPI:
     def _sampler(self, version: int) -> str:
         sid = f"{self.run_id}-sampler-{uuid.uuid4().hex[:12]}"
         self.samplers[sid] = version
+        while len(self.samplers) > SAMPLERS:
+            self.samplers.popitem(last=False)
         return sid
 
     def _create_sampling_session(self, doc: dict) -> dict:
@@ -290,10 +292,10 @@ class TinkerAPI:
             if asked:
                 raise Refused(400, f"{field}: not served by a GRPOJob (tokens, their logprobs and prompt logprobs "
                               "are)")
-        if req.sampling_session_id not in self.samplers:
-            raise Refused(400, "sample: only sampling clients of this job's weights are served (sampling_session_id "
-                          f"{req.sampling_session_id} is not one)")
-        version = self.samplers[req.sampling_session_id]
+        version = self.samplers.get(req.sampling_session_id or "")
+        if version is None:
+            raise Refused(400, "sample: only this job's recent sampling clients are served (sampling_session_id "
+                          f"{req.sampling_session_id} is not one: make one from the current weights)")
         tokens = []
         for j, chunk in enumerate(req.prompt.chunks):
             if chunk.type != "encoded_text":
