@@ -163,3 +163,11 @@ def test_signals_in_words():
 def test_a_trainer_resumed_from_an_earlier_step_still_counts():
     d = decide(SPEC, State(replicas=1, last_step=20, direction=UP, streak=1, proposal=3), sig(11, 8.0), now=0.0)
     assert (d.replicas, d.reason) == (3, "ScaleUp")  # 3 < the 5 asked: the streak's smallest ask
+
+
+def test_at_max_replicas_a_wait_asks_for_nothing():
+    spec = SPEC.model_copy(update={"max_replicas": 2})
+    st = State(replicas=2, direction=UP, streak=1, proposal=2)
+    d = decide(spec, st, sig(3, 8.0), now=0.0)
+    assert (d.replicas, d.reason, d.changed, d.state.streak) == (2, "AtLimit", False, 0)
+    assert d.message.endswith("the trainer waits over 20%, and 2 is maxReplicas")

@@ -131,7 +131,7 @@ class State:
 @dataclass(frozen=True)
 class Decision:
     replicas: int
-    reason: str  # Bounds, ScaleUp, ScaleDown, InBand, Waiting, CoolingDown, NoNewStep, NoSignal
+    reason: str  # Bounds, ScaleUp, ScaleDown, InBand, AtLimit, Waiting, CoolingDown, NoNewStep, NoSignal
     message: str
     state: State
 
@@ -181,6 +181,9 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
     if s.step == state.last_step:  # (a step below it is a trainer resumed from an earlier checkpoint: new)
         return Decision(r, "NoNewStep", f"no step since step {state.last_step}", state)
     direction, asked = want(spec, r, s)
+    if direction == UP and asked <= r:  # at maxReplicas: asks for nothing it can have
+        return Decision(r, "AtLimit", f"{s.words()}: the trainer waits over {spec.target_wait_fraction:.0%}, and "
+                        f"{r} is maxReplicas", replace(state, last_step=s.step, direction=HOLD, streak=0, proposal=0))
     if direction == HOLD:
         return Decision(r, "InBand", s.words(), replace(state, last_step=s.step, direction=HOLD, streak=0, proposal=0))
     same = direction == state.direction

@@ -79,8 +79,8 @@ class PipelineStatus(Model):
 class AutoscaleStatus(Model):
     """spec.rollout.autoscale: what the operator decided last, and the signal it read."""
     replicas: int = field(description="Rollout servers the autoscaler wants.")
-    reason: str = field("", description="Why: ScaleUp, ScaleDown, Bounds, InBand, Waiting (the streak is "
-                        "short of its steps), CoolingDown, NoNewStep, NoSignal.")
+    reason: str = field("", description="Why: ScaleUp, ScaleDown, Bounds, InBand, AtLimit (waits, at "
+                        "maxReplicas), Waiting (the streak is short of its steps), CoolingDown, NoNewStep, NoSignal.")
     message: str = field("", description="The decision and its signal in words.")
     last_scale_time: Optional[str] = field(None, description="RFC 3339 time of the last change of replicas.")
     last_step: int = field(-1, description="The last trainer step counted.")
