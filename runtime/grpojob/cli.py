@@ -93,6 +93,11 @@ def _rollout() -> Command:
     return main
 
 
+def _judge() -> Command:
+    from grpojob.judge.process import main
+    return main
+
+
 def _colocated_pod() -> Command:
     from grpojob.colocated_pod import main
     return main
@@ -166,6 +171,9 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("rollout", help="(in pods) a rollout server")
     sp.set_defaults(fn=_lazy(_rollout))
+
+    sp = sub.add_parser("judge", help="(in pods) a judge server (spec.judges)")
+    sp.set_defaults(fn=_lazy(_judge))
 
     sp = sub.add_parser("colocated-pod", help="(in pods) the trainer and its engine in one container "
                         "(placement colocated with GPUs)")

@@ -127,6 +127,18 @@ ROLLOUT = (
               "before the first push."),
 )
 
+# Served by every judge server (spec.judges) on its port at /metrics.
+JUDGE = (
+    MetricDef("grpojob_judge_queue_depth", "gauge", "Texts waiting for the judge's model."),
+    MetricDef("grpojob_judge_requests_total", "counter", "Scoring requests by result (ok, refused: 4xx, "
+              "failed: 5xx).", ("result",)),
+    MetricDef("grpojob_judge_request_seconds", "histogram", "Scoring request time, queueing included.", (),
+              _STAGE_BUCKETS),
+    MetricDef("grpojob_judge_batch_size", "histogram", "Texts per forward pass.", (),
+              (1, 2, 4, 8, 16, 32, 64, 128, 256)),
+    MetricDef("grpojob_judge_scored_total", "counter", "Texts scored."),
+)
+
 # Served by the operator on its metrics port.
 OPERATOR = (
     MetricDef("grpojob_operator_reconciles_total", "counter", "Reconciles by result.", ("result",)),
@@ -154,7 +166,7 @@ OPERATOR = (
               "known.", ("namespace", "job")),
 )
 
-ALL = TRAINER + ROLLOUT + OPERATOR
+ALL = TRAINER + ROLLOUT + OPERATOR  # JUDGE: not yet on the dashboard (issue 35)
 BY_NAME = {m.name: m for m in ALL}
 
 

@@ -31,6 +31,10 @@ ENV_ADVERTISE_HOST = "GRPOJOB_ADVERTISE_HOST"  # address the rollout server regi
 ENV_REPLICA_ID = "GRPOJOB_REPLICA_ID"
 ENV_BACKEND = "GRPOJOB_ROLLOUT_BACKEND"
 ENV_LOG_FORMAT = "GRPOJOB_LOG_FORMAT"
+# spec.judges: a judge server's name and port; the trainer's map of judge name -> base URLs (JSON).
+ENV_JUDGE = "GRPOJOB_JUDGE"
+ENV_JUDGE_PORT = "GRPOJOB_JUDGE_PORT"
+ENV_JUDGE_URLS = "GRPOJOB_JUDGE_URLS"
 # Environments (spec.environments): their name, the trainer's trajectory API, the rollout servers'
 # OpenAI endpoint (OPENAI_BASE_URL is what the `openai` client reads; the list holds every server).
 ENV_ENVIRONMENT = "GRPOJOB_ENVIRONMENT"
@@ -83,11 +87,14 @@ class Placement:
     # The file holding the job's token (grpojob.auth): the mounted Secret, or <run dir>/token.
     token_file: str = ""
     metrics_auth: bool = False  # /metrics needs the token too (the operator's chart value)
+    # spec.judges: name -> base URLs the trainer scores at (the judge's Service on a cluster, each
+    # local server for `grpojob run`); default http://<job>-judge-<name>:<port>.
+    judge_urls: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Role:
-    name: str  # trainer | rollout | env-<environment name>
+    name: str  # trainer | rollout | env-<environment name> | judge-<judge name>
     replicas: int
     command: list[str]
     env: dict[str, str]
@@ -100,6 +107,7 @@ class Role:
     # The role whose pods this one's processes join (spec.placement colocated: the rollout server
     # is a second container of the trainer pod); None: pods of its own.
     pod_of: Optional[str] = None
+    judge: Optional[str] = None  # spec.judges[].name of a judge's role
 
 
 ENVIRONMENT_ROLE = "environment"  # GRPOJOB_ROLE of every environment process
@@ -131,6 +139,14 @@ def trainer_command() -> list[str]:
 
 def rollout_command() -> list[str]:
     return ["grpojob", "rollout"]
+
+
+def judge_command() -> list[str]:
+    return ["grpojob", "judge"]
+
+
+def judge_role_name(name: str) -> str:
+    return f"judge-{name}"
 
 
 def colocated_pod_command() -> list[str]:
@@ -181,6 +197,8 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
     }
     if where.metrics_auth:
         common[ENV_METRICS_AUTH] = "true"
+    judges = judge_roles(job, where, {**base, **({ENV_METRICS_AUTH: "true"} if where.metrics_auth else {})}, setup)
+    trainer_judges = {ENV_JUDGE_URLS: judge_urls(job, where)} if spec.judges else {}
     trainer = Role(
         name="trainer",
         replicas=spec.trainer.replicas,
@@ -190,7 +208,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
              "PET_NPROC_PER_NODE": str(spec.trainer.processes_per_replica),
              "PET_MASTER_ADDR": where.trainer_host,
              "PET_MASTER_PORT": str(where.rendezvous_port),
-             "PET_MAX_RESTARTS": "0"},
+             "PET_MAX_RESTARTS": "0", **trainer_judges},
         ports={"rendezvous": where.rendezvous_port, "sync": where.sync_port, "http": trainer_port},
         per_replica_env={"PET_NODE_RANK": REPLICA_INDEX},
         setup=setup,
@@ -212,7 +230,7 @@ def roles(job: GRPOJob, where: Placement) -> list[Role]:
         # loopback, and nothing outside the pod does.
         rollout = replace(rollout, env={**rollout.env, ENV_ADVERTISE_HOST: "127.0.0.1"},
                           per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, pod_of=trainer.name)
-    return [trainer, rollout, *environment_roles(job, where, base, trainer_port, setup)]
+    return [trainer, rollout, *environment_roles(job, where, base, trainer_port, setup), *judges]
 
 
 def one_container(trainer: Role, engine: Role, engine_env: Optional[dict[str, str]] = None) -> Role:
@@ -244,6 +262,23 @@ def environment_roles(job: GRPOJob, where: Placement, base: dict[str, str], trai
                  env={**env, ENV_ENVIRONMENT: e.name}, ports={},
                  per_replica_env={ENV_REPLICA_ID: REPLICA_NAME}, environment=e.name, setup=setup)
             for e in job.spec.environments]
+
+
+def judge_urls(job: GRPOJob, where: Placement) -> str:
+    """The trainer's GRPOJOB_JUDGE_URLS: {judge name: [base URL, ...]} as JSON."""
+    urls = {j.name: list(where.judge_urls.get(j.name) or (f"http://{job.metadata.name}-{judge_role_name(j.name)}:"
+                                                         f"{j.port}",)) for j in job.spec.judges}
+    return json.dumps(urls, sort_keys=True)
+
+
+def judge_roles(job: GRPOJob, where: Placement, base: dict[str, str], setup: Optional[list[str]] = None) -> list[Role]:
+    """One role per spec.judges entry: `grpojob judge` with the judge's name and port. Judges take
+    no part in weight sync (no sync address): their weights are frozen."""
+    return [Role(name=judge_role_name(j.name), replicas=j.replicas, command=judge_command(),
+                 env={**base, ENV_ROLE: "judge", ENV_JUDGE: j.name, ENV_JUDGE_PORT: str(j.port)},
+                 ports={"http": j.port}, per_replica_env={ENV_ADVERTISE_HOST: REPLICA_HOST, ENV_REPLICA_ID: REPLICA_NAME},
+                 setup=setup, judge=j.name)
+            for j in job.spec.judges]
 
 
 def render_config(job: GRPOJob) -> str:

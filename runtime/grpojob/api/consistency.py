@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT
-from grpojob.api import autoscale, colocation, plugins
+from grpojob.api import autoscale, colocation, judge, plugins
 
 if TYPE_CHECKING:
     from grpojob.api.spec import GRPOJobSpec
@@ -17,6 +17,7 @@ Problems = list[tuple[str, str]]
 
 def problems(spec: "GRPOJobSpec") -> Problems:
     out = sources(spec) + evaluation(spec) + colocation.problems(spec) + ports(spec) + autoscale.problems(spec)
+    out += judge.problems(spec.judges, spec.rewards)
     t = spec.training
     longest = spec.max_prompt_length + spec.rollout.sampling.max_tokens
     if t.micro_batch_tokens < longest:

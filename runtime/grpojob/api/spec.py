@@ -9,6 +9,7 @@ from grpojob.api import colocation, consistency, plugins
 from grpojob.api.autoscale import AutoscaleSpec
 from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT  # noqa: F401 - importers' names
 from grpojob.api.base import FreeForm, Model, deferring, field, invalid, invalid_all
+from grpojob.api.judge import MAX_JUDGES, JudgeSpec
 from grpojob.api.data import DatasetSpec, EvaluationSpec, SamplingSpec
 from grpojob.api.lora import LoraSpec
 from grpojob.api.names import Annotations, LabelName, Labels, ObjectName, annotations_field, labels_field
@@ -52,9 +53,12 @@ class ModelSpec(Model):
 class RewardSpec(Model):
     """One reward function and its weight."""
 
-    name: str = field(description="A built-in reward (math_exact, format, countdown, exact_match, toy) or "
-                      "'module:function', sync or async, in one of the signatures `signature` names.",
-                      json_schema_extra={"pattern": plugins.name_pattern("reward")})
+    name: Optional[str] = field(None, description="A built-in reward (math_exact, format, countdown, exact_match, "
+                                "toy) or 'module:function', sync or async, in one of the signatures `signature` "
+                                "names. Unset when `judge` is set.",
+                                json_schema_extra={"pattern": plugins.name_pattern("reward")})
+    judge: Optional[str] = field(None, description="A spec.judges name: the reward is its score. Set name or "
+                                 "judge.", max_length=16)
     weight: float = field(1.0, description="Weight of this reward in the summed reward.")
     args: FreeForm = field(default_factory=dict, description="Keyword arguments bound to the reward function.")
     signature: Literal[("auto", *plugins.REWARD_SIGNATURES)] = field(
@@ -67,8 +71,8 @@ class RewardSpec(Model):
 
     @field_validator("name")
     @classmethod
-    def _name(cls, v: str) -> str:
-        return _plugin("reward", v)
+    def _name(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _plugin("reward", v)
 
     @model_validator(mode="after")
     def _builtin_native(self, info: ValidationInfo) -> "RewardSpec":
@@ -271,6 +275,9 @@ class GRPOJobSpec(Model):
     rewards: list[RewardSpec] = field(default_factory=list, description="Reward functions, summed with their "
                                       "weights; at least one unless rollout.workflow is none (environments "
                                       "score their own groups).")
+    judges: list[JudgeSpec] = field(
+        default_factory=list, max_length=MAX_JUDGES, description="Reward models the job serves, named by "
+        f"spec.rewards[].judge (docs/services.md). At most {MAX_JUDGES}.", json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]})
     evaluation: Optional[EvaluationSpec] = field(None, description="Evaluation during training: a held-out "
                                                  "dataset generated on the rollout servers every few steps and "
                                                  "at the end, scored with spec.rewards (docs/evaluation.md).")

@@ -110,7 +110,7 @@ def plugin_refs(job: GRPOJob) -> list[tuple[str, str, str]]:
     refs = [("spec.algorithm.name", "algorithm", spec.algorithm.name),
             ("spec.rollout.workflow", "workflow", spec.rollout.workflow),
             ("spec.rollout.backend", "engine", spec.rollout.backend)]
-    refs += [(f"spec.rewards[{i}].name", "reward", r.name) for i, r in enumerate(spec.rewards)]
+    refs += [(f"spec.rewards[{i}].name", "reward", r.name) for i, r in enumerate(spec.rewards) if r.name]
     datasets = [("spec.dataset", spec.dataset)]
     if spec.evaluation is not None:
         datasets.append(("spec.evaluation.dataset", spec.evaluation.dataset))

@@ -35,6 +35,7 @@ from grpojob.leader.rollout_client import RolloutError
 from grpojob.leader.pipeline import (WAIT_CHECK_SECONDS, IdleClock, Pipeline, SampleClient, StepGroups, WaitReport, derive_seed,
                        group_version)
 from grpojob.api.rollout import Generator, Group, Prompts, Sample, Scorer, Workflow
+from grpojob.rewards.judges import GroupSkipped
 
 __all__ = ["Pipeline", "RolloutManager", "StepGroups", "derive_seed", "group_version"]
 
@@ -269,7 +270,10 @@ class RolloutManager:
     async def _failed(self, sample: Sample, err: BaseException) -> None:
         self._release(sample.seq)
         heapq.heappush(self._requeue, (sample.seq, sample))  # not lost: a retry generates it again
-        self._error = err
+        if isinstance(err, GroupSkipped):  # a judge's onFailure skip: no error, generated again
+            self._fill()
+        else:
+            self._error = err
         await self._notify()
 
     async def _notify(self) -> None:

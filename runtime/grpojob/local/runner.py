@@ -26,10 +26,11 @@ from grpojob import auth
 from grpojob.api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
 from grpojob.api.validate import check_plugins
 from grpojob.api.data_url import is_url
-from grpojob.plan import (CONFIG_FILE, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
+from grpojob.plan import (CONFIG_FILE, ENV_JUDGE_PORT, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, render_config, roles,
                     trajectory_url)
 from grpojob.local.autoscaler import LocalAutoscaler
+from grpojob.local import judges
 from grpojob.local.completion import TrainerCompletion
 from grpojob.local.processes import Child, free_port, stop_all, wait_any
 from grpojob.local.progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
@@ -62,6 +63,7 @@ def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
     held_out = held_out.get("dataset") if isinstance(held_out, dict) else None
     if isinstance(held_out, dict) and held_out.get("path") and not is_url(str(held_out["path"])):
         held_out["path"] = str(Path(held_out["path"]).expanduser().resolve())
+    judges.resolve_paths(spec)
     ckpt = spec.setdefault("checkpoint", {})
     ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))
 
@@ -85,12 +87,13 @@ def _ensure_model(job: GRPOJob, out) -> None:
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
     host = "127.0.0.1"
     rollout_ports = [free_port() for _ in range(job.spec.rollout.replicas)]  # replicas share this host
+    judge_ports = judges.ports(job)
     where = Placement(trainer_host=host, config_path=str(run_dir / CONFIG_FILE),
                       checkpoint_dir=job.spec.checkpoint.path, run_dir=str(run_dir),
                       rendezvous_port=free_port(), sync_port=free_port(), trainer_port=free_port(),
                       rollout_urls=tuple(f"http://{host}:{p}" for p in rollout_ports),
                       code_dir=job.spec.code.local_path, site_dir=str(run_dir / SITE_DIR),
-                      token_file=str(token_path(run_dir)))
+                      token_file=str(token_path(run_dir)), judge_urls=judges.urls(judge_ports))
     bin_dir = str(Path(sys.executable).parent)
     base_env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
     # As in the pods: an environment's OpenAI API key is the job's token unless the user set one.
@@ -104,6 +107,8 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
                 env.update(_user_env(job, role.environment))
             if "PYTHONPATH" in role.env and os.environ.get("PYTHONPATH"):  # spec.code first, then the caller's
                 env["PYTHONPATH"] = role.env["PYTHONPATH"] + os.pathsep + os.environ["PYTHONPATH"]
+            if role.judge is not None:
+                env[ENV_JUDGE_PORT] = str(judge_ports[role.judge][i])
             if role.name == "rollout":
                 env[ENV_ROLLOUT_PORT] = str(rollout_ports[i])
                 if backend:

@@ -17,6 +17,8 @@ from grpojob.api.spec import GRPOJobSpec, RewardSpec
 from grpojob.api.rollout import Completion, Group, Sample
 from grpojob.rewards.builtin import REWARDS
 from grpojob.rewards.forms import Binding, FormError, bind
+from grpojob.rewards.judges import GroupSkipped, JudgeClient, JudgeRefused, JudgeUnavailable, urls_from_env
+from grpojob.auth import Auth
 
 log = logging.getLogger("grpojob.rewards")
 
@@ -54,16 +56,19 @@ class RewardScorer:
     def __init__(self, spec: GRPOJobSpec, tokenizer: Any):
         self.spec, self.tokenizer = spec, tokenizer
         self.specs = list(spec.rewards)
-        self.fns = [resolve(r, f"spec.rewards[{i}].name") for i, r in enumerate(self.specs)]
+        self.fns = [None if r.judge else resolve(r, f"spec.rewards[{i}].name") for i, r in enumerate(self.specs)]
         self.names = reward_names(spec)
+        self.judges = judge_clients(spec) if spec.judges else {}
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     async def _score(self, i: int, sample: Sample, comps: list[Completion]) -> list[Optional[float]]:
         """Reward i of each completion (None: a trl-form reward did not score it)."""
-        fn, binding = self.fns[i]
         texts = [c.text or self.decode(c.completion_ids) for c in comps]
+        if self.specs[i].judge:
+            return await self._judge(i, sample, texts)
+        fn, binding = self.fns[i]
         where = f"reward '{self.specs[i].name}' (spec.rewards[{i}])"
         try:
             if binding.form.batched:
@@ -87,6 +92,23 @@ class RewardScorer:
         if bad:
             raise RewardError(f"{where} returned {bad[0]}")
         return values
+
+    async def _judge(self, i: int, sample: Sample, texts: list[str]) -> list[Optional[float]]:
+        """A judge's scores; when it cannot score, its onFailure: zero (0 each), skip (GroupSkipped:
+        the manager generates the prompt again), fail (the step fails)."""
+        client = self.judges[self.specs[i].judge]
+        try:
+            return list(await client.score(sample.prompt, texts))
+        except JudgeRefused as e:
+            raise RewardError(f"spec.rewards[{i}] (judge '{client.spec.name}'): {e}") from None
+        except JudgeUnavailable as e:
+            if client.spec.on_failure == "zero":
+                log.warning("%s: scoring the group 0 (onFailure zero)", e, extra={"sample": sample.index})
+                return [0.0] * len(texts)
+            if isinstance(e, GroupSkipped):
+                log.warning("%s: skipping the group, its prompt is generated again (onFailure skip)", e)
+                raise
+            raise RewardError(f"spec.rewards[{i}] (judge '{client.spec.name}', onFailure fail): {e}") from None
 
     def _args(self, form: str, sample: Sample, text: str, args: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
         """One completion's arguments: (first, second, keywords) in the form's meaning."""
@@ -147,12 +169,18 @@ def _as_list(out: Any) -> Optional[list[Any]]:
         return None
 
 
+def judge_clients(spec: GRPOJobSpec) -> dict[str, JudgeClient]:
+    """A client per spec.judges entry, at the addresses the plan gave the trainer (GRPOJOB_JUDGE_URLS)."""
+    urls, token = urls_from_env(), Auth.from_env().token
+    return {j.name: JudgeClient(j, urls.get(j.name) or [], token) for j in spec.judges}
+
+
 def reward_names(spec: GRPOJobSpec) -> list[str]:
     """One metric name per reward function: its name (the attribute of a 'module:function'),
     numbered when the same function appears twice."""
     names, seen = [], {}
     for r in spec.rewards:
-        base = r.name.split(":")[-1]
+        base = r.judge if r.judge else r.name.split(":")[-1]
         seen[base] = seen.get(base, 0) + 1
         names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")
     return names

@@ -1,0 +1,131 @@
+"""The trainer's side of spec.judges: score a group's completions at a judge server.
+
+One request per group (the group's completions together; the server batches concurrent groups into
+forward passes), spread over the judge's replicas in turn. A request that times out or finds the
+judge unavailable (connection refused, 5xx, not ready) is retried `retries` times with exponential
+back-off, on the next replica; then the judge's onFailure decides (JudgeUnavailable carries it). A
+request the judge refuses (4xx) fails at once: retrying cannot help. Before its first request the
+client waits up to startupTimeoutSeconds for a replica's /readyz (the judge loads its model while
+the trainer starts).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+from typing import Optional
+
+import aiohttp
+
+from grpojob.api.judge import JudgeSpec
+from grpojob.auth import Auth
+from grpojob.plan import ENV_JUDGE_URLS
+
+log = logging.getLogger("grpojob.rewards.judges")
+BACKOFF_SECONDS = 0.5
+
+
+class JudgeError(RuntimeError):
+    pass
+
+
+class JudgeRefused(JudgeError):
+    """The judge answered 4xx: the request itself is wrong (a retry cannot help)."""
+
+
+class JudgeUnavailable(JudgeError):
+    """The judge could not score after every retry; spec.judges[i].onFailure decides."""
+
+
+class GroupSkipped(JudgeUnavailable):
+    """onFailure skip: the group is dropped and its prompt generated again (the rollout manager)."""
+
+
+def urls_from_env(environ=os.environ) -> dict[str, list[str]]:
+    text = environ.get(ENV_JUDGE_URLS)
+    return json.loads(text) if text else {}
+
+
+class JudgeClient:
+    def __init__(self, spec: JudgeSpec, urls: list[str], token: str):
+        if not urls:
+            raise JudgeError(f"judge '{spec.name}': no address ({ENV_JUDGE_URLS} names none)")
+        self.spec, self.urls, self.token = spec, [u.rstrip("/") for u in urls], token
+        self._next = 0
+        self._session: Optional[aiohttp.ClientSession] = None
+        self._ready = False
+        self._ready_lock: Optional[asyncio.Lock] = None
+        # what the trainer's metrics read: the last request's latency and the requests in flight
+        self.in_flight = 0
+        self.last_seconds: Optional[float] = None
+        self.failures = 0
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers=Auth(self.token).headers())
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def wait_ready(self) -> None:
+        if self._ready:
+            return
+        self._ready_lock = self._ready_lock or asyncio.Lock()
+        async with self._ready_lock:
+            deadline, why = time.monotonic() + self.spec.startup_timeout_seconds, "no answer"
+            while not self._ready:
+                for url in self.urls:
+                    try:
+                        async with self._client().get(f"{url}/readyz", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                            if r.status == 200:
+                                self._ready = True
+                                break
+                            why = (await r.json()).get("reason") or f"HTTP {r.status}"
+                    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                if self._ready:
+                    break
+                if time.monotonic() > deadline:
+                    raise JudgeUnavailable(f"judge '{self.spec.name}' not ready after "
+                                           f"{self.spec.startup_timeout_seconds:.0f} s at {self.urls}: {why}")
+                await asyncio.sleep(0.5)
+
+    async def score(self, prompt: str, completions: list[str]) -> list[float]:
+        """One score per completion; JudgeRefused, or JudgeUnavailable after the retries."""
+        await self.wait_ready()
+        body = {"items": [{"prompt": prompt, "completion": c} for c in completions]}
+        last = ""
+        for attempt in range(self.spec.retries + 1):
+            if attempt:
+                await asyncio.sleep(BACKOFF_SECONDS * 2 ** (attempt - 1))
+            url = self.urls[self._next % len(self.urls)]
+            self._next += 1
+            start, self.in_flight = time.perf_counter(), self.in_flight + 1
+            try:
+                async with self._client().post(f"{url}/score", json=body,
+                                               timeout=aiohttp.ClientTimeout(total=self.spec.timeout_seconds)) as r:
+                    if 400 <= r.status < 500:
+                        raise JudgeRefused(f"judge '{self.spec.name}' refused the request ({r.status}): "
+                                           f"{(await r.text())[:300]}")
+                    if r.status != 200:
+                        last = f"HTTP {r.status}: {(await r.text())[:300]}"
+                        continue
+                    scores = (await r.json())["scores"]
+                    self.last_seconds = time.perf_counter() - start
+                    if len(scores) != len(completions):
+                        raise JudgeRefused(f"judge '{self.spec.name}' returned {len(scores)} scores for "
+                                           f"{len(completions)} completions")
+                    return [float(s) for s in scores]
+            except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                last = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.spec.timeout_seconds} s"
+            finally:
+                self.in_flight -= 1
+            log.warning("judge '%s' at %s: %s (attempt %d of %d)", self.spec.name, url, last, attempt + 1,
+                        self.spec.retries + 1)
+        self.failures += 1
+        cls = GroupSkipped if self.spec.on_failure == "skip" else JudgeUnavailable
+        raise cls(f"judge '{self.spec.name}' could not score after {self.spec.retries + 1} attempts: {last}")

@@ -1,0 +1,71 @@
+"""spec.judges and spec.rewards[].judge: what is refused (with field paths), what the plan renders,
+and that a job without judges renders exactly what it did."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+from grpojob.api import check
+from grpojob.plan import ENV_JUDGE, ENV_JUDGE_PORT, ENV_JUDGE_URLS, Placement, roles
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _doc(rewards, judges) -> dict:
+    doc = yaml.safe_load((ROOT / "examples" / "tiny-local.yaml").read_text())
+    doc["spec"]["rewards"], doc["spec"]["judges"] = rewards, judges
+    return doc
+
+
+def _errors(doc) -> dict[str, str]:
+    _, errors = check(doc)
+    return {e.path: e.message for e in errors}
+
+
+def test_refusals_name_their_fields():
+    errors = _errors(_doc([{"judge": "cats"}, {"name": "toy", "judge": "dogs"}, {}],
+                          [{"name": "dogs", "model": "/m"}, {"name": "dogs", "model": "/n"}]))
+    assert "no judge 'cats' in spec.judges (declared: dogs, dogs)" in errors["spec.rewards[0].judge"]
+    assert "not both" in errors["spec.rewards[1].judge"]
+    assert "required" in errors["spec.rewards[2].name"]
+    assert "used twice" in errors["spec.judges[1].name"]
+    errors = _errors(_doc([{"judge": "q"}], [{"name": "q", "model": "/m", "template": "{prompt} {answer}"}]))
+    assert "may name only {prompt} and {completion}" in errors["spec.judges[0].template"]
+    errors = _errors(_doc([{"judge": "q"}], [{"name": "q", "model": "/m", "onFailure": "retry-forever"}]))
+    assert "spec.judges[0].onFailure" in errors
+    errors = _errors(_doc([{"name": "toy"}], [{"name": "q", "model": "/m"}]))
+    assert "named by no spec.rewards[].judge" in errors["spec.judges[0].name"]
+
+
+def test_defaults_a_careful_user_wants():
+    job, errors = check(_doc([{"judge": "q"}], [{"name": "q", "model": "/m"}]))
+    assert not errors
+    j = job.spec.judges[0]
+    assert (j.on_failure, j.retries, j.engine, j.score.transform, j.replicas) == ("skip", 3, "hf", "sigmoid", 1)
+
+
+def _where(**kw) -> Placement:
+    return Placement(trainer_host="10.0.0.1", config_path="/c/grpojob.json", checkpoint_dir="/ck", run_dir="/r",
+                     token_file="/t/token", **kw)
+
+
+def test_plan_renders_a_judge_role_and_tells_the_trainer_where_it_is():
+    job, _ = check(_doc([{"judge": "quality", "weight": 2.0}],
+                        [{"name": "quality", "model": "/models/rm", "replicas": 2, "port": 8123}]))
+    rs = {r.name: r for r in roles(job, _where())}
+    judge = rs["judge-quality"]
+    assert judge.command == ["grpojob", "judge"] and judge.replicas == 2 and judge.ports == {"http": 8123}
+    assert judge.env[ENV_JUDGE] == "quality" and judge.env[ENV_JUDGE_PORT] == "8123" and judge.judge == "quality"
+    assert "GRPOJOB_SYNC_ADDR" not in judge.env  # frozen: never in weight sync
+    assert json.loads(rs["trainer"].env[ENV_JUDGE_URLS]) == {"quality": ["http://tiny-local-judge-quality:8123"]}
+    local = {r.name: r for r in roles(job, _where(judge_urls={"quality": ("http://127.0.0.1:1", "http://127.0.0.1:2")}))}
+    assert json.loads(local["trainer"].env[ENV_JUDGE_URLS]) == {"quality": ["http://127.0.0.1:1", "http://127.0.0.1:2"]}
+
+
+def test_a_job_without_judges_renders_what_it_did():
+    job, _ = check(yaml.safe_load((ROOT / "examples" / "tiny-local.yaml").read_text()))
+    rs = roles(job, _where())
+    assert [r.name for r in rs] == ["trainer", "rollout"]
+    assert all(ENV_JUDGE_URLS not in r.env for r in rs)
