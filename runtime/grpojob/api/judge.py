@@ -32,8 +32,7 @@ class JudgeScore(Model):
 
 
 class JudgeSpec(Model):
-    """A reward model served by the job: a Deployment + Service on a cluster, a process under
-    `grpojob run`. Its weights are frozen: weight sync never pushes to it."""
+    """A reward model the job serves; frozen (weight sync never pushes to it)."""
 
     name: str = field(description="Judge name (spec.rewards[].judge); children <job>-judge-<name>.", pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$", max_length=16)
     kind: Literal["classifier"] = field("classifier", description="classifier: a sequence-classification "

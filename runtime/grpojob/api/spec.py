@@ -55,7 +55,7 @@ class RewardSpec(Model):
 
     name: Optional[str] = field(None, description="A built-in reward (math_exact, format, countdown, exact_match, "
                                 "toy) or 'module:function', sync or async, in one of the signatures `signature` "
-                                "names. Unset when `judge` is set.",
+                                "names.",
                                 json_schema_extra={"pattern": plugins.name_pattern("reward")})
     judge: Optional[str] = field(None, description="A spec.judges name: the reward is its score. Set name or "
                                  "judge.", max_length=16)
