@@ -36,17 +36,16 @@ UP, DOWN, HOLD = "up", "down", "hold"
 
 
 class ScaleRule(Model):
-    """How one direction of the autoscaler acts (the HorizontalPodAutoscaler's behavior.scaleUp/scaleDown)."""
-    steps: int = field(2, ge=1, le=1000, description="Consecutive trainer steps whose signal asks for this "
-                       "direction before it is taken (hysteresis).")
-    cooldown_seconds: int = field(60, ge=0, le=86400, description="Seconds after the last change of "
-                                  "replicas (either way) before this direction may act again.")
-    max_change: int = field(2, ge=1, le=1000, description="Replicas added (scaleUp) or removed (scaleDown) at "
-                            "most per change.")
+    """One direction of the autoscaler (the HPA's behavior.scaleUp/scaleDown)."""
+    steps: int = field(2, ge=1, le=1000, description="Consecutive trainer steps asking for this direction "
+                       "before it is taken.")
+    cooldown_seconds: int = field(60, ge=0, le=86400, description="Seconds after the last change "
+                                  "before this direction may act.")
+    max_change: int = field(2, ge=1, le=1000, description="Most replicas added or removed per change.")
 
 
 class AutoscaleSpec(Model):
-    """Rollout servers scaled on the trainer's RL signals (docs/services.md#autoscaling)."""
+    """Rollout servers scaled on the trainer's signals (docs/services.md)."""
     model_config = Model.model_config | {"json_schema_extra": {"x-kubernetes-validations": [
         {"rule": "(has(self.minReplicas) ? self.minReplicas : 1) <= self.maxReplicas",
          "message": "minReplicas must not exceed maxReplicas"}]}}
@@ -54,14 +53,13 @@ class AutoscaleSpec(Model):
     min_replicas: int = field(1, ge=1, le=1000, description="Fewest rollout servers.")
     max_replicas: int = field(ge=1, le=1000, description="Most rollout servers.")
     target_wait_fraction: float = field(0.2, gt=0, lt=1, description="Scale up while the trainer waits for "
-                                        "groups more than this share of its step (waitSeconds / stepSeconds).")
-    target_idle_fraction: float = field(0.5, gt=0, lt=1, description="Scale down while the rollout servers idle "
-                                        "more than this share of the step (no group being generated), as long "
-                                        "as fewer servers would keep the trainer's wait under targetWaitFraction.")
+                                        "groups over this share of its step.")
+    target_idle_fraction: float = field(0.5, gt=0, lt=1, description="Scale down while the servers idle over "
+                                        "this share of the step (not below what keeps the wait under target).")
     scale_up: ScaleRule = field(default_factory=ScaleRule, description="When and how far to scale up.")
     scale_down: ScaleRule = field(default_factory=lambda: ScaleRule(steps=5, cooldown_seconds=300, max_change=1),
-                                  description="When and how far to scale down (default: 5 steps, 300 s "
-                                  "cool-down, 1 replica at a time).")
+                                  description="When and how far to scale down (default: 5 steps, "
+                                  "300 s, 1).")
 
 
 def problems(spec) -> list[tuple[str, str]]:

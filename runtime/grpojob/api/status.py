@@ -65,30 +65,29 @@ class Progress(Model):
 
 
 class PipelineStatus(Model):
-    """The trainer's last step as the rollout side saw it: what spec.rollout.autoscale decides on."""
-    step: int = field(0, description="The step these numbers are of.")
-    wait_seconds: float = field(0.0, description="Seconds the trainer waited for groups.")
-    step_seconds: float = field(0.0, description="Wall time of the step.")
+    """The last step's rollout signals (spec.rollout.autoscale's input)."""
+    step: int = field(0, description="Step.")
+    wait_seconds: float = field(0.0, description="Wait for groups.")
+    step_seconds: float = field(0.0, description="Step time.")
     wait_fraction: Optional[float] = field(None, description="waitSeconds / stepSeconds.")
-    rollout_idle_fraction: Optional[float] = field(None, description="Share of the step during which no group "
-                                                   "was being generated.")
-    groups_in_flight: int = field(0, description="Groups being generated or ready ahead of training.")
-    policy_staleness: Optional[float] = field(None, description="Mean policy-version lag of the step's samples.")
+    rollout_idle_fraction: Optional[float] = field(None, description="Share of the step nothing generated.")
+    groups_in_flight: int = field(0, description="Groups generated ahead.")
+    policy_staleness: Optional[float] = field(None, description="Mean version lag of the samples.")
 
 
 class AutoscaleStatus(Model):
-    """spec.rollout.autoscale: what the operator decided last, and the signal it read."""
-    replicas: int = field(description="Rollout servers the autoscaler wants.")
-    reason: str = field("", description="Why: ScaleUp, ScaleDown, Bounds, InBand, AtLimit (waits, at "
-                        "maxReplicas), Waiting (the streak is short of its steps), CoolingDown, NoNewStep, NoSignal.")
-    message: str = field("", description="The decision and its signal in words.")
-    last_scale_time: Optional[str] = field(None, description="RFC 3339 time of the last change of replicas.")
-    last_step: int = field(-1, description="The last trainer step counted.")
-    direction: Literal["up", "down", "hold"] = field("hold", description="Direction of the current streak.")
-    streak: int = field(0, description="Consecutive steps asking for that direction.")
-    proposal: int = field(0, description="Replicas the streak asks for.")
-    wait_fraction: Optional[float] = field(None, description="The trainer's wait share of the last step read.")
-    idle_fraction: Optional[float] = field(None, description="The rollout servers' idle share of that step.")
+    """spec.rollout.autoscale's last decision and signal."""
+    replicas: int = field(description="Rollout servers wanted.")
+    reason: str = field("", description="ScaleUp, ScaleDown, Bounds, InBand, AtLimit, Waiting, "
+                        "CoolingDown, NoNewStep or NoSignal.")
+    message: str = field("", description="The decision in words.")
+    last_scale_time: Optional[str] = field(None, description="Time of the last change.")
+    last_step: int = field(-1, description="Last step counted.")
+    direction: Literal["up", "down", "hold"] = field("hold", description="The streak's direction.")
+    streak: int = field(0, description="Its steps.")
+    proposal: int = field(0, description="Replicas it asks for.")
+    wait_fraction: Optional[float] = field(None, description="The trainer's wait share.")
+    idle_fraction: Optional[float] = field(None, description="The servers' idle share.")
 
 
 class ReplicaStatus(Model):
@@ -110,7 +109,7 @@ class GRPOJobStatus(Model):
     trainer: ReplicaStatus = field(default_factory=ReplicaStatus, description="Trainer pods.")
     rollout: ReplicaStatus = field(default_factory=ReplicaStatus, description="Rollout pods.")
     restarts: int = field(0, description="Trainer restarts counted against runPolicy.backoffLimit.")
-    autoscale: Optional[AutoscaleStatus] = field(None, description="spec.rollout.autoscale's last decision.")
+    autoscale: Optional[AutoscaleStatus] = field(None, description="rollout.autoscale's last decision.")
 
 
 class StageMemory(Model):
@@ -155,6 +154,5 @@ class TrainerStatus(Model):
         "checkpoint), rank 0's process.")
     service: Optional[ServiceStatus] = field(None, description="mode service: the training API's calls.")
     evaluation: Optional[EvaluationStatus] = field(None, description="The last evaluation (spec.evaluation).")
-    pipeline: Optional[PipelineStatus] = field(None, description="The last step's wait for groups and the "
-                                               "rollout servers' idle share (spec.rollout.autoscale's signals).")
+    pipeline: Optional[PipelineStatus] = field(None, description="The last step's rollout signals.")
     message: str = field("", description="Detail (the error on failure).")
