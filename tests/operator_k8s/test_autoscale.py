@@ -9,12 +9,15 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from grpojob.api import parse
+from grpojob_operator import children
 from grpojob_operator import names as n
+from grpojob_operator.children import Scale
 
 from .cluster import eventually
-from .conftest import NS, job_path
-from .kmock_shim import DEPLOYMENTS, EVENTS, STATEFULSETS
-from .test_operator import running, status
+from .conftest import NS, job_manifest, job_path
+from .kmock_shim import DEPLOYMENTS, EVENTS, GRPOJOBS, STATEFULSETS
+from .test_operator import running, status, without_server_fields
 
 AUTOSCALE = {"minReplicas": 1, "maxReplicas": 3, "targetWaitFraction": 0.2, "targetIdleFraction": 0.5,
              "scaleUp": {"steps": 2, "cooldownSeconds": 0, "maxChange": 2},
@@ -67,6 +70,14 @@ async def test_the_operator_scales_rollouts_up_on_the_trainers_wait_and_down_on_
     step(trainer, "auto", 2, wait=8.0, idle=0.0)
     await eventually(lambda: deployment(emulator, "auto")["spec"]["replicas"] == 3, what="scaled up to 3")
     (patch,) = deployment_patches(emulator, "auto")[patches:]
+    # exactly the Deployment the children render at 3 replicas (a merge patch of the whole manifest;
+    # the emulator's shim stamps resourceVersion and generation into what it recorded)
+    uid = emulator.get_obj(GRPOJOBS, NS, "auto")["metadata"]["uid"]
+    job = parse(job_manifest("auto", rollout={"replicas": 1, "autoscale": AUTOSCALE}))
+    rendered = next(o for o in children.build(job, namespace=NS, image=operator.cfg.image, scale=Scale(2, 3),
+                                              owner=children.owner_reference("auto", uid))
+                    if children.key(o) == ("Deployment", n.rollout_name("auto")))
+    assert without_server_fields(patch) == {k: v for k, v in rendered.items() if k not in ("apiVersion", "kind")}
     assert patch["spec"]["replicas"] == 3
     assert patch["spec"]["template"] == before["spec"]["template"], "the pods' template must not change"
     assert len(emulator.requests_for(STATEFULSETS, "update")) == sts_patches, "the trainer was touched"
@@ -120,11 +131,6 @@ async def test_new_bounds_apply_on_a_running_job(emulator, cluster, operator, tr
 
 
 def test_a_volcano_gang_counts_the_rollouts_it_never_goes_below():
-    from grpojob.api import parse
-    from grpojob_operator import children
-
-    from .conftest import job_manifest
-
     job = parse(job_manifest("g", rollout={"replicas": 3, "autoscale": {**AUTOSCALE, "minReplicas": 2}},
                              scheduling={"gang": "volcano"}))
     (group,) = [o for o in children.build(job, namespace=NS) if o["kind"] == "PodGroup"]
