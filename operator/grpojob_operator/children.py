@@ -25,7 +25,7 @@ from grpojob.api.operations import CODE_DIR, EPHEMERAL
 from grpojob.api.spec import GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
 
-from . import colocated, gang, network, pods
+from . import colocated, gang, judges, network, pods
 from . import names as n
 
 Manifest = dict[str, Any]
@@ -81,6 +81,7 @@ def placement(job: GRPOJob, namespace: str, cluster: Cluster) -> plan.Placement:
         site_dir=n.SITE_DIR if job.spec.code.pip else None,
         token_file=f"{n.TOKEN_DIR}/{auth.TOKEN_KEY}",
         metrics_auth=cluster.metrics_auth,
+        judge_urls=judges.urls(job, namespace),
     )
 
 
@@ -364,7 +365,8 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None, owner: O
     image = n.runtime_image(image)
     cluster = cluster or Cluster()
     scale = scale or Scale(job.spec.trainer.replicas, job.spec.rollout.replicas)
-    trainer, rollout, *environments = plan.roles(job, placement(job, namespace, cluster))
+    trainer, rollout, *others = plan.roles(job, placement(job, namespace, cluster))
+    environments, judge_roles = [r for r in others if r.environment], [r for r in others if r.judge]
     objs = []
     if network.wanted(job):  # before the pods: none runs unguarded
         objs += network_policies(job, {"trainer": trainer, "rollout": rollout}, namespace, owner, cluster)
@@ -381,6 +383,9 @@ def build(job: GRPOJob, *, namespace: str, image: Optional[str] = None, owner: O
     # Environments feed the trainer: they run while it does (suspend and cleanup stop them too).
     objs += [environment_deployment(job, r, namespace, image, r.replicas if scale.trainer else 0, owner)
              for r in environments]
+    objs += judges.children(job, judge_roles, image, scale.trainer > 0, _base_volumes(job, model=False),
+                            lambda obj, c, labels=None: _meta(job.metadata.name, namespace, obj, c, owner, labels),
+                            lambda role, w, pod: _pod_template(job, role, w, pod), gang.scheduler(job))
     if job.spec.monitoring.pod_monitor:
         objs.append(pod_monitor(job, namespace, owner, cluster.metrics_auth))
     for obj in objs:

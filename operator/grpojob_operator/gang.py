@@ -54,7 +54,8 @@ def members(job: GRPOJob) -> int:
     with spec.rollout.autoscale, the rollout pods it never goes below (minReplicas)."""
     spec = job.spec
     rollouts = spec.rollout.autoscale.min_replicas if spec.rollout.autoscale else spec.rollout.replicas
-    return spec.trainer.replicas + (0 if spec.placement == COLOCATED else rollouts)
+    judges = sum(j.replicas for j in spec.judges)  # spec.judges: the trainer cannot score without them
+    return spec.trainer.replicas + (0 if spec.placement == COLOCATED else rollouts) + judges
 
 
 def pod_metadata(job: GRPOJob, role: str) -> tuple[dict[str, str], dict[str, str]]:
@@ -67,7 +68,7 @@ def pod_metadata(job: GRPOJob, role: str) -> tuple[dict[str, str], dict[str, str
     if s.gang == "kueue":
         if s.queue_name:
             labels[KUEUE_QUEUE] = s.queue_name
-        if role in n.ROLES:
+        if role in (*n.ROLES, "judge"):
             labels[KUEUE_GROUP] = group_name(job)
             annotations[KUEUE_TOTAL] = str(members(job))
             annotations[KUEUE_SERVING] = "true"

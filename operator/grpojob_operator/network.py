@@ -21,6 +21,7 @@ from typing import Any, Optional
 from grpojob import plan
 from grpojob.api import GRPOJob
 
+from . import judges
 from . import names as n
 
 NETWORKING_API = "networking.k8s.io/v1"
@@ -77,8 +78,9 @@ def policies(job: GRPOJob, roles: dict[str, plan.Role], namespace: str, operator
         rollout.append({"from": _namespaces(net.agent_namespaces), "ports": _http(rollout_http)})
     if monitoring:
         rollout.append({"from": _namespaces(monitoring), "ports": _http(rollout_http)})
+    judge = judges.policy(job, monitoring, meta)  # spec.judges: reached by the trainer pods only
     return [_policy(name, "trainer", trainer, meta(n.policy_name(name, "trainer"))),
-            _policy(name, "rollout", rollout, meta(n.policy_name(name, "rollout")))]
+            _policy(name, "rollout", rollout, meta(n.policy_name(name, "rollout"))), *([judge] if judge else [])]
 
 
 def names(job: str) -> list[str]:
