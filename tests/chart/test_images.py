@@ -218,7 +218,8 @@ def test_each_image_installs_its_extras(image):
         closure = PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["operator"]
         assert not any(Requirement(r).name in ("torch", "vllm", "transformers") for r in closure)
     else:
-        assert extras == {"runtime", "vllm", "trackers"}
+        # tinker: a service-mode trainer serves Tinker's wire with the SDK's own types (grpojob.service.tinker_api)
+        assert extras == {"runtime", "vllm", "trackers", "tinker"}
         run = " ".join(stages[-1].all("RUN"))
         tiny = re.search(r"grpojob tiny (\S+)", run)  # the model the chart's NOTES first job uses
         assert tiny and tiny.group(1) == "/opt/grpojob/models/tiny"
@@ -278,7 +279,8 @@ def test_operator_pins_cover_and_satisfy_pyproject():
 
 def test_runtime_pins_satisfy_pyproject_and_are_excluded_from_the_base_pins():
     constraints = pins(ROOT / "images" / "runtime" / "constraints.txt")
-    wanted = _reqs(PYPROJECT["project"]["optional-dependencies"]["runtime"])
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    wanted = _reqs(extras["runtime"] + extras["tinker"])  # the extras the base image does not bring
     for name, version in constraints.items():
         assert name in wanted and wanted[name].specifier.contains(version), f"{name}=={version}"
     # The Dockerfile drops these names from the base image's freeze, or pip sees two pins.
