@@ -166,7 +166,7 @@ OPERATOR = (
               "known.", ("namespace", "job")),
 )
 
-ALL = TRAINER + ROLLOUT + OPERATOR  # JUDGE: not yet on the dashboard (issue 35)
+ALL = TRAINER + ROLLOUT + JUDGE + OPERATOR
 BY_NAME = {m.name: m for m in ALL}
 
 

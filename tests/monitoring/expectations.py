@@ -22,6 +22,9 @@ NOT_MEASURED = {
                                            "test_autoscale.py measures it)",
     "grpojob_job_autoscale_idle_fraction": "the scene's job has no spec.rollout.autoscale (tests/operator_k8s/"
                                            "test_autoscale.py measures it)",
+    **{name: "the scene's job has no spec.judges (tests/judge/test_server.py measures them)" for name in (
+        "grpojob_judge_queue_depth", "grpojob_judge_requests_total", "grpojob_judge_request_seconds",
+        "grpojob_judge_batch_size", "grpojob_judge_scored_total")},
 }
 
 # Named in metrics_names but not set on this path yet. When the trainer starts setting one, the
@@ -93,6 +96,9 @@ PANELS = {
     "Service calls": COUNT,
     "Service call time": COUNT,
     "Service tokens": COUNT,
+    "Judge queue and batches": COUNT,
+    "Judge latency": COUNT,
+    "Judge requests": COUNT,
     "Reconciles by result": COUNT,
     "Reconcile duration": POSITIVE,
     "Child-object errors": Range(0, 0),
