@@ -5,10 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grpojob.api import GRPOJob
+from grpojob.api import FieldError, GRPOJob, InvalidSpec
 from grpojob.local.processes import free_port
 
 HOST = "127.0.0.1"
+BUILD_TINY_REWARD_MODEL = "grpojob.io/build-tiny-reward-model"  # annotation: build a missing judge model
 
 
 def ports(job: GRPOJob) -> dict[str, list[int]]:
@@ -24,3 +25,22 @@ def resolve_paths(spec: dict[str, Any]) -> None:
     for j in spec.get("judges") or ():
         if isinstance(j, dict) and isinstance(j.get("model"), str):
             j["model"] = str(Path(j["model"]).expanduser().resolve())
+
+
+def ensure_models(job: GRPOJob, out) -> None:
+    """Every judge's model must be there; with the annotation BUILD_TINY_REWARD_MODEL a missing one is
+    built (grpojob.judge.tiny: the toy task's reward model, trained here in about a minute)."""
+    annotations = (job.metadata.model_extra or {}).get("annotations") or {}
+    build = str(annotations.get(BUILD_TINY_REWARD_MODEL, "")).lower() == "true"
+    for i, j in enumerate(job.spec.judges):
+        if (Path(j.model) / "config.json").exists():
+            continue
+        if not build:
+            raise InvalidSpec([FieldError(f"spec.judges[{i}].model", f"'{j.model}' has no model (config.json); set "
+                                          f"annotation {BUILD_TINY_REWARD_MODEL}: \"true\" to build the toy task's "
+                                          "tiny reward model there")])
+        from grpojob.judge.tiny import build as build_reward_model
+
+        print(f"judge {j.name}: model {j.model} not found: training the toy task's tiny reward model there "
+              f"(annotation {BUILD_TINY_REWARD_MODEL})", file=out)
+        build_reward_model(j.model)

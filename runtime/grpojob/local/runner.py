@@ -346,6 +346,7 @@ def prepare(file: str, sets: list[str], run_dir: Optional[str], backend: Optiona
     where.mkdir(parents=True, exist_ok=True)
     _use_code(job, where, out)
     _ensure_model(job, out)
+    judges.ensure_models(job, out)
     (where / CONFIG_FILE).write_text(render_config(job))
     try:
         auth.ensure_file(token_path(where))
