@@ -144,16 +144,15 @@ def _local_format(d: DatasetSpec, where: str) -> Optional[str]:
         raise DatasetError(str(e)) from e
 
 
-def messages_field(spec: GRPOJobSpec, row: dict[str, Any]) -> Optional[str]:
+def messages_field(d: DatasetSpec, row: dict[str, Any]) -> Optional[str]:
     """The row field holding chat messages: messagesField, or a dataset class's chat item."""
-    d = spec.dataset
     return d.messages_field or (MESSAGES if d.class_ and d.prompt_field not in row else None)
 
 
 def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int,
                   where: str = "spec.dataset") -> str:
     d = spec.dataset
-    field_name = messages_field(spec, row)
+    field_name = messages_field(d, row)
     if field_name:
         messages = row.get(field_name)
         if not isinstance(messages, list):
@@ -176,7 +175,7 @@ def to_sample(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int
               seq: int = -1) -> Optional[Sample]:
     """One row rendered and tokenized; None when its prompt is over maxPromptLength."""
     text = render_prompt(spec, tokenizer, row, index, where)
-    templated = bool(messages_field(spec, row) or spec.model.use_chat_template)
+    templated = bool(messages_field(spec.dataset, row) or spec.model.use_chat_template)
     ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
     if len(ids) > spec.dataset.max_prompt_length:
         return None

@@ -235,7 +235,7 @@ class GRPOTrainer:
 
     @property
     def reward_names(self) -> list[str]:
-        return reward_names(self.spec)
+        return reward_names(self.spec.rewards)
 
     # ---- optimisation ------------------------------------------------------------------------------
     def optimize(self, prep: Prepared) -> dict[str, Any]:

@@ -9,10 +9,13 @@ import asyncio
 import inspect
 import logging
 import math
-from typing import Any, Awaitable, Callable, Optional, Union
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
 from grpojob.api import plugins
 from grpojob.data import messages_field
+from grpojob.api.data import DatasetSpec
+from grpojob.api.judge import JudgeSpec
 from grpojob.api.spec import GRPOJobSpec, RewardSpec
 from grpojob.api.rollout import Completion, Group, Sample
 from grpojob.rewards.builtin import REWARDS
@@ -50,15 +53,30 @@ def resolve(spec: RewardSpec, where: str) -> tuple[RewardFn, Binding]:
         raise RewardError(f"{where}: '{spec.name}' {e}") from None
 
 
-class RewardScorer:
-    """Fills Group.rewards (weighted sum per completion) and Group.reward_parts (per reward name)."""
+@dataclass(frozen=True)
+class ScoringSettings:
+    """What scoring reads of a job: its rewards, the judges they name, and the dataset whose rows
+    the rewards see (the training set's, or an evaluation set's)."""
+    rewards: Sequence[RewardSpec]
+    judges: Sequence[JudgeSpec] = ()
+    dataset: Optional[DatasetSpec] = None
 
-    def __init__(self, spec: GRPOJobSpec, tokenizer: Any):
-        self.spec, self.tokenizer = spec, tokenizer
-        self.specs = list(spec.rewards)
+    @classmethod
+    def of(cls, spec: GRPOJobSpec) -> "ScoringSettings":
+        return cls(rewards=tuple(spec.rewards), judges=tuple(spec.judges), dataset=spec.dataset)
+
+
+class RewardScorer:
+    """Fills Group.rewards (weighted sum per completion) and Group.reward_parts (per reward name).
+    `settings`: ScoringSettings, or a job's spec (what a plug-in holds) to take them from."""
+
+    def __init__(self, settings: Union[ScoringSettings, GRPOJobSpec], tokenizer: Any):
+        s = settings if isinstance(settings, ScoringSettings) else ScoringSettings.of(settings)
+        self.settings, self.tokenizer = s, tokenizer
+        self.specs = list(s.rewards)
         self.fns = [None if r.judge else resolve(r, f"spec.rewards[{i}].name") for i, r in enumerate(self.specs)]
-        self.names = reward_names(spec)
-        self.judges = judge_clients(spec) if spec.judges else {}
+        self.names = reward_names(s.rewards)
+        self.judges = judge_clients(s.judges) if s.judges else {}
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -122,8 +140,8 @@ class RewardScorer:
         """TRL's batch for one group: the dataset's prompt and each completion, as messages when
         the prompt is a conversation (TRL's conversational format), else as text; the row's other
         columns repeated per completion; completion_ids."""
-        n, row, d = len(comps), sample.row, self.spec.dataset  # a job with rewards has a dataset
-        chat = messages_field(self.spec, row)
+        n, row, d = len(comps), sample.row, self.settings.dataset  # a job with rewards has a dataset
+        chat = messages_field(d, row)
         if chat and isinstance(row.get(chat), list):
             prompt, completions = row[chat], [[{"role": "assistant", "content": t}] for t in texts]
         else:
@@ -169,17 +187,17 @@ def _as_list(out: Any) -> Optional[list[Any]]:
         return None
 
 
-def judge_clients(spec: GRPOJobSpec) -> dict[str, JudgeClient]:
+def judge_clients(judges: Sequence[JudgeSpec]) -> dict[str, JudgeClient]:
     """A client per spec.judges entry, at the addresses the plan gave the trainer (GRPOJOB_JUDGE_URLS)."""
     urls, token = urls_from_env(), Auth.from_env().token
-    return {j.name: JudgeClient(j, urls.get(j.name) or [], token) for j in spec.judges}
+    return {j.name: JudgeClient(j, urls.get(j.name) or [], token) for j in judges}
 
 
-def reward_names(spec: GRPOJobSpec) -> list[str]:
+def reward_names(rewards: Sequence[RewardSpec]) -> list[str]:
     """One metric name per reward function: its name (the attribute of a 'module:function'),
     numbered when the same function appears twice."""
     names, seen = [], {}
-    for r in spec.rewards:
+    for r in rewards:
         base = r.judge if r.judge else r.name.split(":")[-1]
         seen[base] = seen.get(base, 0) + 1
         names.append(base if seen[base] == 1 else f"{base}_{seen[base]}")

@@ -20,6 +20,9 @@ import time
 from typing import Any, Optional
 
 from grpojob.api.spec import GRPOJobSpec
+from grpojob.data import load_samples
+from grpojob.leader import workflows
+from grpojob.rewards import RewardScorer, ScoringSettings
 from grpojob.leader.pipeline import SampleClient
 from grpojob.api.rollout import Generator, Group, Sample, derive_seed
 from grpojob.leader.evaluation.scores import EvalRecord, summarise
@@ -37,8 +40,9 @@ class EvaluationError(RuntimeError):
 
 
 def evaluation_spec(spec: GRPOJobSpec) -> GRPOJobSpec:
-    """The job as the evaluation runs it: the held-out dataset, samplesPerPrompt completions per
-    prompt (the workflow's groupSize) with the evaluation's sampling (greedy for one). Not validated
+    """The job as the evaluation's prompts and workflow see it: the held-out dataset, samplesPerPrompt
+    completions per prompt (the workflow's groupSize) with the evaluation's sampling (greedy for one).
+    A workflow plug-in is constructed as Class(spec, tokenizer), so it gets this view. Not validated
     (a groupSize of 1 is the evaluation's, never the trainer's)."""
     ev = spec.evaluation
     assert ev is not None
@@ -54,10 +58,6 @@ class Evaluator:
     `concurrency` at a time) and scored."""
 
     def __init__(self, spec: GRPOJobSpec, tokenizer: Any, generator: Generator, *, concurrency: int = 256):
-        from grpojob.data import load_samples
-        from grpojob.rewards import RewardScorer
-        from grpojob.leader import workflows
-
         ev = spec.evaluation
         assert ev is not None, "spec.evaluation is not set"
         view = evaluation_spec(spec)
@@ -66,7 +66,8 @@ class Evaluator:
         limit = ev.max_prompts if view.dataset.streaming else None
         self.samples: list[Sample] = load_samples(view, tokenizer, WHERE, limit)[:ev.max_prompts]
         self.workflow = workflows.build(view, tokenizer)
-        self.scorer = RewardScorer(view, tokenizer)
+        # the job's rewards and judges over the held-out rows (their fields: ev.dataset's)
+        self.scorer = RewardScorer(ScoringSettings(spec.rewards, spec.judges, ev.dataset), tokenizer)
         self.concurrency = concurrency
 
     async def run(self, step: int, version: int) -> EvalRecord:
