@@ -207,7 +207,7 @@ def push_figures(tr, a: argparse.Namespace, note) -> None:
     from grpojob.learner import dist
 
     env = tr.env
-    serve = getattr(torch, torch_dtype_name(tr.spec, env.device.type == "cuda"))
+    serve = getattr(torch, torch_dtype_name(tr.spec.model.dtype, env.device.type == "cuda"))
     pub = receiver = None
     if env.is_leader:
         import multiprocessing as mp

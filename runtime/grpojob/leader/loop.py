@@ -214,7 +214,7 @@ class Loop:
         tr = self.trainer
         # The rollouts' dtype (rollout.engine's rule; they run where the trainer does: GPU or CPU),
         # so fp32 master weights under bf16 autocast go out as the bf16 the engines serve.
-        stream = tr.weight_stream(getattr(torch, torch_dtype_name(self.spec, tr.env.device.type == "cuda")))
+        stream = tr.weight_stream(getattr(torch, torch_dtype_name(self.spec.model.dtype, tr.env.device.type == "cuda")))
         try:
             report = self.publisher.publish(stream, tr.version) if self.publisher is not None else None
         finally:

@@ -8,8 +8,7 @@ from typing import Any, Iterable
 
 import torch
 
-from grpojob.api.colocation import COLOCATED
-from grpojob.api.spec import GRPOJobSpec
+from grpojob.api.spec import WeightSyncSpec
 from grpojob.plan import ENV_SYNC_ADDR
 from grpojob.leader.rollouts import PushReport
 from grpojob.sync.publisher import WeightPublisher
@@ -28,11 +27,11 @@ def sync_address() -> tuple[str, int]:
 class RemotePublisher:
     """The WeightPublisher of a trainer with rollout servers (grpojob.sync)."""
 
-    def __init__(self, spec: GRPOJobSpec, host: str, port: int, *, resumed: bool, device: torch.device,
-                 checkpoint_dir: str, token: str):
-        self.sync = WeightPublisher(spec.weight_sync, host=host, port=port, device=device, token=token,
+    def __init__(self, weight_sync: WeightSyncSpec, host: str, port: int, *, colocated: bool, resumed: bool,
+                 device: torch.device, checkpoint_dir: str, token: str):
+        self.sync = WeightPublisher(weight_sync, host=host, port=port, device=device, token=token,
                                     initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir,
-                                    colocated=spec.placement == COLOCATED)
+                                    colocated=colocated)
         self.rollout_addresses = self.sync.rollout_addresses
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport:

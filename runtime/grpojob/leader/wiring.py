@@ -55,7 +55,8 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
         raise ValueError("rollouts 'remote' need the job's token (grpojob.auth.Auth)")
     # A resumed policy differs from the weights on disk: no version is current until the
     # loop's first push (it pushes once after a resume, before its first step).
-    publisher = RemotePublisher(spec, listen_host, sync_address()[1], resumed=resumed, device=env.device,
+    publisher = RemotePublisher(spec.weight_sync, listen_host, sync_address()[1], colocated=spec.placement == COLOCATED,
+                                resumed=resumed, device=env.device,
                                 checkpoint_dir=checkpoint_dir, token=auth.token)
     client = RolloutClient(publisher.rollout_addresses, token=auth.token,
                            timeout=float(spec.weight_sync.timeout_seconds) * 3)

@@ -84,15 +84,11 @@ def weight_sync(backend: str) -> tuple[str, ...]:
     return BUILTINS[backend].weight_sync if backend in BUILTINS else engine_class(backend).weight_sync
 
 
-def torch_dtype_name(spec: GRPOJobSpec, on_gpu: bool) -> str:
+def torch_dtype_name(dtype: str, on_gpu: bool) -> str:
     """spec.model.dtype with auto resolved: bfloat16 on GPU, float32 on CPU."""
-    if spec.model.dtype != "auto":
-        return spec.model.dtype
+    if dtype != "auto":
+        return dtype
     return "bfloat16" if on_gpu else "float32"
-
-
-def max_model_len(spec: GRPOJobSpec) -> int:
-    return spec.context_length
 
 
 def build(backend: str, spec: GRPOJobSpec) -> Engine:

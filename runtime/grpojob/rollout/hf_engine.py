@@ -45,7 +45,7 @@ from grpojob.sync import placement, tensorfiles
 from grpojob.sync.placement import Endpoint
 from grpojob.sync.protocol import DISK
 from grpojob.sync.receiver import PushReceiver
-from grpojob.rollout.engine import max_model_len, torch_dtype_name
+from grpojob.rollout.engine import torch_dtype_name
 from grpojob.rollout.hf_generate import Decoder, Row, noise_keys, request_rows
 from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, settle
 from grpojob.api.rollout import Completion, SamplingParams
@@ -94,14 +94,14 @@ class HFEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         m = self.spec.model
-        dtype = getattr(torch, torch_dtype_name(self.spec, self.device.type == "cuda"))
+        dtype = getattr(torch, torch_dtype_name(self.spec.model.dtype, self.device.type == "cuda"))
         model = AutoModelForCausalLM.from_pretrained(m.path, dtype=dtype, trust_remote_code=m.trust_remote_code)
         model.to(self.device).eval()
         tok = AutoTokenizer.from_pretrained(m.tokenizer or m.path, trust_remote_code=m.trust_remote_code)
         self._params = dict(model.state_dict())
         # Names a push must cover: tied aliases (lm_head of tied embeddings) come along for free.
         self._required = {n for n, _ in bk.dedup_tied(self._params.items())}
-        limit = min(max_model_len(self.spec), int(getattr(model.config, "max_position_embeddings", 1 << 30)))
+        limit = min(self.spec.context_length, int(getattr(model.config, "max_position_embeddings", 1 << 30)))
         self._decoder = Decoder(model, slots=self.max_batch, max_len=limit, eos_token_id=tok.eos_token_id)
         log.info("hf engine: loaded %s (%s, %s), %d slots x %d tokens", m.path, dtype, self.device,
                  self.max_batch, limit)

@@ -44,7 +44,7 @@ from grpojob.api.spec import GRPOJobSpec
 from grpojob.sync import adapter
 from grpojob.sync.placement import Endpoint
 from grpojob.sync.protocol import DISK, WeightSyncError
-from grpojob.rollout.engine import max_model_len, torch_dtype_name
+from grpojob.rollout.engine import torch_dtype_name
 from grpojob.api.rollout import Completion, SamplingParams, derive_seed
 
 log = logging.getLogger("grpojob.rollout")
@@ -111,8 +111,8 @@ class VLLMEngine:
                         "distribution vLLM samples from, not the full vocabulary")
         args = AsyncEngineArgs(
             model=m.path, tokenizer=m.tokenizer or m.path, trust_remote_code=m.trust_remote_code,
-            dtype=torch_dtype_name(self.spec, on_gpu), tensor_parallel_size=r.tensor_parallel_size,
-            gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=max_model_len(self.spec),
+            dtype=torch_dtype_name(self.spec.model.dtype, on_gpu), tensor_parallel_size=r.tensor_parallel_size,
+            gpu_memory_utilization=r.gpu_memory_utilization, max_model_len=self.spec.context_length,
             enforce_eager=r.enforce_eager, seed=self.spec.training.seed,
             worker_extension_cls=EXTENSION, logprobs_mode="processed_logprobs",
             disable_log_stats=True, enable_sleep_mode=self._sleeps, **lora)
