@@ -19,7 +19,7 @@ from grpojob.api import API_VERSION, KIND, GRPOJob, GRPOJobStatus, check
 from grpojob.api.colocation import COLOCATED
 from grpojob.plan import ENVIRONMENT_ROLE
 
-from . import changes, children, network
+from . import changes, children, judges, network
 from . import names as n
 from .config import OperatorConfig
 from .kube import Kube, KubeError
@@ -165,6 +165,7 @@ class Controller:
         rollout_pods = trainer_pods if job is not None and job.spec.placement == COLOCATED else \
             [p for p in pods if p.role == "rollout"]
         environment_pods = [p for p in pods if p.role == ENVIRONMENT_ROLE]
+        judge_pods = sorted((p for p in pods if p.role == judges.ROLE), key=lambda p: p.name)
         token, token_error = None, ""
         if job is not None and prev.phase not in ("Succeeded", "Failed"):
             token, token_error = await self.tokens.get(self.kube, name, namespace, uid)
@@ -176,7 +177,8 @@ class Controller:
             else:
                 trainer, trainer_error = await self.trainer.status(name, namespace, job.spec.trainer.port, token)
         obs = Observation(now=now, trainer_pods=trainer_pods, rollout_pods=rollout_pods, trainer=trainer,
-                          trainer_error=trainer_error, ledger=ledger, environment_pods=environment_pods)
+                          trainer_error=trainer_error, ledger=ledger, environment_pods=environment_pods,
+                          judge_pods=judge_pods)
         d = decide(job, prev, obs, generation=meta.get("generation"), errors=errors, rejected=rejected,
                    rejected_reason=reason, suspend_timeout=self.cfg.suspend_timeout)
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 from grpojob import plan
 from grpojob.api import plugins
 
-from . import children
+from . import children, judges
 from . import names as n
 from .status import PodView
 from .status.waiting import pod_problem
@@ -79,7 +79,7 @@ def pod_view(meta: Mapping[str, Any], status: Mapping[str, Any],
     """(namespace, job) -> PodView for one of our pods, None for anyone else's."""
     labels = meta.get("labels") or {}
     job, role = labels.get(n.LABEL_JOB), labels.get(n.LABEL_ROLE)
-    if not job or role not in (*n.ROLES, plan.ENVIRONMENT_ROLE):
+    if not job or role not in (*n.ROLES, plan.ENVIRONMENT_ROLE, judges.ROLE):
         return None
     restarts = sum(int(cs.get("restartCount") or 0) for cs in _own(status, role))
     view = PodView(name=meta["name"], uid=meta.get("uid", ""), role=role, phase=status.get("phase") or "Pending",

@@ -73,3 +73,25 @@ def test_a_job_without_judges_renders_what_it_did():
     kids = build(job_manifest("j"))
     assert not any("judge" in name for _, name in kids)
     assert plan.ENV_JUDGE_URLS not in env_of(container(kids[("StatefulSet", "j-trainer")]))
+
+
+def test_judge_ready_says_whether_every_judge_pod_serves_its_model():
+    from grpojob.api import parse
+    from grpojob_operator.status import Observation, PodView, decide, initial_status
+
+    from .test_status import T0, TRAINING, cond, pods
+
+    def judge_pods(ready: int) -> list[PodView]:
+        return [PodView(name=f"j-judge-words-{i}", uid=f"judge-{i}", role="judge", phase="Running", ready=i < ready)
+                for i in range(2)]
+
+    j = parse(judge_job())
+    st = initial_status(T0)
+    for ready, status, message in ((1, "False", "1/2 judge pods ready"), (2, "True", "2/2 judge pods ready")):
+        obs = Observation(now=T0, trainer_pods=pods("trainer", 2), rollout_pods=pods("rollout", 2), trainer=TRAINING,
+                          judge_pods=judge_pods(ready))
+        st = decide(j, st, obs, generation=1).status
+        c = cond(st, "JudgeReady")
+        assert (c.status, c.message) == (status, message)
+    plain = decide(parse(job_manifest("j")), initial_status(T0), Observation(now=T0), generation=1).status
+    assert all(c.type != "JudgeReady" for c in plain.conditions)  # a job without judges has no such condition

@@ -53,6 +53,7 @@ class Observation:
     trainer_error: str = ""  # why /status could not be read ("" when it was not tried)
     ledger: Mapping[str, int] = field(default_factory=dict)  # pod uid -> failures already counted
     environment_pods: Sequence[PodView] = ()  # spec.environments' pods (their spec.code install may fail)
+    judge_pods: Sequence[PodView] = ()  # spec.judges' pods
 
     @property
     def polled(self) -> bool:

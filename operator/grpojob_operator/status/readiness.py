@@ -1,4 +1,5 @@
-"""Pods ready against pods wanted: TrainerReady, RolloutReady and the replica counts.
+"""Pods ready against pods wanted: TrainerReady, RolloutReady (JudgeReady with spec.judges) and the
+replica counts.
 
 The counts are the pods seen, whatever is wanted: after a scale-down to zero they fall as the pods
 go, and reach 0 when none is left. A role short of ready pods says why when one of its pods cannot
@@ -24,12 +25,15 @@ def readiness(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Sca
     st.rollout = ReplicaStatus(desired=scale.rollout, ready=rollout)
     _condition(conds, "TrainerReady", "trainer", trainer, scale.trainer, obs.trainer_pods, job)
     _condition(conds, "RolloutReady", "rollout", rollout, scale.rollout, obs.rollout_pods, job)
+    if job.spec.judges:  # JudgeReady: every judge pod serves its loaded model
+        wanted = sum(j.replicas for j in job.spec.judges) if scale.trainer else 0
+        _condition(conds, "JudgeReady", "judge", ready_count(obs.judge_pods), wanted, obs.judge_pods, job)
 
 
 def blocked(job: GRPOJob, obs: Observation) -> Optional[str]:
     """What keeps the first stuck pod of the job (trainer, rollout, then environment pods) from
     running, in words; None when no pod is stuck."""
-    pod = first_problem([*obs.trainer_pods, *obs.rollout_pods, *obs.environment_pods])
+    pod = first_problem([*obs.trainer_pods, *obs.rollout_pods, *obs.judge_pods, *obs.environment_pods])
     return describe(job, pod.name, pod.problem) if pod is not None else None
 
 
