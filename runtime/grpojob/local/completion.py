@@ -7,6 +7,7 @@ grpojob.trainer.main); `grpojob run` reads /status and then asks it to stop with
 """
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.request
 from pathlib import Path
@@ -26,12 +27,13 @@ class TrainerCompletion:
         return Auth(read_file(self.token_file)).headers()
 
     def phase(self, timeout: Optional[float] = None) -> Optional[str]:
-        """The leader's /status phase; None when it does not answer (not up yet, restarting, gone)."""
+        """The leader's /status phase; None when it does not answer (not up yet, restarting, gone,
+        or cut off mid-answer: http.client's IncompleteRead is no OSError)."""
         req = urllib.request.Request(f"{self.url}/status", headers=self._headers())
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as r:
                 return json.loads(r.read()).get("phase")
-        except (OSError, ValueError):
+        except (OSError, ValueError, http.client.HTTPException):
             return None
 
     def completed(self) -> bool:
@@ -44,5 +46,5 @@ class TrainerCompletion:
         try:
             urllib.request.urlopen(req, timeout=self.timeout).close()
             return True
-        except OSError:
+        except (OSError, http.client.HTTPException):
             return False
