@@ -79,14 +79,16 @@ class HFClassifier:
 class VLLMClassifier:
     """vLLM's pooling runner (GPU): LLM.classify returns each text's class probabilities."""
 
-    def __init__(self, spec: JudgeSpec):
+    def __init__(self, spec: JudgeSpec, **engine_args: Any):
+        """engine_args: more of vLLM's LLM(...) arguments (gpu_memory_utilization on a shared device)."""
         if spec.score.transform == "logit":
             raise ValueError(f"judge {spec.name}: engine vllm serves probabilities (its classify applies the "
                              "model's activation): use score.transform sigmoid or softmax, or engine hf")
         from vllm import LLM
 
         self.spec = spec
-        self.llm = LLM(model=spec.model, runner="pooling", max_model_len=spec.max_length, enforce_eager=True)
+        self.llm = LLM(model=spec.model, runner="pooling", max_model_len=spec.max_length, enforce_eager=True,
+                       **engine_args)
         cfg = self.llm.llm_engine.model_config.hf_config
         self.index = label_index(spec.score.label, getattr(cfg, "id2label", {}), cfg.num_labels,
                                  f"judge {spec.name}: score.label")

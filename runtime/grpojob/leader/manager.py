@@ -270,8 +270,8 @@ class RolloutManager:
     async def _failed(self, sample: Sample, err: BaseException) -> None:
         self._release(sample.seq)
         heapq.heappush(self._requeue, (sample.seq, sample))  # not lost: a retry generates it again
-        if isinstance(err, GroupSkipped):  # a judge's onFailure skip: no error, generated again
-            self._fill()
+        if isinstance(err, GroupSkipped):  # a judge's onFailure skip: no error, generated again once this task
+            asyncio.current_task().add_done_callback(lambda _t: self._fill())  # has left _inflight
         else:
             self._error = err
         await self._notify()
