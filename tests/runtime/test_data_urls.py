@@ -15,7 +15,8 @@ import torch
 
 from grpojob.api import parse
 from grpojob.api.validate import check
-from grpojob.data import DatasetError, load_samples, prompt_stream
+from grpojob.data import DatasetError, load_samples
+from grpojob.data.streaming import prompt_stream
 from grpojob.tiny import build_tokenizer
 from tests.helpers.s3 import jsonl, parquet, s3, s3_server  # noqa: F401 - fixtures
 

@@ -199,15 +199,6 @@ def load_samples(spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset",
     return samples
 
 
-def prompt_stream(spec: GRPOJobSpec, tokenizer: Any):
-    """The job's prompt stream: the rows read lazily (spec.dataset.streaming) or all loaded."""
-    if spec.dataset.streaming:
-        from grpojob.data.streaming import StreamingPrompts  # here: streaming imports this module
-
-        return StreamingPrompts(spec, tokenizer)
-    return PromptStream(spec, tokenizer)
-
-
 class PromptStream:
     """The job's prompts as one endless stream in a seeded per-epoch order (rank 0's rollout
     manager owns it). Each sample carries `seq`, its position in the stream (epoch x rows +

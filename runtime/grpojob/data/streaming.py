@@ -29,7 +29,7 @@ from typing import Any, Iterator, Optional
 
 from grpojob.api.rollout import Sample
 from grpojob.api.spec import GRPOJobSpec
-from grpojob.data import DatasetError, sources, to_sample
+from grpojob.data import DatasetError, PromptStream, sources, to_sample
 
 log = logging.getLogger("grpojob.data")
 
@@ -168,3 +168,10 @@ class StreamingPrompts:
         if not self._exhausted:
             self.source.load_state_dict(state["source"])
         self.close()  # iterated anew from the loaded position
+
+
+def prompt_stream(spec: GRPOJobSpec, tokenizer: Any):
+    """The job's prompt stream: the rows read lazily (spec.dataset.streaming) or all loaded."""
+    if spec.dataset.streaming:
+        return StreamingPrompts(spec, tokenizer)
+    return PromptStream(spec, tokenizer)

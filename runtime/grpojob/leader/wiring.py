@@ -8,7 +8,7 @@ from typing import Callable, Optional
 from grpojob.api import GRPOJob
 from grpojob.api.colocation import COLOCATED
 from grpojob.auth import Auth
-from grpojob.data import prompt_stream
+from grpojob.data.streaming import prompt_stream
 from grpojob.leader import workflows
 from grpojob.leader.evaluation.evaluator import Evaluation
 from grpojob.leader.manager import Pipeline, RolloutManager
