@@ -18,6 +18,10 @@ from typing import Any, Callable, Iterator
 
 from pydantic_core import PydanticCustomError, core_schema
 
+from grpojob.api.base import deferring
+from grpojob.api.cluster_rules import RULES  # the API server's semantic rules, once the schema passes
+from grpojob.api.names import PATTERN_WORDS
+
 SCHEMAS_FILE = Path(__file__).with_name("k8s_schemas.json")
 MARKER = "x-grpojob-k8s"  # in pydantic's JSON schema: crd.py puts the definition in its place
 ERROR_TYPE = "k8s_schema"
@@ -30,8 +34,6 @@ _TYPE_NAMES = {"string": "a string", "integer": "an integer", "number": "a numbe
 def pattern_message(pattern: str) -> str:
     """What a value that does not match `pattern` should be (a quantity's or a name's pattern, said
     in words)."""
-    from grpojob.api.names import PATTERN_WORDS
-
     if "KMGTPE" in pattern:
         return _QUANTITY_HINT
     return PATTERN_WORDS.get(pattern, f"must match {pattern}")
@@ -193,9 +195,6 @@ class K8s:
         self.name = name
 
     def validate(self, value: dict[str, Any], info: Any = None) -> dict[str, Any]:
-        from grpojob.api.base import deferring
-        from grpojob.api.cluster_rules import RULES  # the API server's semantic rules, once the schema passes
-
         value = prune_nulls(value)
         found = errors(self.name, value)
         if not found and self.name in RULES and not deferring(info):

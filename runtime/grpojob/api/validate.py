@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from grpojob.api import arguments, k8s, lora, plugins
 from grpojob.api.base import DEFER_LOCAL_RULES, FIELD_ERROR, FIELD_ERRORS
 from grpojob.api.colocation import COLOCATED
+from grpojob.api.crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
 from grpojob.api.operations import EPHEMERAL
 from grpojob.api.spec import GRPOJob
 
@@ -31,8 +32,6 @@ class InvalidSpec(ValueError):
 
 @lru_cache(maxsize=1)
 def _schema() -> dict[str, Any]:
-    from grpojob.api.crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
-
     return openapi_schema()
 
 

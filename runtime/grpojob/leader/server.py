@@ -19,7 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from grpojob import auth as authmod
 from grpojob import prom
-from grpojob.api.status import RolloutLag, ServiceCalls, ServiceStatus, TrainerStatus
+from grpojob.api.status import EvaluationStatus, RolloutLag, ServiceCalls, ServiceStatus, TrainerStatus
+from grpojob.leader.trajectories.api import Request
 from grpojob.metrics_names import TRAINER
 from grpojob.plan import SERVICE_PREFIX, TINKER_PREFIX, TRAJECTORY_PREFIX
 
@@ -114,8 +115,6 @@ class StatusBoard:
             self.status = self.status.model_copy(update={"service": svc.model_copy(update={"queued": n})})
     def observe_evaluation(self, record: Any) -> None:
         """The last evaluation (grpojob.leader.evaluation.EvalRecord): /status `evaluation` and the eval gauges."""
-        from grpojob.api.status import EvaluationStatus
-
         self.update(evaluation=EvaluationStatus(**record.status_fields()))
         m = self.metrics
         m["grpojob_eval_step"].set(record.step)
@@ -187,8 +186,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _trajectories(self) -> None:
-        from grpojob.leader.trajectories.api import Request
-
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else b""
         if self.trajectories is None:
             code, doc = 503, {"error": "the trainer is still loading: the trajectory API opens once its rollout "
@@ -198,8 +195,6 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(code, json.dumps(doc).encode())
 
     def _service(self) -> None:
-        from grpojob.leader.trajectories.api import Request
-
         if self.service is None:
             code, doc = 503, {"error": "the training service is not serving: the trainer is still loading (retry), "
                                        "or the job's spec.mode is not service", "reason": "not-serving"}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from grpojob import auth
+from grpojob.code import InstallError, install, use_locally
 from grpojob.api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
 from grpojob.api.validate import check_plugins
 from grpojob.api.data_url import is_url
@@ -301,8 +302,6 @@ def _check_weight_sync(job: GRPOJob) -> None:
 def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
     """spec.code here: pip requirements into the run directory (what the pods' init container
     does), localPath and that directory on this process's path; then every plug-in must import."""
-    from grpojob.code import InstallError, install, use_locally
-
     c = job.spec.code
     if c.has_modules and not c.local_path:
         print("note: spec.code.configMap/volume are for pods; set spec.code.localPath to the directory "

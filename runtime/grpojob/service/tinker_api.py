@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from grpojob.api.service import (AdamParams, Datum, ForwardBackwardInput, LoadStateRequest, ModelInput,
                                  OptimStepRequest, SampleRequest, SamplingParams, SaveStateRequest, SaveWeightsRequest)
+from grpojob.leader.trajectories.wire import describe
 from grpojob.plan import ENV_JOB, TINKER_PREFIX
 from grpojob.service import tinker_wire as tw
 from grpojob.service.tinker_futures import JSON, PROTO, Futures, as_json
@@ -82,7 +83,6 @@ class TinkerAPI:
         except Refused as e:
             code, doc = e.status, {"error": str(e), "reason": e.reason}
         except ValidationError as e:
-            from grpojob.leader.trajectories.wire import describe
             code, doc = 400, {"error": describe(e), "reason": "invalid"}
         except Exception as e:  # noqa: BLE001 - a call's failure is its answer
             log.exception("tinker %s failed", route)
