@@ -226,17 +226,21 @@ class _Handler(BaseHTTPRequestHandler):
             code, body, ctype = self.service.tinker.handle(self.command, self.path, dict(self.headers), data)
         self._send(code, body, ctype)
 
+    def _api(self, path: str) -> bool:
+        """The APIs under a prefix (trajectories, the training service, Tinker's wire), for any
+        method; False when `path` is under none of them."""
+        for prefix, handle in ((TRAJECTORY_PREFIX, self._trajectories), (SERVICE_PREFIX, self._service),
+                               (TINKER_PREFIX, self._tinker)):
+            if path.startswith(prefix + "/"):
+                handle()
+                return True
+        return False
+
     def do_GET(self) -> None:  # noqa: N802 (http.server API)
         path = self.path.split("?")[0]
-        if not self._allowed(path):
+        if not self._allowed(path) or self._api(path):
             return
-        if path.startswith(TRAJECTORY_PREFIX + "/"):
-            self._trajectories()
-        elif path.startswith(SERVICE_PREFIX + "/"):
-            self._service()
-        elif path.startswith(TINKER_PREFIX + "/"):
-            self._tinker()
-        elif path == "/healthz":
+        if path == "/healthz":
             self._send(200, b'{"ok": true}')
         elif path == "/status":
             self._send(200, json.dumps(self.board.snapshot()).encode())
@@ -247,15 +251,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802
         path = self.path.split("?")[0]
-        if not self._allowed(path):
+        if not self._allowed(path) or self._api(path):
             return
-        if path.startswith(TRAJECTORY_PREFIX + "/"):
-            self._trajectories()
-        elif path.startswith(SERVICE_PREFIX + "/"):
-            self._service()
-        elif path.startswith(TINKER_PREFIX + "/"):
-            self._tinker()
-        elif path == "/suspend":
+        if path == "/suspend":
             log.info("suspend requested over HTTP")
             self.board.suspend_requested.set()
             if self.on_suspend:

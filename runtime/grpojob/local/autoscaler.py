@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 
 from grpojob.api.autoscale import AutoscaleSpec, Decision, Signals, State, decide
 from grpojob.local.processes import Child, free_port
+from grpojob.local.progress import JsonlTail
 from grpojob.plan import ENV_REPLICA_ID, ENV_ROLLOUT_PORT
 
 DECISIONS_FILE = "autoscale.jsonl"
@@ -55,20 +56,11 @@ class LocalAutoscaler:
         self.state = State(replicas=len(servers))
         self.metrics = run_dir / "metrics.jsonl"
         self.log = run_dir / DECISIONS_FILE
-        self.offset = self.metrics.stat().st_size if self.metrics.exists() else 0  # a resumed run: new steps only
-        self.buffer = ""
+        self.tail = JsonlTail(self.metrics)  # a resumed run: new steps only
 
     def _new_rows(self) -> list[dict[str, Any]]:
-        if not self.metrics.exists():
-            return []
-        with open(self.metrics) as f:
-            f.seek(self.offset)
-            chunk = f.read()
-        self.offset += len(chunk.encode())
-        self.buffer += chunk
-        *lines, self.buffer = self.buffer.split("\n")
         out = []
-        for line in lines:
+        for line in self.tail.lines():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:

@@ -73,25 +73,37 @@ def _fmt(record: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-class Progress:
-    def __init__(self, metrics: Path, total: int, enabled: bool = True, out=None):
-        self.metrics, self.total, self.enabled, self.out = metrics, total, enabled, out
-        self.offset = metrics.stat().st_size if metrics.exists() else 0  # resumed runs: only new steps
-        self.bar = None
-        self.last_step = len(read_records(metrics))
-        self.buffer = ""
-        self.evaluation: dict[str, str] = {}  # the last evaluation's numbers, shown beside each step's
+class JsonlTail:
+    """The whole lines appended to a JSON-lines file since the last call (a line still being written
+    waits in the buffer), from the file's end at construction (a resumed run: new lines only)."""
 
-    def _new_records(self) -> list[dict[str, Any]]:
-        if not self.metrics.exists():
+    def __init__(self, path: Path):
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0
+        self.buffer = ""
+
+    def lines(self) -> list[str]:
+        if not self.path.exists():
             return []
-        with open(self.metrics) as f:
+        with open(self.path) as f:
             f.seek(self.offset)
             chunk = f.read()
         self.offset += len(chunk.encode())
         self.buffer += chunk
         *lines, self.buffer = self.buffer.split("\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        return lines
+
+
+class Progress:
+    def __init__(self, metrics: Path, total: int, enabled: bool = True, out=None):
+        self.metrics, self.total, self.enabled, self.out = metrics, total, enabled, out
+        self.tail = JsonlTail(metrics)  # resumed runs: only new steps
+        self.bar = None
+        self.last_step = len(read_records(metrics))
+        self.evaluation: dict[str, str] = {}  # the last evaluation's numbers, shown beside each step's
+
+    def _new_records(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.tail.lines() if line.strip()]
 
     def update(self) -> None:
         for record in self._new_records():
