@@ -69,3 +69,47 @@ def test_a_job_without_judges_renders_what_it_did():
     rs = roles(job, _where())
     assert [r.name for r in rs] == ["trainer", "rollout"]
     assert all(ENV_JUDGE_URLS not in r.env for r in rs)
+
+
+GENERATIVE = {"name": "q", "model": "/m", "kind": "generative", "template": "Rate: {completion}",
+              "score": {"pattern": r"score: (\d+)", "min": 0, "max": 9}}
+
+
+def test_a_generative_judge_and_its_defaults():
+    job, errors = check(_doc([{"judge": "q"}], [{**GENERATIVE, "system": "You grade answers."}]))
+    assert not errors, errors
+    j = job.spec.judges[0]
+    assert (j.kind, j.max_tokens, j.temperature, j.system, j.on_failure) == ("generative", 32, 0.0,
+                                                                             "You grade answers.", "skip")
+    job, _ = check(_doc([{"judge": "q"}], [{"name": "q", "model": "/m"}]))
+    assert job.spec.judges[0].kind == "classifier"  # nothing existing changes
+
+
+def test_fields_of_the_other_kind_are_refused_with_their_paths():
+    errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "score": {**GENERATIVE["score"], "transform": "logit",
+                                                                       "label": 1}}]))
+    assert "applies to kind classifier only" in errors["spec.judges[0].score.transform"]
+    assert "spec.judges[0].score.label" in errors
+    errors = _errors(_doc([{"judge": "q"}], [{"name": "q", "model": "/m", "system": "s", "maxTokens": 4,
+                                              "temperature": 0.5, "score": {"pattern": "(x)", "max": 3}}]))
+    assert set(errors) == {f"spec.judges[0].{f}" for f in ("system", "maxTokens", "temperature", "score.pattern",
+                                                           "score.max")}
+    assert all("applies to kind generative only (this judge is classifier)" in m for m in errors.values())
+
+
+def test_a_generative_judge_needs_a_rubric_and_a_parser_that_can_read_a_number():
+    errors = _errors(_doc([{"judge": "q"}], [{"name": "q", "model": "/m", "kind": "generative"}]))
+    assert "required for kind generative" in errors["spec.judges[0].score.pattern"]
+    assert "rubric" in errors["spec.judges[0].template"]
+    errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "score": {"pattern": "score: \\d+"}}]))
+    assert "has 0 groups: it needs exactly one" in errors["spec.judges[0].score.pattern"]
+    errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "score": {"pattern": "(a)(b)"}}]))
+    assert "has 2 groups" in errors["spec.judges[0].score.pattern"]
+    errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "score": {"pattern": "(unclosed"}}]))
+    assert "not a regular expression" in errors["spec.judges[0].score.pattern"]
+    errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "score": {"pattern": "(\\d)", "min": 5, "max": 5}}]))
+    assert "must be above score.min (5)" in errors["spec.judges[0].score.max"]
+    errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "template": "Rate: {prompt}"}]))
+    assert "must name {completion}" in errors["spec.judges[0].template"]
+    errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "maxTokens": 0, "temperature": -1}]))
+    assert {"spec.judges[0].maxTokens", "spec.judges[0].temperature"} <= set(errors)
