@@ -37,6 +37,7 @@ INDEXED_KINDS = ("ConfigMap", "Service", "StatefulSet", "Deployment", "NetworkPo
 # cluster does not serve their kind.
 OPTIONAL_KINDS = {"PodMonitor": "spec.monitoring.podMonitor"}
 OPTIONAL_RETRY_SECONDS = 300.0  # look for a missing optional kind again after this long
+DELETED = "deleted"  # in Controller._applied: a child this process deleted (no spec hash is this)
 
 
 def merge_patch(old: Any, new: Any) -> Any:
@@ -115,7 +116,8 @@ class Controller:
         self.tokens.forget(uid)
         mine = {name, n.config_name(name), n.trainer_name(name), n.rollout_name(name), *network.names(name)}
         mine |= {o["metadata"]["name"] for o in (built[1] if built else ())}  # environments' Deployments
-        for key in [k for k in self._applied if k[1] == namespace and k[2] in mine]:
+        removed = judges.name(name, "")  # judges deleted from the spec: their names are in no build
+        for key in [k for k in self._applied if k[1] == namespace and (k[2] in mine or k[2].startswith(removed))]:
             self._applied.pop(key, None)
         self.metrics.forget(namespace, name)
 
@@ -247,6 +249,9 @@ class Controller:
                 self._applied.pop(("NetworkPolicy", namespace, policy), None)
                 log.info("%s/%s: deleted NetworkPolicy %s (spec.network.policy: false)", namespace,
                          job.metadata.name, policy)
+        failed = await self._delete_removed_judges(job, namespace, uid, have)
+        if failed:
+            return False, failed, []
         # Rebuilding and hashing every child on every tick is most of a quiet reconcile's cost.
         key = (job.model_dump_json(), d.scale, self.cfg.image)
         cached = self._built.get(uid)
@@ -298,6 +303,26 @@ class Controller:
         if errors:
             return False, "; ".join(errors), warnings
         return True, f"{len(wanted) - len(warnings)} child objects in place", warnings
+
+    async def _delete_removed_judges(self, job: GRPOJob, namespace: str, uid: str, have: list[ChildView]) -> str:
+        """A judge gone from spec.judges (an edit while suspended) takes its Deployment and Service
+        with it, the last one the judges' NetworkPolicy. Returns why a delete failed ("" when none
+        did; the next look tries again)."""
+        clock = time.monotonic()
+        for api, kind, child in judges.stale(job, [(k.kind, k.name) for k in have if k.owner_uid == uid]):
+            recent = self._applied.get((kind, namespace, child))
+            if recent and recent[0] == DELETED and clock - recent[1] < self.watch_lag_grace:
+                continue  # deleted already; the watch has not shown it gone yet
+            try:
+                await self.kube.delete(api, kind, namespace, child)
+            except KubeError as e:
+                self.metrics.child_error(kind)
+                log.warning("%s/%s: %s", namespace, job.metadata.name, e)
+                return f"{kind} {namespace}/{child} of a judge removed from spec.judges: {e}"
+            self._applied[(kind, namespace, child)] = (DELETED, clock)
+            log.info("%s/%s: deleted %s %s (its judge is no longer in spec.judges)", namespace, job.metadata.name,
+                     kind, child)
+        return ""
 
     async def _record(self, body: Mapping[str, Any], prev: GRPOJobStatus, raw_status: dict[str, Any],
                       d: Decision, ledger: dict[str, int]) -> None:

@@ -8,7 +8,7 @@ the trainer pods and the monitoring namespaces reach their port. Nothing pushes 
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from grpojob import plan
 from grpojob.api import GRPOJob
@@ -21,6 +21,8 @@ ROLE = "judge"
 LABEL_JUDGE = f"{n.GROUP}/judge"
 GRACE_SECONDS = 30
 STARTUP_SECONDS = 1800  # a large reward model loads for minutes
+# The kinds of a judge's children, with their apiVersions (what a removed judge leaves to delete).
+API_VERSIONS = {"Deployment": "apps/v1", "Service": "v1", "NetworkPolicy": "networking.k8s.io/v1"}
 
 
 def name(job: str, judge: str) -> str:
@@ -106,3 +108,19 @@ def policy(job: GRPOJob, monitoring: list[str], meta: Any) -> Optional[dict[str,
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta(n.policy_name(name_, ROLE)),
             "spec": {"podSelector": {"matchLabels": n.selector(name_, ROLE)}, "policyTypes": ["Ingress"],
                      "ingress": ingress}}
+
+
+def stale(job: GRPOJob, owned: Iterable[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(apiVersion, kind, name) of the job's judge children its spec no longer asks for: a judge
+    removed from spec.judges leaves its Deployment and Service, the last one the NetworkPolicy.
+    `owned`: (kind, name) of the children this job owns (its uid's, never another's)."""
+    job_name = job.metadata.name
+    wanted = {name(job_name, j.name) for j in job.spec.judges}
+    prefix = name(job_name, "")
+    out = []
+    for kind, child in owned:
+        if kind in ("Deployment", "Service") and child.startswith(prefix) and child not in wanted:
+            out.append((API_VERSIONS[kind], kind, child))
+        elif kind == "NetworkPolicy" and child == n.policy_name(job_name, ROLE) and not job.spec.judges:
+            out.append((API_VERSIONS[kind], kind, child))
+    return sorted(out, key=lambda o: (o[1] != "Deployment", o[1], o[2]))  # the pods' owner first

@@ -22,11 +22,12 @@ RBAC_RULES: tuple[Rule, ...] = (
     # Children carry blockOwnerDeletion on their owner reference to the job: with the API server's
     # OwnerReferencesPermissionEnforcement admission (OpenShift enables it) that needs this verb.
     Rule(GROUP, f"{PLURAL}/finalizers", ("update",)),
-    # Children: watched into kopf indexes, created, and patched back into shape.
+    # Children: watched into kopf indexes, created, and patched back into shape; a judge's
+    # Deployment and Service are deleted when the judge leaves spec.judges.
     Rule("", "configmaps", ("list", "watch", "create", "patch")),
-    Rule("", "services", ("list", "watch", "create", "patch")),
+    Rule("", "services", ("list", "watch", "create", "patch", "delete")),
     Rule("apps", "statefulsets", ("list", "watch", "create", "patch")),
-    Rule("apps", "deployments", ("list", "watch", "create", "patch")),
+    Rule("apps", "deployments", ("list", "watch", "create", "patch", "delete")),
     Rule("", "pods", ("list", "watch")),
     # Each job's token: its Secret is created once and read back (after an operator restart, to
     # call the trainer with it); never patched, listed or watched. RBAC cannot narrow `get` to the

@@ -157,6 +157,8 @@ ELSEWHERE = {
     ("kopf.dev", "kopfpeerings", "get"): "leader election in namespaced mode",
     ("", "namespaces", "list"): "kopf, watching some namespaces (--namespace; test_operator)",
     ("", "namespaces", "watch"): "kopf, watching some namespaces (--namespace; test_operator)",
+    ("", "services", "delete"): "a judge removed from spec.judges (test_judges_operator)",
+    ("apps", "deployments", "delete"): "a judge removed from spec.judges (test_judges_operator)",
 }
 # Granted before issue 15 and called nowhere in this scenario nor, as far as kopf's code shows, by
 # kopf (it lists, watches and patches; it does not get single objects): candidates for removal.
