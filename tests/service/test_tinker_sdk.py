@@ -85,7 +85,7 @@ def test_a_tinker_loop_learns_the_toy_task(job):
             mean, std = statistics.fmean(rs), statistics.pstdev(rs)
             data += [rl_datum(prompt, s.tokens, s.logprobs, (r - mean) / (std + 1e-6) / tokens) for s, r in zip(seqs, rs)]
         fwd = training.forward_backward(data, "importance_sampling")
-        step_done = training.optim_step(types.AdamParams(learning_rate=1e-2, grad_clip_norm=1.0))  # Tinker's betas, eps
+        step_done = training.optim_step(types.AdamParams(learning_rate=3e-3, grad_clip_norm=1.0))  # Tinker's betas, eps
         assert fwd.result().metrics["tokens:sum"] > 0
         assert step_done.result().metrics["policy_version"] == step
         sampler = training.save_weights_and_get_sampling_client().result()

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--prompts-per-step", type=int, default=16)
     ap.add_argument("--group-size", type=int, default=8)
-    ap.add_argument("--learning-rate", type=float, default=1e-2)
+    ap.add_argument("--learning-rate", type=float, default=3e-3)
     ap.add_argument("--lora-rank", type=int, default=8, help="the job's spec.model.lora.rank")
     ap.add_argument("--metrics", help="also append each step's JSON line to this file")
     args = ap.parse_args(argv)
