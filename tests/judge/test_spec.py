@@ -8,7 +8,7 @@ from pathlib import Path
 import yaml
 
 from grpojob.api import check
-from grpojob.plan import ENV_JUDGE, ENV_JUDGE_PORT, ENV_JUDGE_URLS, Placement, roles
+from grpojob.plan import ENV_JUDGE, ENV_JUDGE_PORT, ENV_JUDGE_URLS, Placement, render_config, roles
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,3 +113,15 @@ def test_a_generative_judge_needs_a_rubric_and_a_parser_that_can_read_a_number()
     assert "must name {completion}" in errors["spec.judges[0].template"]
     errors = _errors(_doc([{"judge": "q"}], [{**GENERATIVE, "maxTokens": 0, "temperature": -1}]))
     assert {"spec.judges[0].maxTokens", "spec.judges[0].temperature"} <= set(errors)
+
+
+def test_the_runtime_config_of_a_judge_job_checks_again():
+    """The config the operator and `grpojob run` hand to every pod (plan.render_config) writes each
+    field, defaults included: read back by the trainer and the judge, it must not be refused (the
+    other kind's defaults are not fields written for the wrong kind)."""
+    for judge in ({"name": "q", "model": "/m"}, GENERATIVE):
+        job, errors = check(_doc([{"judge": "q"}], [judge]))
+        assert not errors, errors
+        doc = json.loads(render_config(job))
+        again, errors = check({**doc, "apiVersion": "grpojob.io/v1alpha1", "kind": "GRPOJob"}, resolve_plugins=False)
+        assert not errors and again.spec.judges == job.spec.judges, errors

@@ -145,17 +145,20 @@ def problems(judges: list[JudgeSpec], rewards: list) -> list[tuple[str, str]]:
     return out
 
 
-def _set(j: JudgeSpec, where: str) -> set[str]:
-    """The fields written in the manifest, as camelCase names (where: "" the judge, "score" its score)."""
+def _set(j: JudgeSpec, where: str, changed: bool = False) -> set[str]:
+    """The fields written in the manifest, as camelCase names (where: "" the judge, "score" its score);
+    changed: only those written with another value than their default (the runtime config that the
+    operator and `grpojob run` hand to the pods writes every field, defaults included)."""
     model = j.score if where else j
-    return {model.model_fields[n].alias or n for n in model.model_fields_set}
+    return {model.model_fields[n].alias or n for n in model.model_fields_set
+            if not changed or getattr(model, n) != model.model_fields[n].get_default(call_default_factory=True)}
 
 
 def kind_problems(j: JudgeSpec, at: str) -> list[tuple[str, str]]:
     """Fields the judge's kind does not read, and what a generative judge needs."""
     other, kind = (CLASSIFIER_ONLY, "classifier") if j.kind == "generative" else (GENERATIVE_ONLY, "generative")
     out = [(f"{at}.{where + '.' if where else ''}{name}", f"applies to kind {kind} only (this judge is {j.kind})")
-           for where, names in other.items() for name in names if name in _set(j, where)]
+           for where, names in other.items() for name in names if name in _set(j, where, changed=True)]
     if j.kind == "generative":
         if j.score.pattern is None:
             out.append((f"{at}.score.pattern", "required for kind generative: the regex whose one group is the "
