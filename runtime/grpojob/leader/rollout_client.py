@@ -7,7 +7,8 @@
   flight there (ties: the one that served fewer requests). The address list is re-read for every
   request, so servers that join or leave are picked up at once.
 - Retries: a connection error, a timeout or a 5xx puts the server on a short cool-down and the
-  request goes to another server; a 409 (the server holds a policy older than `min_version`,
+  request goes to another server (a 503 `draining`, from a server that is stopping and finishes
+  only what it has, is no failure: it is not logged nor named by `health()`); a 409 (the server holds a policy older than `min_version`,
   e.g. it is still receiving the push) tries another server, then waits for one to catch up.
   A 400 is the request's own fault and raises at once; so does a 401 (the server does not hold
   this job's token: every request carries it as a bearer token, grpojob.auth).
@@ -136,6 +137,9 @@ class RolloutClient:
             if status == 400:
                 raise RolloutError(f"rollout server {url} rejected the request: {message}")
             errors[url] = f"HTTP {status}: {message}"
+            if status == 503 and isinstance(body, dict) and body.get("draining"):  # leaving (scaled down):
+                self._cool_until[url] = time.monotonic() + self.cooldown  # no failure, just elsewhere
+                continue
             if status != 409:
                 self._cool_until[url] = time.monotonic() + self.cooldown
                 self._failed(url, errors[url])

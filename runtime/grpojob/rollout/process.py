@@ -7,7 +7,10 @@ default 127.0.0.1; the server binds 127.0.0.1 for a loopback address, else 0.0.0
 GRPOJOB_REPLICA_ID (name in logs and errors), GRPOJOB_CHECKPOINT_DIR (backend checkpoint).
 
 Its life: load the engine (the HTTP API answers meanwhile, grpojob.rollout.server), join weight
-sync, serve. It stops, exit 0, on SIGTERM/SIGINT or when its parent dies (grpojob.lifeline). When
+sync, serve. It stops, exit 0, on SIGTERM/SIGINT or when its parent dies (grpojob.lifeline); on a
+signal it drains first (`drain`: scaled down, a pod deleted): it takes no new requests (503, which
+the trainer's client sends to another server) and finishes those in flight for up to DRAIN_SECONDS;
+only what is still running then is cut off and generated again elsewhere. When
 the engine breaks (at start or later) it turns not ready (/readyz 503 with the engine's error),
 writes plugins.ENGINE_FAILED and that error as its termination message (grpojob.failures; on a
 cluster the kubelet restarts the pod and the operator records the message in an Event, `grpojob
@@ -23,6 +26,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Optional
 
 from aiohttp import web
@@ -51,6 +55,11 @@ ENGINE_CHECK_SECONDS = 0.5  # how often the server looks at its engine's health
 FAILED_LINGER_SECONDS = 1.0
 HTTP_DRAIN_SECONDS = 1.0  # requests in flight at shutdown get this long, then are cancelled
 SHUTDOWN_SECONDS = 15.0  # the process ends this long after it began to exit, whatever still runs
+# On SIGTERM the requests in flight get this long to finish before the shutdown above begins; the
+# rollout pod's terminationGracePeriodSeconds (grpojob_operator.children.ROLLOUT_GRACE_SECONDS, 30)
+# covers both.
+DRAIN_SECONDS = 10.0
+DRAIN_POLL_SECONDS = 0.05
 
 
 async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, replica: str,
@@ -72,19 +81,24 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    signalled: list[str] = []
 
-    def stop_for(why: str) -> None:
+    def stop_for(why: str, by_signal: bool = False) -> None:
         if not stop.is_set():
             log.info("rollout server %s: stopping (%s)", replica, why)
+            if by_signal:
+                signalled.append(why)
             stop.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop_for, signal.Signals(sig).name)
+        loop.add_signal_handler(sig, stop_for, signal.Signals(sig).name, True)
     lifeline.watch_parent(lambda: loop.call_soon_threadsafe(stop_for, "the parent process is gone"),
                           grace=SHUTDOWN_SECONDS)
     code = 1
     try:
         code = await _run(server, stop, sync_addr=sync_addr, url=url, checkpoint_dir=checkpoint_dir)
+        if code == 0 and server.started and signalled:  # scaled down or deleted: finish what it has
+            await drain(server, DRAIN_SECONDS)
     finally:
         lifeline.exit_within(SHUTDOWN_SECONDS, code)
         await _shut_down(server, runner)
@@ -128,6 +142,22 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
         except asyncio.TimeoutError:
             pass
     return 0
+
+
+async def drain(server: Server, seconds: float) -> tuple[int, int]:
+    """Take no new requests (they get 503 `draining`, /readyz turns unready) and wait up to `seconds`
+    for those in flight; log what was finished and what is cut off. (finished, cut off)."""
+    server.draining = True
+    t0, at_start = time.monotonic(), server.inflight
+    if at_start:
+        log.info("rollout server %s: draining %d requests in flight (up to %.0f s); new ones go to the other "
+                 "servers", server.replica, at_start, seconds)
+    while server.inflight and time.monotonic() - t0 < seconds:
+        await asyncio.sleep(DRAIN_POLL_SECONDS)
+    (finished, tokens), cut = server.drained, server.inflight
+    log.info("rollout server %s: drained in %.2f s: %d requests finished (%d completion tokens), %d cut off "
+             "(generated again on another server)", server.replica, time.monotonic() - t0, finished, tokens, cut)
+    return finished, cut
 
 
 async def _shut_down(server: Server, runner: web.AppRunner) -> None:

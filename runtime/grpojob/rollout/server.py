@@ -11,13 +11,14 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
   the trainer's store confirms that version 0 (or whatever it pushed since) is current. Without
   GRPOJOB_SYNC_ADDR (standalone) it is ready once the engine is up.
 - GET /metrics: Prometheus (grpojob.metrics_names.ROLLOUT).
-- GET /info: replica, backend, model, policy version, readiness.
+- GET /info: replica, backend, model, policy version, readiness, requests in flight, draining.
 - POST /generate: {"prompt_ids": [int], "n": 1, "sampling": {"temperature", "top_p", "top_k",
   "max_tokens", "seed"} (absent: the job's rollout.sampling), "min_version": null} ->
   {"policy_version", "replica", "completions": [{"completion_ids", "logprobs", "policy_version",
   "finish_reason", "text"}]}. 400 for bad input (the message names the field), 409 when the
   server holds a version older than min_version, 503 while the engine loads and once it broke
-  (the message is the engine's error).
+  (the message is the engine's error), and while it drains after SIGTERM (`"draining": true`:
+  it finishes the requests it has and takes no new ones, grpojob.rollout.process.drain).
 - POST /v1/completions, POST /v1/chat/completions, GET /v1/models: see openai_api.
 - POST /v1/sessions/{id}/reward: ends an agent session (X-Session-Id; sessions.py), passed on to
   the trainer's trajectory API (GRPOJOB_TRAJECTORY_URL), which records every session's turns.
@@ -50,6 +51,7 @@ from grpojob.rollout.turns import Turns
 from grpojob.api.rollout import SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
+DRAINING = ("replica {replica} is draining (stopping): it finishes the requests in flight and takes no new ones")
 
 
 class SamplingIn(BaseModel):
@@ -88,6 +90,9 @@ class Server:
         self.sessions = agent_sessions.SessionStore(trajectory_url, auth.token)  # agent sessions' records
         self.turns = Turns(self)  # sleep and wake (spec.placement colocated)
         self.failing = FailureStreak()  # generate() calls that raise while the engine says it is fine
+        self.draining = False  # after SIGTERM: finishes the requests in flight, takes no new ones (process.drain)
+        self.inflight = 0  # generate calls in the engine now (every endpoint)
+        self.drained = [0, 0]  # requests and completion tokens finished while draining
 
     # ---- app ----------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -108,6 +113,8 @@ class Server:
         return self.engine.errored() or self.failing.broken
 
     def not_ready_reason(self) -> Optional[str]:
+        if self.draining:
+            return DRAINING.format(replica=self.replica)
         if self.start_error:
             return f"engine failed to start: {self.start_error}"
         if not self.started:
@@ -133,7 +140,8 @@ class Server:
         return web.json_response({"replica": self.replica, "backend": self.engine.backend, "engine": state,
                                   "model": self.model_name, "policy_version": self.engine.version,
                                   "weights": self.engine.weights, "ready": self.not_ready_reason() is None,
-                                  "reason": self.not_ready_reason()})
+                                  "reason": self.not_ready_reason(), "in_flight": self.inflight,
+                                  "draining": self.draining})
 
     async def prometheus(self, request: web.Request) -> web.Response:
         from prometheus_client import generate_latest
@@ -170,6 +178,8 @@ class Server:
             return None, self._error(400, msgs, "bad_request", openai=openai)
 
     def _unavailable(self, openai: bool = False) -> Optional[web.Response]:
+        if self.draining:  # the trainer's client sends it to another server, as no failure
+            return self._error(503, DRAINING.format(replica=self.replica), "draining", openai=openai, draining=True)
         if not self.started:
             return self._error(503, self.not_ready_reason() or "engine not started", "unavailable", openai=openai)
         dead = self.broken()
@@ -187,6 +197,7 @@ class Server:
         if err:
             raise _Refused(400, err, "bad_request")
         start = time.perf_counter()
+        self.inflight += 1
         try:
             out = await self.engine.generate(prompt_ids, n, sampling)
         except ValueError as e:  # the engine refused these parameters
@@ -201,8 +212,13 @@ class Server:
             raise _Refused(503 if self.failing.broken else 500,
                            self.failing.broken or f"the {self.engine.backend} engine's generate failed: {describe(e)}",
                            "error") from None
+        finally:
+            self.inflight -= 1
         self.failing.ok()
         tokens = sum(len(c.completion_ids) for c in out)
+        if self.draining:
+            self.drained[0] += 1
+            self.drained[1] += tokens
         self.metrics["grpojob_rollout_generated_tokens_total"].inc(tokens)
         self.metrics["grpojob_rollout_tokens_per_second"].set(tokens / max(time.perf_counter() - start, 1e-9))
         return out
