@@ -8,7 +8,7 @@ import json
 import pytest
 from transformers import AutoTokenizer
 
-from grpojob.data import PromptStream
+from grpojob.data import PromptSettings, PromptStream
 from grpojob.local.progress import read_evaluations, read_records
 from grpojob.leader.build import build
 from tests.trainer.conftest import make_job
@@ -52,7 +52,7 @@ def test_evaluations_follow_the_schedule_on_the_pushed_policy(tiny_dir, tmp_path
     for step, ev in ((1, evals[0]), (3, evals[1]), (5, evals[2])):
         assert steps[step - 1]["stage_seconds"]["evaluate"] <= ev["seconds"] + 0.05
     # the evaluation's prompts are a stream of their own: training took the job's stream in order
-    stream = PromptStream(job.spec, AutoTokenizer.from_pretrained(str(tiny_dir)))
+    stream = PromptStream(PromptSettings.of(job.spec), AutoTokenizer.from_pretrained(str(tiny_dir)))
     assert [i for r in steps for i in r["sample_ids"]] == [s.index for s in stream.take(5 * 4)]
 
 

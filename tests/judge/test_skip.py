@@ -2,7 +2,7 @@
 is generated again and the step trains on it once the judge answers, no prompt lost or used twice."""
 from __future__ import annotations
 
-from grpojob.data import PromptStream
+from grpojob.data import PromptSettings, PromptStream
 from grpojob.leader import workflows
 from grpojob.leader.manager import Pipeline, RolloutManager
 from grpojob.rewards import RewardScorer
@@ -30,7 +30,7 @@ def test_a_skipped_group_is_generated_again_and_the_step_goes_on(tiny_dir, token
             await self.inner.score_group(group)
 
     with RolloutManager(ModelGenerator(load_model(tiny_dir), tokenizer), workflows.build(spec, tokenizer),
-                        JudgeDownOnce(), PromptStream(spec, tokenizer), Pipeline.from_spec(spec)) as m:
+                        JudgeDownOnce(), PromptStream(PromptSettings.of(spec), tokenizer), Pipeline.from_spec(spec)) as m:
         first = m.next_step()  # no error: the skipped group came back
     assert sorted(g.sample.seq for g in first.groups) == [0, 1]  # no prompt lost, none used twice
     assert len(scored) == 3 and set(scored) == {0, 1} and scored.count(scored[0]) == 2  # skipped, scored again once

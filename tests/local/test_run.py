@@ -169,10 +169,10 @@ def _stream_rows(workdir: Path, run_dir: Path, n: int) -> list[int]:
     from transformers import AutoTokenizer
 
     from grpojob.api import parse
-    from grpojob.data import PromptStream
+    from grpojob.data import PromptSettings, PromptStream
 
     job = parse(json.loads((run_dir / "grpojob.json").read_text()))
-    stream = PromptStream(job.spec, AutoTokenizer.from_pretrained(job.spec.model.path))
+    stream = PromptStream(PromptSettings.of(job.spec), AutoTokenizer.from_pretrained(job.spec.model.path))
     return [s.index for s in stream.take(n)]
 
 

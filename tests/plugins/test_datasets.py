@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from grpojob.data import DatasetError, load_samples
+from grpojob.data import DatasetError, PromptSettings, load_samples
 
 from ..runtime.test_data import ROWS, job_with, tokenizer  # noqa: F401 - the module's tokenizer fixture
 
@@ -53,20 +53,20 @@ def user_code(tmp_path, monkeypatch):
 def test_a_factory_that_returns_nothing_is_told_what_to_return(user_code, tmp_path, tokenizer):  # noqa: F811
     spec = job_with(factory="user_data:make_dataset", args={"path": str(tmp_path / "out.jsonl"), "n": 4})
     with pytest.raises(DatasetError) as e:
-        load_samples(spec, tokenizer)
+        load_samples(PromptSettings.of(spec), tokenizer)
     msg = str(e.value)
     assert msg.startswith("spec.dataset.factory 'user_data:make_dataset' returned None: a dataset factory must "
                           "return an iterable of dict rows")
     assert "set spec.dataset.path instead" in msg
     # ...and the file it wrote works as spec.dataset.path
-    assert len(load_samples(job_with(path=str(tmp_path / "out.jsonl")), tokenizer)) == 4
+    assert len(load_samples(PromptSettings.of(job_with(path=str(tmp_path / "out.jsonl"))), tokenizer)) == 4
     with pytest.raises(DatasetError, match="row 0 is a str, not a dict"):
-        load_samples(job_with(factory="user_data:strings", args={"n": 2}), tokenizer)
+        load_samples(PromptSettings.of(job_with(factory="user_data:strings", args={"n": 2})), tokenizer)
 
 
 def test_a_dataset_class_gives_prompts_chat_and_rows_with_reference_answers(user_code, tokenizer):  # noqa: F811
     spec = job_with(**{"class": "user_data:Chat", "args": {"n": 3}})
-    samples = load_samples(spec, tokenizer)
+    samples = load_samples(PromptSettings.of(spec), tokenizer)
     assert [s.row["solution"] for s in samples] == ["0", "2", "4"]  # reference_answer -> answerField
     assert [s.row["answer"] for s in samples] == ["0", "2", "4"]  # ...which the rewards read as `answer`
     assert samples[0].prompt == "what is 0 + 0 ?" and samples[2].row["topic"] == "sums"
@@ -86,8 +86,8 @@ def test_load_dataset_with_local_csv_json_and_parquet_shards(tmp_path, tokenizer
     ds.save_to_disk(str(tmp_path / "disk"))
     want = [(s["question"], s["solution"]) for s in ROWS]
     for path in ("d.csv", "d.json", "part-*.parquet", "disk"):
-        samples = load_samples(job_with(path=str(tmp_path / path)), tokenizer)
+        samples = load_samples(PromptSettings.of(job_with(path=str(tmp_path / path))), tokenizer)
         got = [(s.row["question"], str(s.row["solution"])) for s in samples]
         assert got == want, path
     with pytest.raises(DatasetError, match="no file matches"):
-        load_samples(job_with(path=str(tmp_path / "none-*.csv")), tokenizer)
+        load_samples(PromptSettings.of(job_with(path=str(tmp_path / "none-*.csv"))), tokenizer)

@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from grpojob.leader.rollout_client import RolloutClient, RolloutError
-from grpojob.data import PromptStream
+from grpojob.data import PromptSettings, PromptStream
 from grpojob.rewards import RewardScorer
 from grpojob.leader.manager import Pipeline, RolloutManager
 from grpojob.api.rollout import SamplingParams
@@ -114,7 +114,7 @@ def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path,
         # Told of version 1 only after step 1, the manager starts step 2 exactly then (told at
         # once, it would generate both steps together and step 2 could be done before r0 dies).
         manager = RolloutManager(client, SingleTurn(spec, tokenizer), RewardScorer(spec, tokenizer),
-                                 PromptStream(spec, tokenizer), Pipeline.from_spec(spec), published=0)
+                                 PromptStream(PromptSettings.of(spec), tokenizer), Pipeline.from_spec(spec), published=0)
         assert len(manager.next_step().groups) == 8
         manager.set_published(1)
 

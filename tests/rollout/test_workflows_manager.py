@@ -10,7 +10,7 @@ import time
 import pytest
 
 from grpojob.api import plugins
-from grpojob.data import PromptStream
+from grpojob.data import PromptSettings, PromptStream
 from grpojob.rewards import RewardError, RewardScorer
 from grpojob.leader import workflows
 from grpojob.leader.rollout_client import RolloutError
@@ -44,7 +44,7 @@ def _job(tiny_dir, workflow="single-turn", **over):
 def _manager(job, tokenizer, gen, published=0, **pipeline):
     spec = job.spec
     return RolloutManager(gen, workflows.build(spec, tokenizer), RewardScorer(spec, tokenizer),
-                          PromptStream(spec, tokenizer), Pipeline.from_spec(spec, **pipeline), published=published)
+                          PromptStream(PromptSettings.of(spec), tokenizer), Pipeline.from_spec(spec, **pipeline), published=published)
 
 
 def _versions(step):
@@ -242,7 +242,7 @@ def test_failures_are_clear_errors_and_lose_no_prompt(tiny_dir, tokenizer, gen):
             return await workflows.SingleTurn(job.spec, tokenizer).run(client, sample)
 
     spec = job.spec
-    with RolloutManager(gen, Flaky(), RewardScorer(spec, tokenizer), PromptStream(spec, tokenizer),
+    with RolloutManager(gen, Flaky(), RewardScorer(spec, tokenizer), PromptStream(PromptSettings.of(spec), tokenizer),
                         Pipeline.from_spec(spec)) as m:
         with pytest.raises(RolloutError, match="workflow Flaky failed on sample .*: KeyError"):
             m.next_step()

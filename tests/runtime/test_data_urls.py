@@ -15,7 +15,7 @@ import torch
 
 from grpojob.api import parse
 from grpojob.api.validate import check
-from grpojob.data import DatasetError, load_samples
+from grpojob.data import DatasetError, PromptSettings, load_samples
 from grpojob.data.streaming import prompt_stream
 from grpojob.tiny import build_tokenizer
 from tests.helpers.s3 import jsonl, parquet, s3, s3_server  # noqa: F401 - fixtures
@@ -95,12 +95,12 @@ def test_parquet_and_jsonl_from_s3_are_read_whole_and_streamed(s3, tokenizer):
     s3.put("d/more.parquet", parquet(ROWS[40:]))
     s3.put("d/train.jsonl", jsonl(ROWS))
     want = [r["question"] for r in ROWS]
-    whole = load_samples(spec_with(path=f"s3://{s3.name}/d/train.jsonl"), tokenizer)
+    whole = load_samples(PromptSettings.of(spec_with(path=f"s3://{s3.name}/d/train.jsonl")), tokenizer)
     assert [s.prompt for s in whole] == want and whole[3].row["answer"] == "6"
-    globbed = load_samples(spec_with(path=f"s3://{s3.name}/d/*.parquet"), tokenizer)
+    globbed = load_samples(PromptSettings.of(spec_with(path=f"s3://{s3.name}/d/*.parquet")), tokenizer)
     assert sorted(s.prompt for s in globbed) == sorted(want)
     for path in (f"s3://{s3.name}/d/train.parquet", f"s3://{s3.name}/d/train.jsonl"):
-        stream = prompt_stream(spec_with(path=path, streaming=True, shuffle=False), tokenizer)
+        stream = prompt_stream(PromptSettings.of(spec_with(path=path, streaming=True, shuffle=False)), tokenizer)
         n = 40 if path.endswith("parquet") else 60
         assert [s.prompt for s in stream.take(n)] == want[:n]
         assert [s.seq for s in stream.take(2)] == [n, n + 1]  # the next epoch goes on
@@ -110,26 +110,26 @@ def test_parquet_and_jsonl_from_s3_are_read_whole_and_streamed(s3, tokenizer):
 def test_a_streamed_evaluation_set_reads_only_the_rows_it_evaluates(s3, tokenizer):
     s3.put("d/test.parquet", parquet(ROWS, row_group_size=8))
     spec = spec_with(path=f"s3://{s3.name}/d/test.parquet", streaming=True)
-    assert [s.row["id"] for s in load_samples(spec, tokenizer, limit=5)] == [0, 1, 2, 3, 4]  # in file order
+    assert [s.row["id"] for s in load_samples(PromptSettings.of(spec), tokenizer, limit=5)] == [0, 1, 2, 3, 4]  # in file order
 
 
 def test_a_streamed_dataset_resumes_where_it_stopped_through_a_checkpoint(s3, tokenizer, tmp_path):
     s3.put("d/train.parquet", parquet(ROWS, row_group_size=7))
     spec = spec_with(path=f"s3://{s3.name}/d/train.parquet", streaming=True, shuffleBuffer=16)
-    straight = [(s.index, s.row["id"]) for s in prompt_stream(spec, tokenizer).take(150)]
+    straight = [(s.index, s.row["id"]) for s in prompt_stream(PromptSettings.of(spec), tokenizer).take(150)]
     assert all(index == row for index, row in straight)  # a sample's index is its row's place in the file
     ids = [row for _, row in straight]
     assert sorted(ids[:60]) == list(range(60)) and sorted(ids[60:120]) == list(range(60))
     assert ids[:60] != list(range(60)) and ids[:60] != ids[60:120]  # shuffled, anew each epoch
     # stopped mid-file, with the file read to its end (the buffer draining), at the epoch's end, after it
     for cut in (25, 50, 60, 61):
-        first = prompt_stream(spec, tokenizer)
+        first = prompt_stream(PromptSettings.of(spec), tokenizer)
         head = [(s.index, s.row["id"]) for s in first.take(cut)]
         if cut == 25:
             assert first.read == 16 + 24  # lazily: the buffer's 16 rows and one per later draw, of the file's 60
         torch.save({"data": first.state_dict()}, tmp_path / "state.pt")  # as the checkpoint manager does
         state = torch.load(tmp_path / "state.pt", weights_only=True)["data"]
-        second = prompt_stream(spec, tokenizer)
+        second = prompt_stream(PromptSettings.of(spec), tokenizer)
         second.load_state_dict(state)
         tail = [(s.index, s.row["id"]) for s in second.take(150 - cut)]
         assert head + tail == straight, f"stopped after {cut}"  # the same rows in the same order
@@ -144,7 +144,7 @@ def test_the_shuffle_is_seeded(s3, tokenizer):
         doc = doc_with(path=f"s3://{s3.name}/d/train.jsonl", streaming=True, shuffleBuffer=8)
         doc["spec"].setdefault("training", {})["seed"] = seed
         spec = parse(doc).spec
-        orders.append([s.row["id"] for s in prompt_stream(spec, tokenizer).take(60)])
+        orders.append([s.row["id"] for s in prompt_stream(PromptSettings.of(spec), tokenizer).take(60)])
     assert orders[0] == orders[1] != orders[2]
     # a buffer of 8 rows: at position p, rows 0 .. p+7 have been read, so no later row comes out
     assert all(pos >= index - 7 for pos, index in enumerate(orders[0]))
@@ -163,7 +163,7 @@ def test_missing_objects_buckets_and_credentials_fail_with_the_field_path(s3, to
              ("s3://no-such-bucket-here/d.parquet", "does not exist")]
     for path, words in cases:
         with pytest.raises(DatasetError) as e:
-            load_samples(spec_with(path=path, streaming=streaming), tokenizer)
+            load_samples(PromptSettings.of(spec_with(path=path, streaming=streaming)), tokenizer)
         assert str(e.value).startswith("spec.dataset.path: ") and words in str(e.value), str(e.value)
     fresh = s3.server.bucket()  # obstore keeps a client per bucket, made with the credentials of then
     fresh.put("d/train.parquet", parquet(ROWS))
@@ -173,7 +173,7 @@ def test_missing_objects_buckets_and_credentials_fail_with_the_field_path(s3, to
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     monkeypatch.setenv("AWS_METADATA_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     with pytest.raises(DatasetError) as e:
-        load_samples(spec_with(path=f"s3://{fresh.name}/d/train.parquet", streaming=streaming), tokenizer)
+        load_samples(PromptSettings.of(spec_with(path=f"s3://{fresh.name}/d/train.parquet", streaming=streaming)), tokenizer)
     assert str(e.value).startswith("spec.dataset.path: ") and "check the credentials: AWS_ACCESS_KEY_ID" in str(e.value)
     assert "credentialsSecret" in str(e.value)
 
@@ -185,11 +185,11 @@ def test_a_web_url_is_read_through_fsspec(tmp_path, tokenizer):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/train.jsonl"
-        assert [s.prompt for s in load_samples(spec_with(path=url), tokenizer)] == [r["question"] for r in ROWS]
-        stream = prompt_stream(spec_with(path=url, streaming=True, shuffle=False), tokenizer)
+        assert [s.prompt for s in load_samples(PromptSettings.of(spec_with(path=url)), tokenizer)] == [r["question"] for r in ROWS]
+        stream = prompt_stream(PromptSettings.of(spec_with(path=url, streaming=True, shuffle=False)), tokenizer)
         assert [s.index for s in stream.take(5)] == [0, 1, 2, 3, 4]
         with pytest.raises(DatasetError, match="spec.dataset.path: .*does not exist"):
-            load_samples(spec_with(path=url.replace("train", "missing")), tokenizer)
+            load_samples(PromptSettings.of(spec_with(path=url.replace("train", "missing"))), tokenizer)
     finally:
         server.shutdown()
 
@@ -197,10 +197,10 @@ def test_a_web_url_is_read_through_fsspec(tmp_path, tokenizer):
 _HUB_PROBE = """
 import sys
 from grpojob.api import parse
-from grpojob.data import DatasetError, load_samples
+from grpojob.data import DatasetError, PromptSettings, load_samples
 from grpojob.tiny import build_tokenizer
 try:
-    load_samples(parse(__import__("json").loads(sys.argv[1])).spec, build_tokenizer(512), limit=3)
+    load_samples(PromptSettings.of(parse(__import__("json").loads(sys.argv[1])).spec), build_tokenizer(512), limit=3)
 except DatasetError as e:
     print(e)
 """
@@ -229,7 +229,7 @@ def test_the_gsm8k_example_reads_gsm8k_by_url_and_evaluates_on_its_test_split(to
     from pathlib import Path
 
     from grpojob.api import load_file
-    from grpojob.data import render_prompt
+    from grpojob.data import PromptSettings, render_prompt
 
     job = parse(load_file(Path(__file__).resolve().parents[2] / "examples" / "qwen-gsm8k.yaml"))
     d, ev = job.spec.dataset, job.spec.evaluation
@@ -238,5 +238,5 @@ def test_the_gsm8k_example_reads_gsm8k_by_url_and_evaluates_on_its_test_split(to
     assert "math_exact" in [r.name for r in job.spec.rewards]
     row = {"question": "Natalia sold 48 clips. How many?", "answer": "48 #### 48"}
     plain = job.spec.model_copy(update={"model": job.spec.model.model_copy(update={"use_chat_template": False})})
-    assert render_prompt(plain, tokenizer, row, 0) == (
+    assert render_prompt(PromptSettings.of(plain), tokenizer, row, 0) == (
         "Natalia sold 48 clips. How many?\nLet's think step by step and output the final answer after \"####\".")

@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from grpojob.data import PromptStream
+from grpojob.data import PromptSettings, PromptStream
 from grpojob.rewards import RewardScorer
 from grpojob.leader import workflows
 from grpojob.leader.manager import Pipeline, RolloutManager
@@ -44,7 +44,7 @@ def _manager(job, tokenizer, gen, commitment=None, **pipeline):
     envs = EnvironmentQueue(p.prompts_per_step, p.queue_limit, ["arith"])
     envs.register("arith", commitment)
     return RolloutManager(gen, workflows.build(spec, tokenizer), RewardScorer(spec, tokenizer),
-                          PromptStream(spec, tokenizer), p, environments=envs)
+                          PromptStream(PromptSettings.of(spec), tokenizer), p, environments=envs)
 
 
 def env_groups(model, tokenizer, n, version=0, text="what is 2 + 2 ?"):

@@ -35,6 +35,31 @@ class DatasetError(ValueError):
     pass
 
 
+@dataclasses.dataclass(frozen=True)
+class PromptSettings:
+    """What reading and rendering prompts takes of a job, made once by `of`: the dataset (the
+    training set, or an evaluation set), whether plain prompts get the model's chat template, the
+    seed of the order, and how many issued prompts a streamed reader keeps for `sample_at`. `job` is
+    only handed to a dataset class's `setup(spec, tokenizer)` (its published contract)."""
+    dataset: DatasetSpec
+    chat_template: bool = False
+    seed: int = 0
+    keep: int = 1024
+    job: Optional[GRPOJobSpec] = None
+
+    @classmethod
+    def of(cls, spec: GRPOJobSpec, dataset: Optional[DatasetSpec] = None) -> "PromptSettings":
+        # Kept: at least twice as many as the rollout manager can have issued but not trained
+        # (its run-ahead, stale drops, refills).
+        a = spec.algorithm
+        ahead = (a.max_staleness + spec.weight_sync.every_steps + 2) * spec.training.prompts_per_step
+        keep = max(1024, 2 * ahead * max(1, int(a.max_resample_factor)))
+        d = dataset if dataset is not None else spec.dataset
+        assert d is not None, "a job without a dataset has no prompts"
+        return cls(dataset=d, chat_template=spec.model.use_chat_template, seed=spec.training.seed, keep=keep,
+                   job=spec)
+
+
 _FACTORY_CONTRACT = ("a dataset factory must return an iterable of dict rows, e.g. [{'prompt': ..., "
                      "'answer': ...}, ...] (a list, a generator or a datasets.Dataset); a factory that writes "
                      "a file should return its rows, or write it once and set spec.dataset.path instead")
@@ -67,8 +92,8 @@ def _rows_of(source: Any, where: str) -> list[dict[str, Any]]:
     return rows
 
 
-def _class_rows(spec: GRPOJobSpec, tokenizer: Any, field: str) -> list[dict[str, Any]]:
-    d = spec.dataset
+def _class_rows(settings: PromptSettings, tokenizer: Any, field: str) -> list[dict[str, Any]]:
+    d = settings.dataset
     where = f"{field}.class '{d.class_}'"
     cls = plugins.resolve(d.class_)
     why = check_class(cls)
@@ -76,7 +101,7 @@ def _class_rows(spec: GRPOJobSpec, tokenizer: Any, field: str) -> list[dict[str,
         raise DatasetError(f"{where} {why}")
     try:
         ds = cls(**d.args)
-        ds.setup(spec, tokenizer)
+        ds.setup(settings.job, tokenizer)
         rows = []
         for i in range(len(ds)):
             item = ds[i]
@@ -96,12 +121,12 @@ def _class_rows(spec: GRPOJobSpec, tokenizer: Any, field: str) -> list[dict[str,
 MESSAGES = "messages"  # a dataset class's chat item becomes this row field
 
 
-def load_rows(spec: GRPOJobSpec, tokenizer: Any = None, where: str = "spec.dataset",
+def load_rows(settings: PromptSettings, tokenizer: Any = None, where: str = "spec.dataset",
               limit: Optional[int] = None) -> list[dict[str, Any]]:
     """The dataset's rows as dicts (`where`: the field errors name; limit: the first rows only)."""
-    d = spec.dataset
+    d = settings.dataset
     if d.class_:
-        return _class_rows(spec, tokenizer, where)
+        return _class_rows(settings, tokenizer, where)
     if d.factory:
         factory = DATASETS.get(d.factory) or plugins.resolve(d.factory)
         why = check_factory(factory)
@@ -149,9 +174,9 @@ def messages_field(d: DatasetSpec, row: dict[str, Any]) -> Optional[str]:
     return d.messages_field or (MESSAGES if d.class_ and d.prompt_field not in row else None)
 
 
-def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int,
+def render_prompt(settings: PromptSettings, tokenizer: Any, row: dict[str, Any], index: int,
                   where: str = "spec.dataset") -> str:
-    d = spec.dataset
+    d = settings.dataset
     field_name = messages_field(d, row)
     if field_name:
         messages = row.get(field_name)
@@ -165,37 +190,39 @@ def render_prompt(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index:
     text = str(row[d.prompt_field])
     if d.prompt_template is not None:
         text = d.prompt_template.replace("{prompt}", text)
-    if spec.model.use_chat_template:
+    if settings.chat_template:
         return tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                              add_generation_prompt=True)
     return text
 
 
-def to_sample(spec: GRPOJobSpec, tokenizer: Any, row: dict[str, Any], index: int, where: str = "spec.dataset",
-              seq: int = -1) -> Optional[Sample]:
+def to_sample(settings: PromptSettings, tokenizer: Any, row: dict[str, Any], index: int,
+              where: str = "spec.dataset", seq: int = -1) -> Optional[Sample]:
     """One row rendered and tokenized; None when its prompt is over maxPromptLength."""
-    text = render_prompt(spec, tokenizer, row, index, where)
-    templated = bool(messages_field(spec.dataset, row) or spec.model.use_chat_template)
+    d = settings.dataset
+    text = render_prompt(settings, tokenizer, row, index, where)
+    templated = bool(messages_field(d, row) or settings.chat_template)
     ids = tokenizer(text, add_special_tokens=not templated)["input_ids"]
-    if len(ids) > spec.dataset.max_prompt_length:
+    if len(ids) > d.max_prompt_length:
         return None
-    if spec.dataset.answer_field != "answer" and spec.dataset.answer_field in row:
-        row = {**row, "answer": row[spec.dataset.answer_field]}  # rewards read `answer`
+    if d.answer_field != "answer" and d.answer_field in row:
+        row = {**row, "answer": row[d.answer_field]}  # rewards read `answer`
     return Sample(index=index, prompt=text, prompt_ids=list(ids), row=row, seq=seq)
 
 
-def load_samples(spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset",
+def load_samples(settings: PromptSettings, tokenizer: Any, where: str = "spec.dataset",
                  limit: Optional[int] = None) -> list[Sample]:
     """Every usable row (limit: of the first rows), rendered and tokenized; prompts over
     maxPromptLength are dropped."""
-    rows = load_rows(spec, tokenizer, where, limit)
-    samples = [s for s in (to_sample(spec, tokenizer, row, i, where) for i, row in enumerate(rows)) if s is not None]
+    rows = load_rows(settings, tokenizer, where, limit)
+    samples = [s for s in (to_sample(settings, tokenizer, row, i, where) for i, row in enumerate(rows))
+               if s is not None]
     dropped = len(rows) - len(samples)
     if dropped:
         log.info("dropped prompts longer than maxPromptLength", extra={"dropped": dropped, "kept": len(samples)})
     if not samples:
         raise DatasetError(f"no usable prompts: {len(rows)} rows, {dropped} longer than "
-                           f"{where}.maxPromptLength ({spec.dataset.max_prompt_length})")
+                           f"{where}.maxPromptLength ({settings.dataset.max_prompt_length})")
     return samples
 
 
@@ -206,9 +233,9 @@ class PromptStream:
     any sample of the stream, so prompts issued but not trained when a checkpoint is taken are
     generated again after a resume, neither skipped nor trained twice."""
 
-    def __init__(self, spec: GRPOJobSpec, tokenizer: Any, samples: list[Sample] | None = None):
-        self.samples = samples if samples is not None else load_samples(spec, tokenizer)
-        self.shuffle, self.seed = spec.dataset.shuffle, spec.training.seed
+    def __init__(self, settings: PromptSettings, tokenizer: Any, samples: list[Sample] | None = None):
+        self.samples = samples if samples is not None else load_samples(settings, tokenizer)
+        self.shuffle, self.seed = settings.dataset.shuffle, settings.seed
         self.epoch, self.position = 0, 0
         self._orders: dict[int, list[int]] = {}
 

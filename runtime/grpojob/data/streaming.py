@@ -1,7 +1,7 @@
 """spec.dataset.streaming: the prompt stream of a dataset read lazily (a `datasets.IterableDataset`
 over local files, object-store or web URLs, or the Hub), for datasets too large to hold in memory.
 
-    stream = StreamingPrompts(spec, tokenizer)   # opens the source, reads its first row: errors now
+    stream = StreamingPrompts(PromptSettings.of(spec), tokenizer)   # opens the source, reads its first row: errors now
     sample = stream.next()                        # one row's prompt, rendered and tokenized
     state = stream.state_dict()                   # into the checkpoint
     stream.load_state_dict(state)                 # a resumed run goes on where it stopped
@@ -28,29 +28,20 @@ from collections import OrderedDict
 from typing import Any, Iterator, Optional
 
 from grpojob.api.rollout import Sample
-from grpojob.api.spec import GRPOJobSpec
-from grpojob.data import DatasetError, PromptStream, sources, to_sample
+from grpojob.data import DatasetError, PromptSettings, PromptStream, sources, to_sample
 
 log = logging.getLogger("grpojob.data")
 
 FORMAT = 1  # of state_dict
 
 
-def window(spec: GRPOJobSpec) -> int:
-    """Prompts issued that the stream keeps (by seq) for `sample_at`: at least twice as many as the
-    rollout manager can have issued but not trained (its run-ahead, stale drops, refills)."""
-    a = spec.algorithm
-    ahead = (a.max_staleness + spec.weight_sync.every_steps + 2) * spec.training.prompts_per_step
-    return max(1024, 2 * ahead * max(1, int(a.max_resample_factor)))
-
-
 class StreamingPrompts:
-    def __init__(self, spec: GRPOJobSpec, tokenizer: Any, where: str = "spec.dataset", source: Any = None):
-        self.spec, self.tokenizer, self.where = spec, tokenizer, where
-        d = spec.dataset
+    def __init__(self, settings: PromptSettings, tokenizer: Any, where: str = "spec.dataset", source: Any = None):
+        self.settings, self.tokenizer, self.where = settings, tokenizer, where
+        d = settings.dataset
         self.buffer_size = d.shuffle_buffer if d.shuffle else 1
-        self.seed = spec.training.seed
-        self.window = window(spec)
+        self.seed = settings.seed
+        self.window = settings.keep  # issued prompts held (by seq) for sample_at
         try:
             self.source = source if source is not None else sources.open_dataset(d, where, streaming=True)
         except sources.SourceError as e:
@@ -81,7 +72,7 @@ class StreamingPrompts:
                 self._exhausted = True
                 break
             except Exception as e:  # noqa: BLE001 - the library's error, with the field
-                raise DatasetError(str(sources.explain(e, str(self.spec.dataset.path), self.where))) from e
+                raise DatasetError(str(sources.explain(e, str(self.settings.dataset.path), self.where))) from e
             self._buffer.append((self.read, dict(row)))
             self.read += 1
 
@@ -96,7 +87,7 @@ class StreamingPrompts:
     def _new_epoch(self) -> None:
         if self.usable == 0:
             raise DatasetError(f"no usable prompts: {self.read} rows, {self.dropped} longer than "
-                               f"{self.where}.maxPromptLength ({self.spec.dataset.max_prompt_length})")
+                               f"{self.where}.maxPromptLength ({self.settings.dataset.max_prompt_length})")
         self.epoch += 1
         self.read = self.drawn = self.usable = 0
         self._exhausted = False
@@ -106,7 +97,7 @@ class StreamingPrompts:
         log.info("dataset stream: epoch %d", self.epoch)
 
     def _sample(self, index: int, row: dict[str, Any], seq: int) -> Optional[Sample]:
-        return to_sample(self.spec, self.tokenizer, row, index, self.where, seq=seq)
+        return to_sample(self.settings, self.tokenizer, row, index, self.where, seq=seq)
 
     def close(self) -> None:
         """Stop the source's reader (its files are closed now, not by the garbage collector at exit)."""
@@ -170,8 +161,8 @@ class StreamingPrompts:
         self.close()  # iterated anew from the loaded position
 
 
-def prompt_stream(spec: GRPOJobSpec, tokenizer: Any):
+def prompt_stream(settings: PromptSettings, tokenizer: Any):
     """The job's prompt stream: the rows read lazily (spec.dataset.streaming) or all loaded."""
-    if spec.dataset.streaming:
-        return StreamingPrompts(spec, tokenizer)
-    return PromptStream(spec, tokenizer)
+    if settings.dataset.streaming:
+        return StreamingPrompts(settings, tokenizer)
+    return PromptStream(settings, tokenizer)

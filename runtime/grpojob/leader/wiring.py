@@ -8,6 +8,7 @@ from typing import Callable, Optional
 from grpojob.api import GRPOJob
 from grpojob.api.colocation import COLOCATED
 from grpojob.auth import Auth
+from grpojob.data import PromptSettings
 from grpojob.data.streaming import prompt_stream
 from grpojob.leader import workflows
 from grpojob.leader.evaluation.evaluator import Evaluation
@@ -40,7 +41,7 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
     workflow = workflows.build(spec, tokenizer) if spec.mode == "train" else None
     pieces = dict(workflow=workflow, pipeline=pipeline,
                   scorer=RewardScorer(spec, tokenizer) if workflow is not None else None,
-                  prompts=prompt_stream(spec, tokenizer) if workflow is not None else None,
+                  prompts=prompt_stream(PromptSettings.of(spec), tokenizer) if workflow is not None else None,
                   environments=EnvironmentQueue(pipeline.prompts_per_step, pipeline.queue_limit,
                                                 [e.name for e in spec.environments]),
                   on_wait=on_wait)

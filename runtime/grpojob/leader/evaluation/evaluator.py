@@ -20,7 +20,7 @@ import time
 from typing import Any, Optional
 
 from grpojob.api.spec import GRPOJobSpec
-from grpojob.data import load_samples
+from grpojob.data import PromptSettings, load_samples
 from grpojob.leader import workflows
 from grpojob.rewards import RewardScorer, ScoringSettings
 from grpojob.leader.pipeline import SampleClient
@@ -64,7 +64,7 @@ class Evaluator:
         self.settings, self.seed, self.generator = ev, spec.training.seed, generator
         # a streamed set: only the rows maxPrompts asks for are read (docs/data.md)
         limit = ev.max_prompts if view.dataset.streaming else None
-        self.samples: list[Sample] = load_samples(view, tokenizer, WHERE, limit)[:ev.max_prompts]
+        self.samples: list[Sample] = load_samples(PromptSettings.of(view), tokenizer, WHERE, limit)[:ev.max_prompts]
         self.workflow = workflows.build(view, tokenizer)
         # the job's rewards and judges over the held-out rows (their fields: ev.dataset's)
         self.scorer = RewardScorer(ScoringSettings(spec.rewards, spec.judges, ev.dataset), tokenizer)
