@@ -137,6 +137,8 @@ JUDGE = (
     MetricDef("grpojob_judge_batch_size", "histogram", "Texts per forward pass.", (),
               (1, 2, 4, 8, 16, 32, 64, 128, 256)),
     MetricDef("grpojob_judge_scored_total", "counter", "Texts scored."),
+    MetricDef("grpojob_judge_unparsed_total", "counter", "Generative judge answers the parser could not read "
+              "(score.pattern): their groups go to onFailure."),
 )
 
 # Served by the operator on its metrics port.

@@ -24,7 +24,7 @@ NOT_MEASURED = {
                                            "test_autoscale.py measures it)",
     **{name: "the scene's job has no spec.judges (tests/judge/test_server.py measures them)" for name in (
         "grpojob_judge_queue_depth", "grpojob_judge_requests_total", "grpojob_judge_request_seconds",
-        "grpojob_judge_batch_size", "grpojob_judge_scored_total")},
+        "grpojob_judge_batch_size", "grpojob_judge_scored_total", "grpojob_judge_unparsed_total")},
 }
 
 # Named in metrics_names but not set on this path yet. When the trainer starts setting one, the

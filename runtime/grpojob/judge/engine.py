@@ -1,6 +1,10 @@
-"""A judge's model: a sequence classifier whose chosen output is the reward (spec.judges[i].score).
+"""A judge's model: a sequence classifier whose chosen output is the reward (spec.judges[i].score),
+or a generative judge (grpojob.judge.generative).
 
-Two engines, one contract (`score(texts) -> list[float]`, blocking, batched by the caller):
+One contract for every kind and engine (`Judge`): `render(prompt, completion)` gives what the model
+reads of one item (a classifier's text; a generative judge's chat), `score(rendered)` their rewards,
+blocking, batched by the caller; None is an answer the parser could not read (generative only).
+A classifier's two engines:
 - hf: transformers' AutoModelForSequenceClassification on CPU or one GPU, in eval mode under
   torch.inference_mode; its parameters never require grad and nothing ever writes them (frozen).
 - vllm: vLLM's pooling runner (`LLM(runner="pooling")`, `LLM.classify`: what its /classify endpoint
@@ -14,12 +18,23 @@ import math
 from typing import Any, Optional, Protocol, Union
 
 from grpojob.api.judge import JudgeSpec
+from grpojob.judge.generative import HFGenerative, VLLMGenerative
 
 log = logging.getLogger("grpojob.judge")
 
 
-class Classifier(Protocol):
-    def score(self, texts: list[str]) -> list[float]: ...
+class Judge(Protocol):
+    def render(self, prompt: str, completion: str) -> Any: ...
+
+    def score(self, rendered: list[Any]) -> list[Optional[float]]: ...
+
+
+class _Template:
+    """A classifier reads the judge's template filled in."""
+    spec: JudgeSpec
+
+    def render(self, prompt: str, completion: str) -> str:
+        return self.spec.template.format(prompt=prompt, completion=completion)
 
 
 def label_index(label: Union[int, str], id2label: dict[Any, str], num_labels: int, where: str) -> int:
@@ -46,7 +61,7 @@ def transform(logits: list[float], index: int, how: str) -> float:
     return exps[index] / sum(exps)
 
 
-class HFClassifier:
+class HFClassifier(_Template):
     """transformers on CPU (or the one GPU it is given): texts tokenized with the model's tokenizer,
     truncated from the left to max_length (the completion sits at the end), padded per batch."""
 
@@ -76,7 +91,7 @@ class HFClassifier:
         return [transform(row, self.index, self.spec.score.transform) for row in logits]
 
 
-class VLLMClassifier:
+class VLLMClassifier(_Template):
     """vLLM's pooling runner (GPU): LLM.classify returns each text's class probabilities."""
 
     def __init__(self, spec: JudgeSpec, **engine_args: Any):
@@ -98,5 +113,7 @@ class VLLMClassifier:
         return [float(o.outputs.probs[self.index]) for o in outputs]
 
 
-def build(spec: JudgeSpec) -> Classifier:
+def build(spec: JudgeSpec) -> Judge:
+    if spec.kind == "generative":
+        return VLLMGenerative(spec) if spec.engine == "vllm" else HFGenerative(spec)
     return VLLMClassifier(spec) if spec.engine == "vllm" else HFClassifier(spec)

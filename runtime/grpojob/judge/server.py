@@ -1,4 +1,4 @@
-"""A judge server's HTTP API, in front of one classifier (the process: grpojob.judge.process).
+"""A judge server's HTTP API, in front of one judge model (the process: grpojob.judge.process).
 
 Every path but /healthz, /readyz (and /metrics, unless GRPOJOB_METRICS_AUTH) needs the job's token
 as `Authorization: Bearer <token>` (grpojob.auth), as the rollout servers do.
@@ -6,9 +6,11 @@ as `Authorization: Bearer <token>` (grpojob.auth), as the rollout servers do.
 - GET /readyz: 200 once the model is loaded; 503 with the reason before.
 - GET /metrics: Prometheus (grpojob.metrics_names.JUDGE): queue depth, request time, batch sizes.
 - POST /score: {"items": [{"prompt": str, "completion": str}, ...]} -> {"scores": [float, ...]},
-  one per item, in order. Each item becomes the judge's template filled in; concurrent requests
-  are batched together up to maxBatchSize texts a forward pass. 400: a malformed body (the message
-  names the field); 503: the model is not loaded (yet, or it failed).
+  one per item, in order. Each item becomes what the model reads (the judge's template filled in; a
+  generative judge's chat); concurrent requests are batched together up to maxBatchSize items a
+  pass. A score is null where a generative judge's answer had none the parser could read
+  (grpojob_judge_unparsed_total counts them; the trainer applies onFailure). 400: a malformed body
+  (the message names the field); 503: the model is not loaded (yet, or it failed).
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from grpojob import prom
 from grpojob.api.judge import JudgeSpec
 from grpojob.auth import Auth, app_key, middleware
-from grpojob.judge.engine import Classifier
+from grpojob.judge.engine import Judge
 from grpojob.metrics_names import JUDGE
 
 log = logging.getLogger("grpojob.judge")
@@ -46,9 +48,9 @@ class Batcher:
     """Concurrent requests' texts, scored together: one forward pass at a time (in a thread, so
     the HTTP loop keeps answering), up to `max_batch` texts each."""
 
-    def __init__(self, classifier: Classifier, max_batch: int, metrics: dict):
-        self.classifier, self.max_batch, self.metrics = classifier, max_batch, metrics
-        self._queue: list[tuple[list[str], asyncio.Future]] = []
+    def __init__(self, judge: Judge, max_batch: int, metrics: dict):
+        self.judge, self.max_batch, self.metrics = judge, max_batch, metrics
+        self._queue: list[tuple[list, asyncio.Future]] = []
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
 
@@ -66,7 +68,7 @@ class Batcher:
             if not fut.done():
                 fut.set_exception(RuntimeError("the judge server is stopping"))
 
-    async def score(self, texts: list[str]) -> list[float]:
+    async def score(self, texts: list) -> list[Optional[float]]:
         loop = asyncio.get_running_loop()
         futures = []
         for i in range(0, len(texts), self.max_batch):
@@ -90,7 +92,7 @@ class Batcher:
                 self.metrics["grpojob_judge_queue_depth"].set(self.depth)
                 texts = [t for part, _ in take for t in part]
                 try:
-                    scores = await asyncio.to_thread(self.classifier.score, texts)
+                    scores = await asyncio.to_thread(self.judge.score, texts)
                 except Exception as e:  # noqa: BLE001 - every waiting request learns why
                     log.exception("judge: scoring %d texts failed", len(texts))
                     for _, fut in take:
@@ -113,8 +115,8 @@ class Server:
         self.batcher: Optional[Batcher] = None
         self.start_error: Optional[str] = None
 
-    def loaded(self, classifier: Classifier) -> None:
-        self.batcher = Batcher(classifier, self.spec.max_batch_size, self.metrics)
+    def loaded(self, judge: Judge) -> None:
+        self.batcher = Batcher(judge, self.spec.max_batch_size, self.metrics)
         self.batcher.start()
 
     def app(self) -> web.Application:
@@ -159,11 +161,14 @@ class Server:
         reason = self.not_ready_reason()
         if reason or self.batcher is None:
             return self._error(503, reason or "not ready", "failed")
-        texts = [self.spec.template.format(prompt=i.prompt, completion=i.completion) for i in body.items]
-        try:
+        judge = self.batcher.judge
+        try:  # a generative judge's chat is tokenized to fit maxLength: off the HTTP loop
+            texts = await asyncio.to_thread(lambda: [judge.render(i.prompt, i.completion) for i in body.items])
             scores = await self.batcher.score(texts)
         except Exception as e:  # noqa: BLE001 - the model's error, to the caller
             return self._error(500, f"{type(e).__name__}: {e}", "failed")
+        if unparsed := sum(s is None for s in scores):
+            self.metrics["grpojob_judge_unparsed_total"].inc(unparsed)
         self.metrics["grpojob_judge_requests_total"].labels(result="ok").inc()
         self.metrics["grpojob_judge_request_seconds"].observe(time.perf_counter() - start)
         return web.json_response({"scores": scores})

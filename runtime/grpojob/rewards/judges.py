@@ -4,9 +4,11 @@ One request per group (the group's completions together; the server batches conc
 forward passes), spread over the judge's replicas in turn. A request that times out or finds the
 judge unavailable (connection refused, 5xx, not ready) is retried `retries` times with exponential
 back-off, on the next replica; then the judge's onFailure decides (JudgeUnavailable carries it). A
-request the judge refuses (4xx) fails at once: retrying cannot help. Before its first request the
-client waits up to startupTimeoutSeconds for a replica's /readyz (the judge loads its model while
-the trainer starts).
+request the judge refuses (4xx) fails at once: retrying cannot help. A null score (a generative
+judge's answer its parser could not read) leaves the group unscored: onFailure decides at once,
+without retries (a greedy judge answers the same again), and no guessed reward stands in for it.
+Before its first request the client waits up to startupTimeoutSeconds for a replica's /readyz (the
+judge loads its model while the trainer starts).
 """
 from __future__ import annotations
 
@@ -61,6 +63,7 @@ class JudgeClient:
         self.in_flight = 0
         self.last_seconds: Optional[float] = None
         self.failures = 0
+        self.unparsed = 0  # answers of a generative judge its parser could not read
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
@@ -119,6 +122,13 @@ class JudgeClient:
                     if len(scores) != len(completions):
                         raise JudgeRefused(f"judge '{self.spec.name}' returned {len(scores)} scores for "
                                            f"{len(completions)} completions")
+                    unread = [j for j, s in enumerate(scores) if s is None]
+                    if unread:
+                        self.failures += 1
+                        self.unparsed += len(unread)
+                        raise self._unscored(f"judge '{self.spec.name}' could not read a score in {len(unread)} "
+                                             f"of {len(scores)} answers (completions {unread[:8]}; its log "
+                                             "shows them)")
                     return [float(s) for s in scores]
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
                 last = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.spec.timeout_seconds} s"
@@ -127,5 +137,7 @@ class JudgeClient:
             log.warning("judge '%s' at %s: %s (attempt %d of %d)", self.spec.name, url, last, attempt + 1,
                         self.spec.retries + 1)
         self.failures += 1
-        cls = GroupSkipped if self.spec.on_failure == "skip" else JudgeUnavailable
-        raise cls(f"judge '{self.spec.name}' could not score after {self.spec.retries + 1} attempts: {last}")
+        raise self._unscored(f"judge '{self.spec.name}' could not score after {self.spec.retries + 1} attempts: {last}")
+
+    def _unscored(self, message: str) -> JudgeUnavailable:
+        return (GroupSkipped if self.spec.on_failure == "skip" else JudgeUnavailable)(message)
