@@ -15,6 +15,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -52,14 +53,22 @@ def _need(tracker: str):
                            f"(pip install 'grpojob[trackers]')") from None
 
 
+@dataclass(frozen=True)
+class RunInfo:
+    """What a tracker takes of a job: the run's name, its spec as plain data, the run directory."""
+    name: str
+    config: dict[str, Any]
+    run_dir: Path
+
+
 class TensorBoard(Callback):
     """Scalars as TensorBoard event files in <run dir>/tensorboard."""
 
-    def __init__(self, job: GRPOJob, run_dir: Path):
+    def __init__(self, run: RunInfo):
         _need("tensorboard")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=str(run_dir / TENSORBOARD_DIR), flush_secs=10)
+        self.writer = SummaryWriter(log_dir=str(run.run_dir / TENSORBOARD_DIR), flush_secs=10)
 
     def on_step_end(self, record) -> None:
         for name, value in record.scalars().items():
@@ -76,12 +85,12 @@ class WandB(Callback):
     """A W&B run named after the job. Offline (files in <run dir>/wandb, `wandb sync` later) unless
     WANDB_MODE says otherwise or WANDB_API_KEY is set; WANDB_PROJECT, WANDB_ENTITY... apply."""
 
-    def __init__(self, job: GRPOJob, run_dir: Path):
+    def __init__(self, run: RunInfo):
         wandb = _need("wandb")
         mode = os.environ.get("WANDB_MODE") or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
-        (run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "grpojob"), name=job.metadata.name,
-                              dir=str(run_dir), mode=mode, config=job.spec.dump(), reinit="create_new")
+        (run.run_dir / WANDB_DIR).mkdir(parents=True, exist_ok=True)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "grpojob"), name=run.name,
+                              dir=str(run.run_dir), mode=mode, config=run.config, reinit="create_new")
 
     def on_step_end(self, record) -> None:
         self.run.log(record.scalars(), step=record.step)
@@ -101,17 +110,17 @@ class MLflow(Callback):
     """An MLflow run named after the job: MLFLOW_TRACKING_URI, default a file store in <run dir>/mlruns
     (no server, no database; MLflow 3 wants MLFLOW_ALLOW_FILE_STORE for it, set here for that default)."""
 
-    def __init__(self, job: GRPOJob, run_dir: Path):
+    def __init__(self, run: RunInfo):
         self.mlflow = _need("mlflow")
         uri = os.environ.get("MLFLOW_TRACKING_URI")
         if not uri:
-            uri = (run_dir / MLRUNS_DIR).resolve().as_uri()
+            uri = (run.run_dir / MLRUNS_DIR).resolve().as_uri()
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = self.mlflow.tracking.MlflowClient(tracking_uri=uri)
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "grpojob")
         exp = self.client.get_experiment_by_name(name)
         exp_id = exp.experiment_id if exp else self.client.create_experiment(name)
-        self.run_id = self.client.create_run(exp_id, run_name=job.metadata.name).info.run_id
+        self.run_id = self.client.create_run(exp_id, run_name=run.name).info.run_id
 
     def on_step_end(self, record) -> None:
         from mlflow.entities import Metric
@@ -144,12 +153,15 @@ class Callbacks:
 
     @classmethod
     def build(cls, job: GRPOJob, run_dir: Optional[Path]) -> "Callbacks":
+        """The process's one reading of the job for its callbacks: trackers get a RunInfo."""
         m = job.spec.monitoring
         items: list[tuple[str, Any]] = []
         if m.report_to and run_dir is None:
             raise RuntimeError("spec.monitoring.reportTo needs a run directory (GRPOJOB_RUN_DIR)")
+        if m.report_to:
+            run = RunInfo(name=job.metadata.name, config=job.spec.dump(), run_dir=run_dir)
         for i, name in enumerate(m.report_to):
-            items.append((f"spec.monitoring.reportTo[{i}]", TRACKERS[name](job, run_dir)))
+            items.append((f"spec.monitoring.reportTo[{i}]", TRACKERS[name](run)))
         for i, ref in enumerate(m.callbacks):
             where = f"spec.monitoring.callbacks[{i}]"
             items.append((where, plugins.load_checked(ref, where, check_class, RuntimeError)()))
