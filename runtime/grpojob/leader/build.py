@@ -91,7 +91,7 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
     """`auth`: the job's token, which rollouts "remote" need (weight-sync membership, /generate)."""
     env = env or dist.lone()
     spec = job.spec
-    trainer = trainer_class(spec)(job, env)  # spec.trainer.class, default GRPOTrainer
+    trainer = trainer_class(spec.trainer.class_)(job, env)  # spec.trainer.class, default GRPOTrainer
     root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
     found = find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,

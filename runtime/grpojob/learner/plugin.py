@@ -9,7 +9,6 @@ import inspect
 from typing import Optional
 
 from grpojob.api import plugins
-from grpojob.api.spec import GRPOJobSpec
 from grpojob.learner.trainer import GRPOTrainer, TrainerError
 
 FIELD = "spec.trainer.class"
@@ -47,9 +46,8 @@ def check_class(cls) -> Optional[str]:
     return None
 
 
-def trainer_class(spec: GRPOJobSpec) -> type[GRPOTrainer]:
-    """The class spec.trainer.class names (default GRPOTrainer); TrainerError naming the field."""
-    name = spec.trainer.class_
+def trainer_class(name: Optional[str]) -> type[GRPOTrainer]:
+    """The class spec.trainer.class names (None: GRPOTrainer); TrainerError naming the field."""
     if name is None:
         return GRPOTrainer
     return plugins.load_checked(name, FIELD, check_class, TrainerError)
