@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from grpojob.api import FieldError, GRPOJob, plugins
+from grpojob.api.operations import CodeSpec
 from grpojob import config, failures
 from grpojob.plan import ENV_SITE_DIR, Placement, code_env
 
@@ -31,23 +32,21 @@ class InstallError(RuntimeError):
     pass
 
 
-def pip_command(job: GRPOJob, target: Path) -> list[str]:
-    c = job.spec.code
+def pip_command(c: CodeSpec, target: Path) -> list[str]:
     return [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-input",
             "--disable-pip-version-check", "--no-warn-script-location", *c.pip_args, *c.pip]
 
 
-def install(job: GRPOJob, target: Path, echo: Callable[[str], None] = print) -> bool:
+def install(c: CodeSpec, target: Path, echo: Callable[[str], None] = print) -> bool:
     """Install spec.code.pip into `target`; False when it already holds exactly these. InstallError
     (with pip's last lines) when pip fails."""
-    c = job.spec.code
     wanted = json.dumps({"pip": c.pip, "pipArgs": c.pip_args})
     marker = target / MARKER
     if marker.exists() and marker.read_text() == wanted:
         echo(f"{FIELD}: already installed in {target}")
         return False
     target.mkdir(parents=True, exist_ok=True)
-    cmd = pip_command(job, target)
+    cmd = pip_command(c, target)
     echo(f"{FIELD}: installing {' '.join(c.pip)} into {target}")
     tail: deque[str] = deque(maxlen=15)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -69,7 +68,7 @@ def main(args=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        install(job, Path(target), echo=lambda s: print(s, flush=True))
+        install(job.spec.code, Path(target), echo=lambda s: print(s, flush=True))
     except InstallError as e:
         failures.report(plugins.INSTALL_FAILED, [FieldError(FIELD, str(e))])
         return 1

@@ -183,9 +183,9 @@ def test_install_code_installs_once_and_a_failure_names_the_field(tmp_path):
     pkg = Path(__file__).resolve().parent / "callback_pkg"
     j = job(code={"pip": [str(pkg)], "pipArgs": ["--no-index", "--no-build-isolation"]})
     lines: list[str] = []
-    assert install(j, tmp_path / "site", echo=lines.append) is True
+    assert install(j.spec.code, tmp_path / "site", echo=lines.append) is True
     assert (tmp_path / "site" / "recorder_callback.py").exists()
-    assert install(j, tmp_path / "site", echo=lines.append) is False  # same requirements: nothing to do
+    assert install(j.spec.code, tmp_path / "site", echo=lines.append) is False  # same requirements: nothing to do
     bad = job(code={"pip": ["surely-no-such-package-grpojob==9"], "pipArgs": ["--no-index"]})
     with pytest.raises(InstallError, match="pip install failed \\(exit 1\\):.*surely-no-such-package"):
-        install(bad, tmp_path / "site2", echo=lambda _: None)
+        install(bad.spec.code, tmp_path / "site2", echo=lambda _: None)

@@ -308,7 +308,7 @@ def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
               "holding those modules for grpojob run", file=out)
     if c.pip:
         try:
-            install(job, run_dir / SITE_DIR, echo=lambda line: print(line, file=out))
+            install(job.spec.code, run_dir / SITE_DIR, echo=lambda line: print(line, file=out))
         except InstallError as e:
             raise InvalidSpec([FieldError("spec.code.pip", str(e))]) from None
     use_locally(job, run_dir / SITE_DIR if c.pip else None)
