@@ -114,6 +114,21 @@ TRAINER = (
     MetricDef("grpojob_eval_seconds", "gauge", "Wall time of the last evaluation (generation and scoring)."),
 )
 
+# Also on the trainer leader's /metrics, with spec.judges: its judges as the trainer sees them, per
+# judge (grpojob.rewards.judge_watch; one registry per process, whatever scorer asks).
+TRAINER_JUDGES = (
+    MetricDef("grpojob_trainer_judge_request_seconds", "histogram", "Time of each answered scoring request as the "
+              "trainer sees it (network, the judge's queue and forward passes), per judge.", ("judge",),
+              _STAGE_BUCKETS),
+    MetricDef("grpojob_trainer_judge_requests_in_flight", "gauge", "Scoring requests the trainer has sent to the "
+              "judge and not had answered yet.", ("judge",)),
+    MetricDef("grpojob_trainer_judge_failures_total", "counter", "Failed scoring attempts by reason: timeout, "
+              "connection, server_error (5xx), refused (4xx), bad_answer, unparsed, not_ready (no replica ready "
+              "within startupTimeoutSeconds).", ("judge", "reason")),
+    MetricDef("grpojob_trainer_judge_unscored_groups_total", "counter", "Groups the judge left unscored after "
+              "the retries: spec.judges[].onFailure decided (skip: generated again).", ("judge",)),
+)
+
 # Served by every rollout server on rollout.port at /metrics.
 ROLLOUT = (
     MetricDef("grpojob_rollout_queue_depth", "gauge", "Requests waiting for the engine."),
@@ -168,7 +183,7 @@ OPERATOR = (
               "known.", ("namespace", "job")),
 )
 
-ALL = TRAINER + ROLLOUT + JUDGE + OPERATOR
+ALL = TRAINER + TRAINER_JUDGES + ROLLOUT + JUDGE + OPERATOR
 BY_NAME = {m.name: m for m in ALL}
 
 

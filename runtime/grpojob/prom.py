@@ -54,6 +54,17 @@ class OptionalGauge(Collector):
         yield family
 
 
+class Included(Collector):
+    """Another registry's metrics, served by the registry this is registered in: one /metrics for
+    both (the trainer leader's serves grpojob.rewards.judge_watch's)."""
+
+    def __init__(self, source: CollectorRegistry):
+        self.source = source
+
+    def collect(self) -> Iterator[Any]:
+        return self.source.collect()
+
+
 def build(defs: Iterable[MetricDef], registry: CollectorRegistry | None = None,
           extra_labels: tuple[str, ...] = ()) -> dict[str, Any]:
     """One prometheus object per definition, registered in `registry` (a fresh one by default).

@@ -154,7 +154,7 @@ def exposed_series() -> set[str]:
     """Sample names the real exporters' registries expose (built from the metric tables by
     grpojob.prom.build, as the trainer, rollout servers and operator do)."""
     names: set[str] = set()
-    for table in (mn.TRAINER, mn.ROLLOUT, mn.JUDGE, mn.OPERATOR):
+    for table in (mn.TRAINER, mn.TRAINER_JUDGES, mn.ROLLOUT, mn.JUDGE, mn.OPERATOR):
         metrics = build(table)
         for d in table:
             m = metrics[d.name]

@@ -25,6 +25,9 @@ NOT_MEASURED = {
     **{name: "the scene's job has no spec.judges (tests/judge/test_server.py measures them)" for name in (
         "grpojob_judge_queue_depth", "grpojob_judge_requests_total", "grpojob_judge_request_seconds",
         "grpojob_judge_batch_size", "grpojob_judge_scored_total", "grpojob_judge_unparsed_total")},
+    **{name: "the scene's job has no spec.judges (tests/judge/test_watch.py measures them)" for name in (
+        "grpojob_trainer_judge_request_seconds", "grpojob_trainer_judge_requests_in_flight",
+        "grpojob_trainer_judge_failures_total", "grpojob_trainer_judge_unscored_groups_total")},
 }
 
 # Named in metrics_names but not set on this path yet. When the trainer starts setting one, the
@@ -99,6 +102,8 @@ PANELS = {
     "Judge queue and batches": COUNT,
     "Judge latency": COUNT,
     "Judge requests": COUNT,
+    "Judge latency at the trainer": COUNT,
+    "Judge requests at the trainer": COUNT,
     "Reconciles by result": COUNT,
     "Reconcile duration": POSITIVE,
     "Child-object errors": Range(0, 0),

@@ -29,7 +29,7 @@ from .scene import JOB, NAMESPACE, STEPS
 
 pytestmark = pytest.mark.slow
 
-EXPORTERS = {"trainer-0": mn.TRAINER, "rollout-0": mn.ROLLOUT}
+EXPORTERS = {"trainer-0": mn.TRAINER + mn.TRAINER_JUDGES, "rollout-0": mn.ROLLOUT}  # the judges: no samples here
 
 
 def samples(url: str) -> dict[str, list]:

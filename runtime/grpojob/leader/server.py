@@ -23,6 +23,7 @@ from grpojob.api.status import EvaluationStatus, RolloutLag, ServiceCalls, Servi
 from grpojob.leader.trajectories.api import Request
 from grpojob.metrics_names import TRAINER
 from grpojob.plan import SERVICE_PREFIX, TINKER_PREFIX, TRAJECTORY_PREFIX
+from grpojob.rewards import judge_watch
 
 log = logging.getLogger("grpojob.leader.server")
 
@@ -35,13 +36,16 @@ class StatusBoard:
     Gauges follow grpojob.prom's rule: no sample until known. Step, version and total steps mirror
     /status (`update`); the per-step numbers come from the step record (`observe`, each metric's
     MetricDef.record); the rollout-server count and lag are read from the weight-sync membership
-    when /metrics is scraped (`watch_rollouts`), so they change when membership does."""
+    when /metrics is scraped (`watch_rollouts`), so they change when membership does. The judges'
+    series (grpojob.rewards.judge_watch) are served with them."""
 
     def __init__(self, total_steps: int = 0):
         self._lock = threading.Lock()
         self._scrape = threading.Lock()
         self.status = TrainerStatus(total_steps=total_steps)
         self.metrics = prom.build(TRAINER)
+        # spec.judges as this process's scorers see them (one registry per process: judge_watch)
+        self.metrics["_registry"].register(prom.Included(judge_watch.REGISTRY))
         self._mirror(self.status.model_dump())
         self._servers: Optional[Callable[[], list[dict[str, Any]]]] = None
         self.suspend_requested = threading.Event()

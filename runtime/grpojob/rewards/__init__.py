@@ -20,7 +20,7 @@ from grpojob.api.spec import GRPOJobSpec, RewardSpec
 from grpojob.api.rollout import Completion, Group, Sample
 from grpojob.rewards.builtin import REWARDS
 from grpojob.rewards.forms import Binding, FormError, bind
-from grpojob.rewards.judges import GroupSkipped, JudgeClient, JudgeRefused, JudgeUnavailable, urls_from_env
+from grpojob.rewards.judges import GroupSkipped, JudgeClient, JudgeDown, JudgeRefused, JudgeUnavailable, urls_from_env
 from grpojob.auth import Auth
 
 log = logging.getLogger("grpojob.rewards")
@@ -119,6 +119,9 @@ class RewardScorer:
             return list(await client.score(sample.prompt, texts))
         except JudgeRefused as e:
             raise RewardError(f"spec.rewards[{i}] (judge '{client.spec.name}'): {e}") from None
+        except JudgeDown as e:  # down for its startupTimeoutSeconds: no onFailure waits longer
+            raise RewardError(f"spec.rewards[{i}] (judge '{client.spec.name}', onFailure "
+                              f"{client.spec.on_failure}): {e}") from None
         except JudgeUnavailable as e:
             if client.spec.on_failure == "zero":
                 log.warning("%s: scoring the group 0 (onFailure zero)", e, extra={"sample": sample.index})
@@ -190,7 +193,7 @@ def _as_list(out: Any) -> Optional[list[Any]]:
 def judge_clients(judges: Sequence[JudgeSpec]) -> dict[str, JudgeClient]:
     """A client per spec.judges entry, at the addresses the plan gave the trainer (GRPOJOB_JUDGE_URLS)."""
     urls, token = urls_from_env(), Auth.from_env().token
-    return {j.name: JudgeClient(j, urls.get(j.name) or [], token) for j in judges}
+    return {j.name: JudgeClient(j, urls.get(j.name) or [], token, f"spec.judges[{i}]") for i, j in enumerate(judges)}
 
 
 def reward_names(rewards: Sequence[RewardSpec]) -> list[str]:

@@ -24,6 +24,7 @@ import aiohttp
 from grpojob.api.judge import JudgeSpec
 from grpojob.auth import Auth
 from grpojob.plan import ENV_JUDGE_URLS
+from grpojob.rewards.judge_watch import JudgeWatch
 
 log = logging.getLogger("grpojob.rewards.judges")
 BACKOFF_SECONDS = 0.5
@@ -45,16 +46,23 @@ class GroupSkipped(JudgeUnavailable):
     """onFailure skip: the group is dropped and its prompt generated again (the rollout manager)."""
 
 
+class JudgeDown(JudgeUnavailable):
+    """The judge has scored nothing for its startupTimeoutSeconds (judge_watch): the step fails, even
+    with onFailure skip (which must not skip for ever), as with fail."""
+
+
 def urls_from_env(environ=os.environ) -> dict[str, list[str]]:
     text = environ.get(ENV_JUDGE_URLS)
     return json.loads(text) if text else {}
 
 
 class JudgeClient:
-    def __init__(self, spec: JudgeSpec, urls: list[str], token: str):
+    def __init__(self, spec: JudgeSpec, urls: list[str], token: str, where: str = "spec.judges"):
+        """where: the judge's place in the spec (spec.judges[i]), for its errors."""
         if not urls:
             raise JudgeError(f"judge '{spec.name}': no address ({ENV_JUDGE_URLS} names none)")
         self.spec, self.urls, self.token = spec, [u.rstrip("/") for u in urls], token
+        self.watch = JudgeWatch(spec, where)  # its metrics, and whether it is down
         self._next = 0
         self._session: Optional[aiohttp.ClientSession] = None
         self._ready = False
@@ -93,12 +101,15 @@ class JudgeClient:
                 if self._ready:
                     break
                 if time.monotonic() > deadline:
-                    raise JudgeUnavailable(f"judge '{self.spec.name}' not ready after "
-                                           f"{self.spec.startup_timeout_seconds:.0f} s at {self.urls}: {why}")
+                    self.watch.failed("not_ready")
+                    raise (JudgeDown if self.spec.on_failure == "skip" else JudgeUnavailable)(
+                        f"judge '{self.spec.name}' ({self.watch.where}) not ready after "
+                        f"{self.spec.startup_timeout_seconds:.0f} s at {self.urls}: {why}")
                 await asyncio.sleep(0.5)
 
     async def score(self, prompt: str, completions: list[str]) -> list[float]:
         """One score per completion; JudgeRefused, or JudgeUnavailable after the retries."""
+        started = time.monotonic()
         await self.wait_ready()
         body = {"items": [{"prompt": prompt, "completion": c} for c in completions]}
         last = ""
@@ -108,36 +119,51 @@ class JudgeClient:
             url = self.urls[self._next % len(self.urls)]
             self._next += 1
             start, self.in_flight = time.perf_counter(), self.in_flight + 1
+            self.watch.sent()
             try:
                 async with self._client().post(f"{url}/score", json=body,
                                                timeout=aiohttp.ClientTimeout(total=self.spec.timeout_seconds)) as r:
                     if 400 <= r.status < 500:
+                        self.watch.failed("refused")
                         raise JudgeRefused(f"judge '{self.spec.name}' refused the request ({r.status}): "
                                            f"{(await r.text())[:300]}")
                     if r.status != 200:
+                        self.watch.failed("server_error")
                         last = f"HTTP {r.status}: {(await r.text())[:300]}"
                         continue
                     scores = (await r.json())["scores"]
                     self.last_seconds = time.perf_counter() - start
+                    self.watch.answered(self.last_seconds)
                     if len(scores) != len(completions):
+                        self.watch.failed("bad_answer")
                         raise JudgeRefused(f"judge '{self.spec.name}' returned {len(scores)} scores for "
                                            f"{len(completions)} completions")
                     unread = [j for j, s in enumerate(scores) if s is None]
                     if unread:
+                        self.watch.failed("unparsed")
                         self.failures += 1
                         self.unparsed += len(unread)
                         raise self._unscored(f"judge '{self.spec.name}' could not read a score in {len(unread)} "
                                              f"of {len(scores)} answers (completions {unread[:8]}; its log "
-                                             "shows them)")
+                                             "shows them)", started)
+                    self.watch.scored()
                     return [float(s) for s in scores]
             except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+                self.watch.failed("timeout" if isinstance(e, asyncio.TimeoutError) else "connection")
                 last = f"{type(e).__name__}: {e}" if str(e) else f"{type(e).__name__} after {self.spec.timeout_seconds} s"
             finally:
                 self.in_flight -= 1
+                self.watch.done()
             log.warning("judge '%s' at %s: %s (attempt %d of %d)", self.spec.name, url, last, attempt + 1,
                         self.spec.retries + 1)
         self.failures += 1
-        raise self._unscored(f"judge '{self.spec.name}' could not score after {self.spec.retries + 1} attempts: {last}")
+        raise self._unscored(f"judge '{self.spec.name}' could not score after {self.spec.retries + 1} attempts: "
+                             f"{last}", started)
 
-    def _unscored(self, message: str) -> JudgeUnavailable:
+    def _unscored(self, message: str, started: float) -> JudgeUnavailable:
+        """The error of a group left unscored (started: when its scoring began), as onFailure says;
+        with skip, JudgeDown once the judge has scored nothing for its startupTimeoutSeconds."""
+        down = self.watch.unscored(started)
+        if down and self.spec.on_failure == "skip":
+            return JudgeDown(f"{down}; the last group: {message}")
         return (GroupSkipped if self.spec.on_failure == "skip" else JudgeUnavailable)(message)
