@@ -301,3 +301,23 @@ def test_a_stream_is_announced_and_taken_in_dtype_groups():
     with pytest.raises(RuntimeError, match="asked for 'b', next is a"):
         stream.take("b")
     assert [n for n, _ in stream] == ["a", "b", "step"] and stream.exhausted
+
+
+def test_a_server_that_leaves_is_dropped_at_once_and_the_next_push_goes_on_without_it(sync, agents, caplog):
+    """SyncAgent.leave (a rollout server scaled down): the publisher drops it at its next scan, long
+    before its heartbeats would run out (heartbeat_timeout 60 here), so the push after it neither
+    names it nor waits for it; the agent does not register again."""
+    caplog.set_level(logging.INFO, logger="grpojob.sync")
+    with publisher(sync, heartbeat_timeout=60) as pub:
+        a, b = agents(f"127.0.0.1:{pub.port}", "a"), agents(f"127.0.0.1:{pub.port}", "b")
+        wait_for(lambda: len(pub.rollout_addresses()) == 2 and a.ready() and b.ready(), 20, "registration")
+        b.leave("scaled down")
+        wait_for(lambda: pub.rollout_addresses() == ["http://a:1"], 5, "the publisher dropping b")
+        stats = pub.push(weights(1).items(), version=1)
+        assert stats["servers"] == 1 and stats["dropped"] == [] and stats["paths"]["gloo"] == ["a"]
+        assert _equal(a.sink, weights(1)) and b.held[0] == 0
+        time.sleep(1.0)  # (a registration again would show within a scan of 0.25 s)
+        assert [s["replica"] for s in pub.servers()] == ["a"]
+    assert any("'b'" in r.getMessage() and "left the weight-sync group (scaled down)" in r.getMessage()
+               for r in caplog.records), caplog.text
+    assert not any("sent no heartbeat" in r.getMessage() for r in caplog.records)

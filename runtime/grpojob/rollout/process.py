@@ -145,13 +145,19 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
 
 
 async def drain(server: Server, seconds: float) -> tuple[int, int]:
-    """Take no new requests (they get 503 `draining`, /readyz turns unready) and wait up to `seconds`
-    for those in flight; log what was finished and what is cut off. (finished, cut off)."""
+    """Take no new requests (they get 503 `draining`, /readyz turns unready), leave the weight-sync
+    group (no push waits for this server, the trainer's client stops picking it) and wait up to
+    `seconds` for the requests in flight; log what was finished and what is cut off. (finished, cut off)."""
     server.draining = True
-    t0, at_start = time.monotonic(), server.inflight
-    if at_start:
-        log.info("rollout server %s: draining %d requests in flight (up to %.0f s); new ones go to the other "
-                 "servers", server.replica, at_start, seconds)
+    t0 = time.monotonic()
+    if server.agent is not None:
+        await asyncio.to_thread(server.agent.leave, "stopping: it finishes the requests it has")
+    at_start = server.inflight
+    if not at_start:
+        log.info("rollout server %s: nothing in flight to drain", server.replica)
+        return 0, 0
+    log.info("rollout server %s: draining %d requests in flight (up to %.0f s); new ones go to the other "
+             "servers", server.replica, at_start, seconds)
     while server.inflight and time.monotonic() - t0 < seconds:
         await asyncio.sleep(DRAIN_POLL_SECONDS)
     (finished, tokens), cut = server.drained, server.inflight

@@ -10,7 +10,8 @@ Readiness (`ready()`): the server holds the weights the publisher calls current.
 restarts, the agent re-registers with the new store and is brought to the new trainer's current
 version before it reports ready again. A registration the trainer refuses (an explicit backend
 that cannot reach this server) leaves the server not ready, with the reason, until the trainer
-restarts.
+restarts. A server that stops (scaled down) `leave`s: the publisher drops it at once, so no push
+waits for its heartbeats to run out and the trainer's client stops sending it requests.
 """
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class SyncAgent:
         self.accepted = False  # the publisher has us in its table
         self._confirming: Optional[str] = None  # weights applied, until the store's current says so
         self.instance: Optional[str] = None
+        self._creds: Optional[Credentials] = None  # the current session's (leave)
         self.last_sync_seconds: Optional[float] = None
         self.last_error: Optional[str] = None  # the last failed command, for logs and tests
         self.refused: Optional[str] = None  # why the trainer refused this registration
@@ -74,6 +76,19 @@ class SyncAgent:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop; wait up to `timeout` s for the thread (a daemon: one blocked in a store call is left)."""
         self._stop.set()
+        self._thread.join(timeout=timeout)
+
+    def leave(self, reason: str, timeout: float = 2.0) -> None:
+        """Leave the weight-sync group for good (the server is stopping): stop, and tell the publisher
+        through a sealed `leave` key, which its watcher reads within a scan (membership)."""
+        self._stop.set()  # the session ends and does not register again
+        instance, creds = self.instance, self._creds
+        if instance is not None and creds is not None:
+            try:
+                creds.set_json(connect(self.addr, self.connect_timeout), creds.key("leave", instance), reason)
+                log.info("replica %s left the weight-sync group (%s)", self.replica, reason)
+            except (WeightSyncError, DistError) as e:  # the trainer is gone: nothing to leave
+                log.info("replica %s: could not tell the trainer it leaves (%s)", self.replica, e)
         self._thread.join(timeout=timeout)
 
     def ready(self) -> bool:
@@ -126,7 +141,7 @@ class SyncAgent:
         """One registration with one store; returns True when the publisher dropped us."""
         if not store.check([door("run")]):
             raise WeightSyncError(f"the trainer's weight-sync store at {self.addr} is not set up yet")
-        creds = Credentials(self._token, store.get(door("run")).decode())
+        creds = self._creds = Credentials(self._token, store.get(door("run")).decode())
         self.instance = f"{self.replica}-{uuid.uuid4().hex[:6]}"
         self.accepted, self.refused, self.current, self._confirming = False, None, None, None
         next_seq = store.add(creds.key("cmd", "n"), 0) + 1  # commands before registering never name us

@@ -6,7 +6,8 @@ of the job's token, and that it is not a replay), then the route of every endpoi
 (`placement.route`): a server an explicit backend cannot reach is refused, named in the log, and
 told why through the store. A refused registration is logged with the address it declares (the
 store does not know who wrote a key) and told only "unauthorized" when its proof failed. It also
-counts heartbeats and drops a server that stopped beating. After each round it calls
+counts heartbeats and drops a server that stopped beating, or that left (a sealed `leave` key:
+a server scaled down, grpojob.sync.agent.SyncAgent.leave). After each round it calls
 `after_round` (the publisher brings late servers to the current version there).
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Callable, Optional
 
 from torch.distributed import DistError, TCPStore
 
-from grpojob.sync.credentials import Credentials
+from grpojob.sync.credentials import Credentials, Forged
 from grpojob.sync.placement import BACKEND_FIELD, Endpoint, PlacementError
 from grpojob.sync.protocol import WeightSyncError, connect, door
 
@@ -251,6 +252,10 @@ class Membership:
     def _scan_heartbeats(self, store: TCPStore) -> None:
         now = time.monotonic()
         for m in self.live():
+            if (left := self._left(store, m)) is not None:
+                log.info("%s left the weight-sync group (%s)", m, left)
+                self.drop(m, f"left ({left})")
+                continue
             beat = store.add(self.creds.key("hb", m.instance), 0)
             if beat != m.hb:
                 m.hb, m.hb_at = beat, now
@@ -258,6 +263,15 @@ class Membership:
                 why = f"sent no heartbeat for {now - m.hb_at:.1f} s (dead or hung)"
                 log.error("%s %s; removing it from the weight-sync group", m, why)
                 self.drop(m, why)
+
+
+    def _left(self, store: TCPStore, m: Member) -> Optional[str]:
+        """Why m left (its sealed `leave` key), or None; a forged one is ignored."""
+        try:
+            reason = self.creds.get_json(store, self.creds.key("leave", m.instance))
+        except Forged:
+            return None
+        return None if reason is None else _shown(reason)
 
 
 def _shown(value: object, limit: int = 200) -> str:
