@@ -130,6 +130,7 @@ async def test_the_operator_runs_suspends_and_removes_judges(emulator, cluster, 
     await cluster.run_pods(NS, JOB)
     await eventually(lambda: status(emulator, JOB).get("phase") == "Running", what="Running again")
     assert not cluster.pods(NS, JOB, judges.ROLE)
+    assert cond(emulator, JOB, "JudgeReady") == {}  # a job without judges has no such condition
     assert len(emulator.requests_for(DEPLOYMENTS, "delete")) == deletes + 2  # each judge's Deployment once
     used = calls_made(emulator)
     assert {("", "services", "delete"), ("apps", "deployments", "delete")} <= used

@@ -90,6 +90,10 @@ class Conditions:
             last_transition_time=iso(self.now) if changed else old.last_transition_time,
             observed_generation=self.generation)
 
+    def drop(self, type_: str) -> None:
+        """No such condition any more (JudgeReady once the job has no judge left)."""
+        self.by_type.pop(type_, None)
+
     def write(self) -> None:
         order = list(CONDITION_TYPES) + sorted(set(self.by_type) - set(CONDITION_TYPES))
         self.st.conditions = [self.by_type[t] if self.by_type[t].last_transition_time else

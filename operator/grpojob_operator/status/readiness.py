@@ -28,6 +28,8 @@ def readiness(conds: Conditions, st: GRPOJobStatus, obs: Observation, scale: Sca
     if job.spec.judges:  # JudgeReady: every judge pod serves its loaded model
         wanted = sum(j.replicas for j in job.spec.judges) if scale.trainer else 0
         _condition(conds, "JudgeReady", "judge", ready_count(obs.judge_pods), wanted, obs.judge_pods, job)
+    else:  # none declared, or the last one taken out of the suspended job
+        conds.drop("JudgeReady")
 
 
 def blocked(job: GRPOJob, obs: Observation) -> Optional[str]:
