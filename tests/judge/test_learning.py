@@ -19,6 +19,7 @@ from ..local.test_run import processes_of
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "tiny-judge.yaml"
+GENERATIVE = ROOT / "examples" / "tiny-generative-judge.yaml"
 pytestmark = pytest.mark.slow
 
 
@@ -46,6 +47,25 @@ def test_a_reward_model_served_by_the_job_drives_learning(workdir):
     assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}: {[round(r, 3) for r in rewards]}"
     assert set(records[-1]["rewards"]) == {"words"}  # the judge's score, no other reward
     assert "judge-words-0" in (run_dir / "logs" / "judge-words-0.log").read_text()
+    assert processes_of(run_dir) == []
+
+
+def test_a_generative_judge_served_by_the_job_drives_learning(workdir):
+    """examples/tiny-generative-judge.yaml: the tiny chat judge (taught its rubric when missing)
+    answers in words, score.pattern reads the reward, and the policy learns from that alone."""
+    run_dir = workdir / "run"
+    proc = subprocess.run([sys.executable, "-m", "grpojob", "run", str(GENERATIVE), "--run-dir", str(run_dir),
+                           "--no-progress"], cwd=workdir, capture_output=True, text=True, timeout=1500)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "training the toy task's tiny chat judge" in out
+    records = read_records(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 31))
+    rewards = [r["reward_mean"] for r in records]
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    print(f"generative judge reward: steps 1-3 {first:.3f} -> steps 28-30 {last:.3f}")
+    assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}: {[round(r, 3) for r in rewards]}"
+    assert set(records[-1]["rewards"]) == {"rubric"}  # the score read from the judge's answers, no other reward
     assert processes_of(run_dir) == []
 
 

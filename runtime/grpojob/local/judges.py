@@ -29,7 +29,8 @@ def resolve_paths(spec: dict[str, Any]) -> None:
 
 def ensure_models(job: GRPOJob, out) -> None:
     """Every judge's model must be there; with the annotation BUILD_TINY_REWARD_MODEL a missing one is
-    built (grpojob.judge.tiny: the toy task's reward model, trained here in about a minute)."""
+    built (grpojob.judge.tiny: the toy task's reward model, trained here in about a minute; for a
+    generative judge, the tiny chat model taught the rubric there)."""
     annotations = (job.metadata.model_extra or {}).get("annotations") or {}
     build = str(annotations.get(BUILD_TINY_REWARD_MODEL, "")).lower() == "true"
     for i, j in enumerate(job.spec.judges):
@@ -39,8 +40,9 @@ def ensure_models(job: GRPOJob, out) -> None:
             raise InvalidSpec([FieldError(f"spec.judges[{i}].model", f"'{j.model}' has no model (config.json); set "
                                           f"annotation {BUILD_TINY_REWARD_MODEL}: \"true\" to build the toy task's "
                                           "tiny reward model there")])
-        from grpojob.judge.tiny import build as build_reward_model
+        from grpojob.judge.tiny import build as build_reward_model, build_generative
 
-        print(f"judge {j.name}: model {j.model} not found: training the toy task's tiny reward model there "
+        what = "tiny chat judge (its rubric: grpojob.judge.tiny)" if j.kind == "generative" else "tiny reward model"
+        print(f"judge {j.name}: model {j.model} not found: training the toy task's {what} there "
               f"(annotation {BUILD_TINY_REWARD_MODEL})", file=out)
-        build_reward_model(j.model)
+        (build_generative if j.kind == "generative" else build_reward_model)(j.model)
