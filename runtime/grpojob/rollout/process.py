@@ -149,10 +149,9 @@ async def drain(server: Server, seconds: float) -> tuple[int, int]:
     group (no push waits for this server, the trainer's client stops picking it) and wait up to
     `seconds` for the requests in flight; log what was finished and what is cut off. (finished, cut off)."""
     server.draining = True
-    t0 = time.monotonic()
+    t0, at_start = time.monotonic(), server.inflight
     if server.agent is not None:
         await asyncio.to_thread(server.agent.leave, "stopping: it finishes the requests it has")
-    at_start = server.inflight
     if not at_start:
         log.info("rollout server %s: nothing in flight to drain", server.replica)
         return 0, 0
