@@ -9,6 +9,7 @@ import json
 
 import aiohttp
 import pytest
+import torch
 
 from grpojob.api import check
 from grpojob.api.judge import JudgeScore
@@ -75,6 +76,14 @@ def test_the_hf_engine_generates_with_the_chat_template_and_parses_the_answers(h
     assert hf_judge.score(chats) == pytest.approx([NINE, NINE, ONE, ONE, None, NINE])
     # batched generation (left padding) answers as one at a time does, greedy by default
     assert [hf_judge.answer([c])[0] for c in chats] == answers
+
+
+def test_temperature_samples_and_zero_is_greedy(hf_judge, generative_judge):
+    chats = [hf_judge.render("p", " dog")] * 16
+    assert set(hf_judge.answer(chats)) == {"score: 9"}  # greedy: one answer, whatever the batch
+    hot = build(_job(generative_judge, temperature=5.0).spec.judges[0])
+    torch.manual_seed(0)
+    assert len(set(hot.answer(chats))) > 1  # sampled: a hot judge says different things
 
 
 def test_a_long_completion_keeps_its_end_within_max_length(generative_judge):

@@ -96,7 +96,8 @@ class HFGenerative:
         torch, spec = self.torch, self.spec
         texts = [render(self.tokenizer, c) for c in chats]
         batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        how = dict(do_sample=True, temperature=spec.temperature) if spec.temperature > 0 else \
+        # plain temperature sampling, as vLLM's SamplingParams(temperature=...) does: no top-k/top-p
+        how = dict(do_sample=True, temperature=spec.temperature, top_k=0, top_p=1.0) if spec.temperature > 0 else \
             dict(do_sample=False, temperature=None, top_p=None, top_k=None)
         with torch.inference_mode():
             out = self.model.generate(**batch, max_new_tokens=spec.max_tokens, pad_token_id=self.tokenizer.pad_token_id,
