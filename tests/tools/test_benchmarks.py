@@ -71,6 +71,14 @@ def test_generation():
     figures(rf"ratio transformers / ours \(time per token\): {NUMBER}x", out)
 
 
+def test_autoscale():
+    out = run("autoscale", "--steps", "3", "--warmup", "1", "--repeat", "1", "--pace", "0.05", "--train-seconds", "0.1",
+              "--drain-step", "1", "--device", "cpu")
+    figures(rf"wait share: fixed {NUMBER}, autoscale {NUMBER}: {NUMBER}x", out)
+    figures(rf"step time: fixed {NUMBER}s, autoscale {NUMBER}s: {NUMBER}x", out)
+    assert re.search(r"^drain: (\d+ requests in flight|rollout-1 had nothing in flight)", out, re.M), out[-2000:]
+
+
 def test_operator_scale():
     out = run("operator_scale", "--jobs", "2", "--steady", "1")
     rows = [line.split() for line in out.splitlines() if line.strip().startswith("2 ")]
