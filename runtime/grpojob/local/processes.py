@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from grpojob import failures
 
@@ -211,11 +211,12 @@ def _readable(line: str) -> str:
     return text
 
 
-def stop_all(children: list[Child], grace: float) -> None:
-    """SIGTERM every child at once, then SIGKILL (with their trees) those still running after
-    `grace` seconds."""
+def stop_all(children: list[Child], grace: float, now: Callable[[Child], bool] = lambda c: False) -> None:
+    """SIGTERM every child at once (SIGINT those `now` names: stop at once, e.g. a rollout server's
+    drain is for a scale-down, not for the end of the run), then SIGKILL (with their trees) those
+    still running after `grace` seconds."""
     for c in children:
-        c.signal(signal.SIGTERM)
+        c.signal(signal.SIGINT if now(c) else signal.SIGTERM)
     deadline = time.monotonic() + grace
     for c in children:
         if c.proc is None:

@@ -189,7 +189,7 @@ class Run:
                 c.start()
             return self._watch()
         finally:
-            stop_all(self.children, grace=5)
+            stop_all(self.children, grace=5, now=lambda c: c.name.startswith("rollout-"))  # SIGINT: no drain
             for s, h in old.items():
                 signal.signal(s, h)
             self.progress.close()
@@ -273,7 +273,7 @@ class Run:
             answered = answered or phase is not None
             if others and (phase in ("suspended", "completed", "failed") or (answered and phase is None)):
                 for c in others:  # checkpointed (its endpoint closes last): the rest stops while it exits
-                    c.signal(signal.SIGTERM)
+                    c.signal(signal.SIGINT if c.name.startswith("rollout-") else signal.SIGTERM)  # no drain
                 others = []
             time.sleep(0.2)
         ckpt = newest_checkpoint(Path(self.job.spec.checkpoint.path))

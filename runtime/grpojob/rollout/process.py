@@ -7,8 +7,9 @@ default 127.0.0.1; the server binds 127.0.0.1 for a loopback address, else 0.0.0
 GRPOJOB_REPLICA_ID (name in logs and errors), GRPOJOB_CHECKPOINT_DIR (backend checkpoint).
 
 Its life: load the engine (the HTTP API answers meanwhile, grpojob.rollout.server), join weight
-sync, serve. It stops, exit 0, on SIGTERM/SIGINT or when its parent dies (grpojob.lifeline); on a
-signal it drains first (`drain`: scaled down, a pod deleted): it takes no new requests (503, which
+sync, serve. It stops, exit 0, on SIGTERM/SIGINT or when its parent dies (grpojob.lifeline); on
+SIGTERM it drains first (`drain`: scaled down, a pod deleted; SIGINT stops at once, as `grpojob run`
+does at the end of a run, when nobody waits for the answers): it takes no new requests (503, which
 the trainer's client sends to another server) and finishes those in flight for up to DRAIN_SECONDS;
 only what is still running then is cut off and generated again elsewhere. When
 the engine breaks (at start or later) it turns not ready (/readyz 503 with the engine's error),
@@ -97,7 +98,7 @@ async def serve(spec: GRPOJobSpec, *, backend: str, port: int, advertise: str, r
     code = 1
     try:
         code = await _run(server, stop, sync_addr=sync_addr, url=url, checkpoint_dir=checkpoint_dir)
-        if code == 0 and server.started and signalled:  # scaled down or deleted: finish what it has
+        if code == 0 and server.started and signalled == ["SIGTERM"]:  # scaled down, deleted: finish what it has
             await drain(server, DRAIN_SECONDS)
     finally:
         lifeline.exit_within(SHUTDOWN_SECONDS, code)
