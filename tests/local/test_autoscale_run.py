@@ -63,7 +63,7 @@ def test_a_slow_generation_scales_rollout_processes_up(workdir):  # noqa: F811
 
 def test_slow_then_fast_generation_scales_up_then_back_down_and_loses_no_group(workdir):  # noqa: F811
     run_dir = workdir / "run"
-    proc = grpojob_run(run_dir, f"code.localPath={PACED}", "rollout.autoscale.maxReplicas=2",
+    proc = grpojob_run(run_dir, f"code.localPath={PACED}", "training.steps=16", "rollout.autoscale.maxReplicas=2",
                        "rollout.autoscale.scaleDown.steps=1", cwd=workdir, example=PACED_EXAMPLE)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
