@@ -11,6 +11,7 @@ only this model's scores (docs/services.md).
 from __future__ import annotations
 
 import argparse
+import json
 import random
 from pathlib import Path
 
@@ -62,6 +63,10 @@ def build(output: str | Path, steps: int = 300, seed: int = 0) -> Path:
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return _save(model, tokenizer, output)
+
+
+def _save(model, tokenizer, output: str | Path) -> Path:
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     model.eval().save_pretrained(output, safe_serialization=True)
@@ -92,8 +97,6 @@ def build_generative(output: str | Path, steps: int = 120, seed: int = 0) -> Pat
     """Write a tiny chat model (Qwen2, ChatML) trained to answer the rubric above (returns its path):
     a random model cannot judge, so the tests' judge is taught, in seconds, answers the parser reads
     and one it cannot. Deterministic for a seed."""
-    import json
-
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -133,10 +136,7 @@ def build_generative(output: str | Path, steps: int = 120, seed: int = 0) -> Pat
         opt.zero_grad()
         loss.backward()
         opt.step()
-    output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
-    model.eval().save_pretrained(output, safe_serialization=True)
-    tokenizer.save_pretrained(output)
+    output = _save(model, tokenizer, output)
     (output / "generation_config.json").write_text(json.dumps(  # stop at the end of the assistant's turn
         {"eos_token_id": [tokenizer.eos_token_id, end], "pad_token_id": tokenizer.pad_token_id}))
     return output
