@@ -94,7 +94,7 @@ class ToyDatasetBuilder(RLDatasetBuilder):
 def test_a_cookbook_rl_recipe_learns_against_a_grpojob(job, tmp_path, monkeypatch):  # noqa: F811
     run, _, model, url = job
     monkeypatch.setenv("TINKER_API_KEY", "tml-" + TOKEN)
-    config = train.Config(learning_rate=5e-3, dataset_builder=ToyDatasetBuilder(model_name_for_tokenizer=model),
+    config = train.Config(learning_rate=3e-3, dataset_builder=ToyDatasetBuilder(model_name_for_tokenizer=model),
                           model_name=model, lora_rank=RANK, recipe_name="grpojob_toy", max_tokens=4,
                           log_path=str(tmp_path / "cookbook"), eval_every=0, save_every=0, base_url=url,
                           max_steps=STEPS, num_groups_to_log=0, rollout_json_export=False)
