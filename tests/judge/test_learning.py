@@ -30,21 +30,29 @@ def workdir(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
-def test_a_reward_model_served_by_the_job_drives_learning(workdir):
-    spec = load_manifest(str(EXAMPLE), [])["spec"]
-    assert [r.get("judge") for r in spec["rewards"]] == ["words"] and not any(r.get("name") for r in spec["rewards"])
+def run_example(example, workdir, steps: int) -> tuple[str, list[dict], float, float]:
+    """`grpojob run example` as a user runs it: its output, step records, and the mean reward of
+    the first and of the last 3 steps (every step recorded)."""
     run_dir = workdir / "run"
-    proc = subprocess.run([sys.executable, "-m", "grpojob", "run", str(EXAMPLE), "--run-dir", str(run_dir),
+    proc = subprocess.run([sys.executable, "-m", "grpojob", "run", str(example), "--run-dir", str(run_dir),
                            "--no-progress"], cwd=workdir, capture_output=True, text=True, timeout=1500)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
-    assert "training the toy task's tiny reward model" in out
     records = read_records(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, 41))
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
     rewards = [r["reward_mean"] for r in records]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    print(f"judge reward: steps 1-3 {first:.3f} -> steps 38-40 {last:.3f}")
     assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}: {[round(r, 3) for r in rewards]}"
+    return out, records, first, last
+
+
+def test_a_reward_model_served_by_the_job_drives_learning(workdir):
+    spec = load_manifest(str(EXAMPLE), [])["spec"]
+    assert [r.get("judge") for r in spec["rewards"]] == ["words"] and not any(r.get("name") for r in spec["rewards"])
+    out, records, first, last = run_example(EXAMPLE, workdir, 40)
+    print(f"judge reward: steps 1-3 {first:.3f} -> steps 38-40 {last:.3f}")
+    assert "training the toy task's tiny reward model" in out
+    run_dir = workdir / "run"
     assert set(records[-1]["rewards"]) == {"words"}  # the judge's score, no other reward
     assert "judge-words-0" in (run_dir / "logs" / "judge-words-0.log").read_text()
     assert processes_of(run_dir) == []
@@ -53,18 +61,10 @@ def test_a_reward_model_served_by_the_job_drives_learning(workdir):
 def test_a_generative_judge_served_by_the_job_drives_learning(workdir):
     """examples/tiny-generative-judge.yaml: the tiny chat judge (taught its rubric when missing)
     answers in words, score.pattern reads the reward, and the policy learns from that alone."""
-    run_dir = workdir / "run"
-    proc = subprocess.run([sys.executable, "-m", "grpojob", "run", str(GENERATIVE), "--run-dir", str(run_dir),
-                           "--no-progress"], cwd=workdir, capture_output=True, text=True, timeout=1500)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out
-    assert "training the toy task's tiny chat judge" in out
-    records = read_records(run_dir / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, 31))
-    rewards = [r["reward_mean"] for r in records]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+    out, records, first, last = run_example(GENERATIVE, workdir, 30)
     print(f"generative judge reward: steps 1-3 {first:.3f} -> steps 28-30 {last:.3f}")
-    assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}: {[round(r, 3) for r in rewards]}"
+    assert "training the toy task's tiny chat judge" in out
+    run_dir = workdir / "run"
     assert set(records[-1]["rewards"]) == {"rubric"}  # the score read from the judge's answers, no other reward
     assert processes_of(run_dir) == []
 
