@@ -5,9 +5,10 @@ model gets no cache, its attention function writes and reads the slots); each ro
 completion at its own position, so rows join and leave between decode steps and no row is ever
 left-padded. New prompts are prefilled together in one packed row (a block-diagonal causal
 mask), each prompt once for all n completions of its request (its KV is copied to the other n-1
-slots). A decode step feeds every active row's last token at its own position and attends over
-the row's cached keys only (a [rows, 1, 1, kv] mask). Used by the `hf` rollout engine
-(hf_engine) and by `generate` below (in-process sampling: tests).
+slots). A decode step (hf_decode_step) feeds every active row's last token at its own position
+and attends over the row's cached keys only (a [rows, 1, 1, kv] mask); its inputs stay on the
+device, it reads back one tensor, and on CUDA it replays as a graph per bucket of rows. Used by
+the `hf` rollout engine (hf_engine) and by `generate` below (in-process sampling: tests).
 
 Log-probs follow the Completion contract: log softmax(raw logits / temperature) of each sampled
 token over the full vocabulary. Sampling noise is per row (hf_sampling): completion i of a
@@ -22,10 +23,10 @@ import torch
 from torch import Tensor
 
 from grpojob.rollout import hf_attention, hf_sampling
+from grpojob.rollout.hf_decode_step import DecodeStep
 from grpojob.api.rollout import Completion, SamplingParams
 
 PREFILL_TOKENS = 4096  # prompt tokens prefilled together at most (the packed mask is O(tokens^2))
-KV_BUCKET = 64  # decode attends over the cache up to the longest row, rounded up to this
 
 
 @dataclass
@@ -68,7 +69,8 @@ class Row:
 class Decoder:
     """Active rows live in slots 0..len(rows)-1 (a finished row's slot is taken by the last row)."""
 
-    def __init__(self, model, *, slots: int, max_len: int, eos_token_id: Optional[int]):
+    def __init__(self, model, *, slots: int, max_len: int, eos_token_id: Optional[int],
+                 graphs: Optional[bool] = None):
         hf_attention.install(model)
         self.model = model
         self.decoder = model.base_model
@@ -78,6 +80,7 @@ class Decoder:
         self.eos = eos_token_id
         self.rows: list[Row] = []
         self._first_prefill(model)
+        self.steps = DecodeStep(self.decoder, self.head, self.cache, self.device, graphs=graphs)
 
     def _first_prefill(self, model) -> None:
         """Prefill one token into slot 0 (taken over by the first row admitted): allocates every
@@ -120,16 +123,22 @@ class Decoder:
         return self.head(hidden).float()
 
     def _sample(self, rows: list[Row], logits: Tensor, version: int) -> None:
+        """The first token of newly admitted rows (the decode step samples the others)."""
         dev = logits.device
         s = [r.sampling for r in rows]
-        tokens, logps = hf_sampling.sample(
+        tokens, logps = hf_sampling.sample_rows(
             logits, torch.tensor([x.temperature for x in s], device=dev, dtype=torch.float32),
             torch.tensor([x.top_p for x in s], device=dev, dtype=torch.float32),
             torch.tensor([x.top_k for x in s], device=dev, dtype=torch.long),
             torch.tensor([r.key for r in rows], device=dev, dtype=torch.long),
-            torch.tensor([len(r.tokens) for r in rows], device=dev, dtype=torch.long))
-        for r, t, lp in zip(rows, tokens.tolist(), logps.tolist()):
-            r.add(t, lp, version, self.eos, self.cache.max_len)
+            torch.tensor([len(r.tokens) for r in rows], device=dev, dtype=torch.long),
+            filtered=any(x.top_p < 1.0 or x.top_k > 0 for x in s))
+        self._add(rows, *torch.stack([tokens.double(), logps.double()]).tolist(), version)
+
+    def _add(self, rows: list[Row], tokens: list[float], logps: list[float], version: int) -> None:
+        eos, limit = self.eos, self.cache.max_len
+        for r, t, lp in zip(rows, tokens, logps):
+            r.add(int(t), lp, version, eos, limit)
 
     # ---- scheduling --------------------------------------------------------------------------
     @torch.no_grad()
@@ -154,6 +163,7 @@ class Decoder:
         for r in rows:
             r.version = version
         self._sample(rows, logits, version)
+        self.steps.state.write(first, rows)
         self.rows.extend(rows)
         return self._retire()
 
@@ -162,15 +172,7 @@ class Decoder:
         """One decode step of every active row; returns the rows that finished."""
         if not self.rows:
             return []
-        dev = self.device
-        pos = torch.tensor([r.position for r in self.rows], device=dev)
-        kv_len = min(self.cache.max_len, -(-(int(pos.max()) + 1) // KV_BUCKET) * KV_BUCKET)
-        ids = torch.tensor([r.tokens[-1] for r in self.rows], device=dev)[:, None]
-        mask = torch.arange(kv_len, device=dev)[None, :] <= pos[:, None]
-        step = hf_attention.Step(self.cache, pos, mask[:, None, None], kv_len=kv_len)
-        out = self.decoder(input_ids=ids, position_ids=pos[:, None], attention_mask=step.mask, use_cache=False,
-                           **{hf_attention.KWARG: step})
-        self._sample(self.rows, self._logits(out.last_hidden_state[:, 0]), version)
+        self._add(self.rows, *self.steps(self.rows), version)
         return self._retire()
 
     @torch.no_grad()
@@ -185,6 +187,7 @@ class Decoder:
         """Free every layer's KV slots (the engine sleeps); the rows in flight keep their tokens.
         Returns the bytes freed."""
         freed = sum(b.numel() * b.element_size() for kv in self.cache.kv.values() for b in kv)
+        self.steps.reset()  # its graphs read the buffers freed here
         self.cache.kv.clear()
         return freed
 
@@ -214,7 +217,9 @@ class Decoder:
             if i != last:  # the last row moves into the freed slot
                 moved = self.rows[last]
                 self.cache.copy(last, [i], moved.position)
+                self.steps.state.move(last, i)
                 self.rows[i] = moved
+            self.steps.state.clear(last)
             self.rows.pop()
         return done
 

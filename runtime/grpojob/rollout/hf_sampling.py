@@ -60,23 +60,33 @@ def _filter(scaled: Tensor, top_p: Tensor, top_k: Tensor) -> Tensor:
 
 def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, keys: Tensor, steps: Tensor
            ) -> tuple[Tensor, Tensor]:
+    """`sample_rows`, deciding from the tensors whether any row filters (one host sync: for
+    callers without the rows' parameters on the host)."""
+    return sample_rows(logits, temperature, top_p, top_k, keys, steps,
+                       filtered=bool(((top_p < 1.0) | (top_k > 0)).any()))
+
+
+def sample_rows(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, keys: Tensor, steps: Tensor,
+                filtered: bool) -> tuple[Tensor, Tensor]:
     """logits [A, V] (raw, float32) and per-row parameters [A] -> (tokens [A], log-probs [A]).
     temperature 0 is greedy. Log-probs are log softmax(logits / temperature) of the chosen token
-    over the full vocabulary (temperature 1 when greedy): the Completion contract."""
+    over the full vocabulary (temperature 1 when greedy): the Completion contract.
+
+    No host sync and no data-dependent branch (a CUDA graph replays it): greedy rows and filtered
+    rows are chosen per row with torch.where. `filtered` (from the rows' parameters, which the
+    caller holds on the host) says whether any row filters; only then is the sorted filter
+    computed. A row that does not filter draws from its full distribution either way, so its
+    token does not depend on the other rows."""
     greedy = temperature <= 0
     t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    logp = torch.log_softmax(logits if bool((t == 1).all()) else logits / t[:, None], dim=1)
-    if bool(greedy.all()):
-        choice = logits.argmax(dim=1)
-    else:
-        if bool(((top_p < 1.0) | (top_k > 0)).any()):
-            probs = torch.softmax(_filter(logp, top_p, top_k), dim=1)
-        else:
-            probs = logp.exp()
-        cdf = probs.cumsum_(dim=1)
-        # the first entry whose CDF reaches u (scaled by the row's total: float32 sums to about 1)
-        target = uniforms(keys, steps) * cdf[:, -1]
-        choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp_(max=logits.shape[1] - 1)
-        if bool(greedy.any()):
-            choice = torch.where(greedy, logits.argmax(dim=1), choice)
+    logp = torch.log_softmax(logits / t[:, None], dim=1)  # x / 1.0 is exact: untempered rows are unchanged
+    probs = logp.exp()
+    if filtered:
+        narrowed = torch.softmax(_filter(logp, top_p, top_k), dim=1)
+        probs = torch.where(((top_p < 1.0) | (top_k > 0))[:, None], narrowed, probs)
+    cdf = probs.cumsum_(dim=1)
+    # the first entry whose CDF reaches u (scaled by the row's total: float32 sums to about 1)
+    target = uniforms(keys, steps) * cdf[:, -1]
+    choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp_(max=logits.shape[1] - 1)
+    choice = torch.where(greedy, logits.argmax(dim=1), choice)
     return choice, logp.gather(1, choice[:, None]).squeeze(1)

@@ -1,0 +1,159 @@
+"""The hf decoder's decode step: its inputs live on the device, and on CUDA it replays as a graph.
+
+Per slot the device holds what a decode step reads: the last token and its position, the noise
+key, the token count, temperature / top-p / top-k, and whether the slot holds a row. Rows that
+join, leave or move write these (hf_generate.Decoder: admit, _retire); a step reads them and
+advances them in place, so a step builds nothing on the host.
+
+A step runs over a bucket of slots 0..B-1 (B: the next power of two >= the active rows, at most
+the slots) and attends over kv_len cached positions (the next power of two >= the longest row,
+at least KV_MIN, at most the cache). Its shapes depend on the bucket only: rows join and leave
+without a new shape. Free slots inside the bucket run along at position 0 of their own (free)
+slot; their results are ignored, and an admitted row's prefill overwrites what they wrote.
+
+One device-to-host transfer per step: tokens and log-probs packed in one float64 tensor [2, B]
+(exact for any vocabulary index), read once (`Tensor.tolist`). Finish checks (EOS, length) are
+made on the host from those tokens, as each row's tokens are appended anyway.
+
+CUDA: each bucket (B, kv_len, whether any row filters) is captured as a torch.cuda.CUDAGraph the
+first time it runs (that step runs eagerly, which is also the capture's warm-up) and replayed
+after; the graphs share one memory pool (they run one at a time and each output is read before
+the next step). A capture that fails (a model whose forward syncs, say) is logged once and the
+decoder runs eagerly from then on. Graphs read weights and KV buffers by address: weight swaps
+copy in place (hf_engine._swap), and freeing the KV buffers (sleep) drops the graphs.
+GRPOJOB_DECODE_GRAPHS=0 turns capture off. The CPU runs the same step, uncaptured.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from grpojob.rollout import hf_attention, hf_sampling
+
+log = logging.getLogger("grpojob.rollout")
+
+KV_MIN = 64  # the smallest attention span a step reads
+GRAPHS_ENV = "GRPOJOB_DECODE_GRAPHS"
+
+
+def bucket(n: int, cap: int, least: int = 1) -> int:
+    """The next power of two >= n (at least `least`), at most `cap`: few shapes, at most 2x work."""
+    b = least
+    while b < n:
+        b *= 2
+    return min(b, cap)
+
+
+class SlotState:
+    """Per-slot decode inputs on the device, written only when rows join, leave or move."""
+    LAST, POS, KEY, COUNT, TOP_K = range(5)  # rows of `longs`
+    TEMPERATURE, TOP_P = range(2)  # rows of `floats`
+
+    def __init__(self, slots: int, device: torch.device):
+        self.device = device
+        self.longs = torch.zeros(5, slots, dtype=torch.long, device=device)
+        self.floats = torch.ones(2, slots, dtype=torch.float32, device=device)
+        self.active = torch.zeros(slots, dtype=torch.bool, device=device)
+
+    def write(self, first: int, rows: list) -> None:
+        """Rows (hf_generate.Row, each with its first token) now in slots first, first+1, ..."""
+        if not rows:
+            return
+        at = slice(first, first + len(rows))
+        longs = torch.tensor([[r.tokens[-1], r.position, r.key, len(r.tokens), r.sampling.top_k] for r in rows],
+                             dtype=torch.long)
+        floats = torch.tensor([[r.sampling.temperature, r.sampling.top_p] for r in rows], dtype=torch.float32)
+        self.longs[:, at] = longs.T.to(self.device, non_blocking=True)
+        self.floats[:, at] = floats.T.to(self.device, non_blocking=True)
+        self.active[at] = True
+
+    def move(self, src: int, dst: int) -> None:
+        for buf in (self.longs, self.floats):
+            buf[:, dst] = buf[:, src]
+        self.active[dst] = self.active[src]
+
+    def clear(self, slot: int) -> None:
+        self.active[slot] = False
+
+
+class DecodeStep:
+    """One decode step of the rows in slots 0..len(rows)-1 (see the module docstring)."""
+
+    def __init__(self, decoder, head, cache: hf_attention.Slots, device: torch.device,
+                 graphs: Optional[bool] = None):
+        self.decoder, self.head, self.cache, self.device = decoder, head, cache, device
+        self.state = SlotState(cache.slots, device)
+        if graphs is None:
+            graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
+        self.graphs = graphs and device.type == "cuda"
+        self._captured: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self._pool = None
+
+    def shape(self, rows: list) -> tuple[int, int, bool]:
+        """(bucket rows, kv_len, whether any row filters) from what the host knows of the rows."""
+        b = bucket(len(rows), self.cache.slots)
+        kv_len = bucket(max(r.position for r in rows) + 1, self.cache.max_len, KV_MIN)
+        filtered = any(r.sampling.top_p < 1.0 or r.sampling.top_k > 0 for r in rows)
+        return b, kv_len, filtered
+
+    def __call__(self, rows: list) -> tuple[list[float], list[float]]:
+        """Tokens (as floats) and log-probs of every row, read in one transfer."""
+        shape = self.shape(rows)
+        packed = self._replay(shape) if self.graphs else self.run(*shape)
+        tokens, logps = packed.tolist()  # the step's one device-to-host transfer
+        return tokens, logps
+
+    def run(self, rows: int, kv_len: int, filtered: bool) -> Tensor:
+        """The step itself, static in shape for a given (rows, kv_len, filtered): no host sync."""
+        st, dev = self.state, self.device
+        active = st.active[:rows]
+        pos = torch.where(active, st.longs[st.POS, :rows], 0)  # a free slot writes position 0 of its own
+        mask = torch.arange(kv_len, device=dev)[None, :] <= pos[:, None]
+        step = hf_attention.Step(self.cache, pos, mask[:, None, None], kv_len=kv_len)
+        out = self.decoder(input_ids=st.longs[st.LAST, :rows, None], position_ids=pos[:, None],
+                           attention_mask=step.mask, use_cache=False, **{hf_attention.KWARG: step})
+        logits = self.head(out.last_hidden_state[:, 0]).float()
+        count = st.longs[st.COUNT, :rows]
+        tokens, logps = hf_sampling.sample_rows(
+            logits, st.floats[st.TEMPERATURE, :rows], st.floats[st.TOP_P, :rows], st.longs[st.TOP_K, :rows],
+            st.longs[st.KEY, :rows], count, filtered)
+        # the next step's inputs, in place (a graph replays these writes too)
+        last = st.longs[st.LAST, :rows]
+        last.copy_(torch.where(active, tokens, last))
+        st.longs[st.POS, :rows] += active
+        count += active
+        return torch.stack([tokens.double(), logps.double()])
+
+    def _replay(self, shape: tuple[int, int, bool]) -> Tensor:
+        captured = self._captured.get(shape)
+        if captured is not None:
+            captured[0].replay()
+            return captured[1]
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)  # warm-up off the default stream, as torch's docs do it
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            out = self.run(*shape)  # this step, eagerly; capturing below only records
+        current.wait_stream(side)
+        try:
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: another thread's CUDA work (an in-process trainer) does not void the capture
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+                static = self.run(*shape)
+            self._pool = graph.pool()
+            self._captured[shape] = (graph, static)
+        except Exception as e:  # noqa: BLE001 - a model that cannot be captured still decodes, eagerly
+            self.graphs = False
+            self._captured.clear()
+            log.warning("hf engine: capturing the decode step as a CUDA graph failed (%s: %s); decoding "
+                        "eagerly from now on", type(e).__name__, e)
+        return out
+
+    def reset(self) -> None:
+        """Drop the graphs (the KV buffers they read are being freed)."""
+        self._captured.clear()
+        self._pool = None

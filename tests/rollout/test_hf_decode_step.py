@@ -1,0 +1,100 @@
+"""The hf decoder's decode step (hf_decode_step) on the CPU, by the rules a GPU enforces: one
+device-to-host transfer per step, shapes static per bucket (what a CUDA graph replays, checked
+here as no recompilation under torch.compile), and a seeded row's tokens the same in any bucket
+and beside any other rows."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpojob.api.rollout import SamplingParams
+from grpojob.rollout import hf_decode_step, hf_generate
+
+from .harness import load_model
+
+HOST_READS = ("tolist", "item", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__")
+
+
+def _rows(request, prompt, n, sampling):
+    return hf_generate.request_rows(request, prompt, n, sampling, hf_generate.noise_keys(sampling, n))
+
+
+def test_one_device_to_host_transfer_per_decode_step(tiny_dir, monkeypatch):
+    model = load_model(tiny_dir)
+    dec = hf_generate.Decoder(model, slots=8, max_len=64, eos_token_id=None)
+    # rows of several lengths and parameters: some leave (and a row moves into their slot) mid-way
+    dec.admit([_rows(0, [5, 6, 7], 3, SamplingParams(temperature=1.0, top_p=0.8, max_tokens=4, seed=1)),
+               _rows(1, [9, 10, 11, 12], 2, SamplingParams(temperature=0.0, max_tokens=9)),
+               _rows(2, [3, 4], 2, SamplingParams(temperature=0.7, top_k=5, max_tokens=6, seed=2))], 0)
+    reads: list[tuple[str, tuple]] = []
+    for name in HOST_READS:
+        original = getattr(torch.Tensor, name)
+
+        def spy(self, *args, _name=name, _original=original, **kwargs):
+            reads.append((_name, tuple(self.shape)))
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    steps = 0
+    while dec.rows:
+        active = len(dec.rows)
+        reads.clear()
+        dec.step(0)
+        steps += 1
+        # tokens and log-probs of the bucket's rows, in one tensor, read once
+        assert reads == [("tolist", (2, hf_decode_step.bucket(active, 8)))], (steps, reads)
+    assert steps == 8
+
+
+def test_decode_shapes_are_static_per_bucket_no_recompilation_as_rows_join_and_leave(tiny_dir, monkeypatch):
+    import torch._dynamo as dynamo
+
+    model = load_model(tiny_dir)
+    dec = hf_generate.Decoder(model, slots=8, max_len=64, eos_token_id=None)
+    compiled = torch.compile(dec.steps.run, backend="eager", dynamic=False, fullgraph=False)
+    monkeypatch.setattr(dec.steps, "run", compiled)
+    sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
+    dec.admit([_rows(0, [5, 6, 7, 8], 6, sampling)], 0)  # 6 rows: bucket 8
+    dec.step(0)  # warm-up: the bucket's one compilation
+    monkeypatch.setattr(dynamo.config, "error_on_recompile", True)
+    shapes = {dec.steps.shape(dec.rows)}
+    dec.step(0)
+    dec.admit([_rows(1, [9, 10], 2, SamplingParams(temperature=1.0, max_tokens=2, seed=4))], 0)  # 8 rows
+    shapes.add(dec.steps.shape(dec.rows))
+    dec.step(0)  # the two new rows finish here and leave: 6 rows, the same bucket
+    assert len(dec.rows) == 6
+    shapes.add(dec.steps.shape(dec.rows))
+    dec.step(0)
+    assert shapes == {(8, 64, False)}
+
+
+def test_a_seeded_rows_tokens_do_not_depend_on_the_bucket_or_its_neighbours(tiny_dir):
+    model = load_model(tiny_dir)
+    prompt = [5, 6, 7, 8, 9]
+    sampling = SamplingParams(temperature=0.9, max_tokens=12, seed=77)
+
+    def run(slots, others):
+        dec = hf_generate.Decoder(model, slots=slots, max_len=64, eos_token_id=None)
+        mine = _rows("mine", prompt, 3, sampling)
+        dec.admit(others + [mine], 0)
+        done = {}
+        while dec.rows:
+            done.update({(r.request, r.index): r for r in dec.step(0)})
+        return [done[("mine", i)] for i in range(3)]
+
+    alone = run(3, [])  # bucket 4 (3 slots: capped at 3)
+    # beside greedy rows, filtering rows and rows that leave early, in buckets of 16, 8 and 4
+    crowd = [_rows("greedy", [1, 2, 3], 4, SamplingParams(temperature=0.0, max_tokens=3)),
+             _rows("top-k", [4, 4, 4, 4, 4, 4, 4, 4, 4], 5, SamplingParams(temperature=1.2, top_k=3, top_p=0.5,
+                                                                          max_tokens=7, seed=5))]
+    amid = run(16, crowd)
+    assert [r.tokens for r in amid] == [r.tokens for r in alone]
+    for a, b in zip(amid, alone):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+    assert len({tuple(r.tokens) for r in alone}) == 3
+
+
+def test_buckets_are_powers_of_two_within_their_bounds():
+    assert [hf_decode_step.bucket(n, 256) for n in (1, 2, 3, 5, 128, 129, 256)] == [1, 2, 4, 8, 128, 256, 256]
+    assert hf_decode_step.bucket(3, 5) == 4 and hf_decode_step.bucket(5, 5) == 5
+    assert hf_decode_step.bucket(10, 4096, 64) == 64 and hf_decode_step.bucket(65, 100, 64) == 100
