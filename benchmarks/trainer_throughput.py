@@ -189,8 +189,9 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
                 print(f"--max-seconds {a.max_seconds:.0f} reached after {len(seconds)} steps of each: "
                       "reporting what was measured", flush=True)
                 control.should_training_stop = True
-            print(f"step {len(seconds)}: trl {seconds[-1]:.2f} s, grpojob {ours.seconds[-1]:.2f} s "
-                  f"(train stage {ours.train_seconds[-1]:.2f} s, {ours.trained[-1]} tokens trained)", flush=True)
+            print(f"step {len(seconds)}: trl {seconds[-1]:.2f} s (generation {sum(sampling):.2f} s), grpojob "
+                  f"{ours.seconds[-1]:.2f} s (generation {ours.seconds[-1] - ours.train_seconds[-1]:.2f} s, train "
+                  f"stage {ours.train_seconds[-1]:.2f} s, {ours.trained[-1]} tokens trained)", flush=True)
 
     trl.add_callback(Alternate())
     trl.train()
@@ -285,6 +286,18 @@ def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, f
     return {k: statistics.median(v) for k, v in rates.items()}
 
 
+def spread(name: str, seconds: list[float], train: list[float]) -> str:
+    """The first step, then each later step's generation time (the step minus the train stage)
+    and how far they stray: median, max / median, and the worst step's distance from the median."""
+    gen = [s - t for s, t in zip(seconds, train)]
+    later = gen[1:] or gen
+    med = statistics.median(later)
+    worst = max(abs(g - med) for g in later) / med if med > 0 else 0.0
+    return (f"{name}: first step {seconds[0]:.2f} s (generation {gen[0]:.2f} s); generation per later step "
+            f"{', '.join(f'{g:.2f}' for g in later)} s: median {med:.2f} s, max/median {max(later) / med:.2f}, "
+            f"worst step {worst:.0%} off the median" if med > 0 else f"{name}: no generation time measured")
+
+
 def _rate(seconds: list[float], tokens: list[int]) -> float:
     """Median over steps 2..N (the first warms up) of each step's tokens per second: the median
     shrugs off the load spikes of a shared machine that a plain average would pick up."""
@@ -354,6 +367,10 @@ def main() -> None:
               f"(state {state / gib:.2f} + step {mine.memory.rise / gib:.2f}), "
               f"trl {(theirs['state'] + theirs['memory'].rise) / gib:.2f} GiB "
               f"(state {theirs['state'] / gib:.2f} + step {theirs['memory'].rise / gib:.2f})")
+    print(spread("grpojob", mine.seconds, mine.train_seconds))
+    print(spread("trl", theirs["seconds"], theirs["train_seconds"]))
+    print(f"first step: grpojob {mine.seconds[0]:.2f} s, trl {theirs['seconds'][0]:.2f} s, "
+          f"ratio {mine.seconds[0] / theirs['seconds'][0]:.2f}x (<= 2 is the goal)")
     if gen:
         ours_gen, trl_gen = gen["grpojob hf engine"], gen["trl generate"]
         print(f"generation (completion tokens/s, median of 5): grpojob hf engine {ours_gen:.0f}, "

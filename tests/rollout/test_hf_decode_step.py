@@ -65,7 +65,7 @@ def test_decode_shapes_are_static_per_bucket_no_recompilation_as_rows_join_and_l
     assert len(dec.rows) == 6
     shapes.add(dec.steps.shape(dec.rows))
     dec.step(0)
-    assert shapes == {(8, 64, False)}
+    assert shapes == {(8, 64, False, False, False)}
 
 
 def test_a_seeded_rows_tokens_do_not_depend_on_the_bucket_or_its_neighbours(tiny_dir):

@@ -15,7 +15,7 @@ One device-to-host transfer per step: tokens and log-probs packed in one float64
 (exact for any vocabulary index), read once (`Tensor.tolist`). Finish checks (EOS, length) are
 made on the host from those tokens, as each row's tokens are appended anyway.
 
-CUDA: each bucket (B, kv_len, whether any row filters) is captured as a torch.cuda.CUDAGraph the
+CUDA: each bucket (B, kv_len, the sampling flags of hf_sampling.sample_rows) is captured as a torch.cuda.CUDAGraph the
 first time it runs (that step runs eagerly, which is also the capture's warm-up) and replayed
 after; the graphs share one memory pool (they run one at a time and each output is read before
 the next step). A capture that fails (a model whose forward syncs, say) is logged once and the
@@ -90,15 +90,14 @@ class DecodeStep:
         if graphs is None:
             graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
         self.graphs = graphs and device.type == "cuda"
-        self._captured: dict[tuple[int, int, bool], tuple[torch.cuda.CUDAGraph, Tensor]] = {}
+        self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = None
 
-    def shape(self, rows: list) -> tuple[int, int, bool]:
-        """(bucket rows, kv_len, whether any row filters) from what the host knows of the rows."""
+    def shape(self, rows: list) -> tuple:
+        """(bucket rows, kv_len, sampling flags) from what the host knows of the rows."""
         b = bucket(len(rows), self.cache.slots)
         kv_len = bucket(max(r.position for r in rows) + 1, self.cache.max_len, KV_MIN)
-        filtered = any(r.sampling.top_p < 1.0 or r.sampling.top_k > 0 for r in rows)
-        return b, kv_len, filtered
+        return (b, kv_len, *hf_sampling.flags(r.sampling for r in rows))
 
     def __call__(self, rows: list) -> tuple[list[float], list[float]]:
         """Tokens (as floats) and log-probs of every row, read in one transfer."""
@@ -107,8 +106,8 @@ class DecodeStep:
         tokens, logps = packed.tolist()  # the step's one device-to-host transfer
         return tokens, logps
 
-    def run(self, rows: int, kv_len: int, filtered: bool) -> Tensor:
-        """The step itself, static in shape for a given (rows, kv_len, filtered): no host sync."""
+    def run(self, rows: int, kv_len: int, filtered: bool, greedy: bool, tempered: bool) -> Tensor:
+        """The step itself, static in shape for given arguments (`shape`): no host sync."""
         st, dev = self.state, self.device
         active = st.active[:rows]
         pos = torch.where(active, st.longs[st.POS, :rows], 0)  # a free slot writes position 0 of its own
@@ -120,7 +119,7 @@ class DecodeStep:
         count = st.longs[st.COUNT, :rows]
         tokens, logps = hf_sampling.sample_rows(
             logits, st.floats[st.TEMPERATURE, :rows], st.floats[st.TOP_P, :rows], st.longs[st.TOP_K, :rows],
-            st.longs[st.KEY, :rows], count, filtered)
+            st.longs[st.KEY, :rows], count, filtered, greedy, tempered)
         # the next step's inputs, in place (a graph replays these writes too)
         last = st.longs[st.LAST, :rows]
         last.copy_(torch.where(active, tokens, last))
@@ -128,7 +127,7 @@ class DecodeStep:
         count += active
         return torch.stack([tokens.double(), logps.double()])
 
-    def _replay(self, shape: tuple[int, int, bool]) -> Tensor:
+    def _replay(self, shape: tuple) -> Tensor:
         captured = self._captured.get(shape)
         if captured is not None:
             captured[0].replay()

@@ -87,7 +87,7 @@ class Decoder:
         layer's slots now, and refuses here, at load, a model this decoder cannot run right."""
         name = f"{type(model).__name__} ({model.config.name_or_path or model.config.model_type})"
         try:
-            with torch.no_grad():
+            with torch.inference_mode():
                 self._prefill([[0]], [0])
         except hf_attention.Unsupported as e:
             raise ValueError(f"the hf engine cannot run {name}: {e}") from None
@@ -131,8 +131,7 @@ class Decoder:
             torch.tensor([x.top_p for x in s], device=dev, dtype=torch.float32),
             torch.tensor([x.top_k for x in s], device=dev, dtype=torch.long),
             torch.tensor([r.key for r in rows], device=dev, dtype=torch.long),
-            torch.tensor([len(r.tokens) for r in rows], device=dev, dtype=torch.long),
-            filtered=any(x.top_p < 1.0 or x.top_k > 0 for x in s))
+            torch.tensor([len(r.tokens) for r in rows], device=dev, dtype=torch.long), *hf_sampling.flags(s))
         self._add(rows, *torch.stack([tokens.double(), logps.double()]).tolist(), version)
 
     def _add(self, rows: list[Row], tokens: list[float], logps: list[float], version: int) -> None:
@@ -141,7 +140,7 @@ class Decoder:
             r.add(int(t), lp, version, eos, limit)
 
     # ---- scheduling --------------------------------------------------------------------------
-    @torch.no_grad()
+    @torch.inference_mode()
     def admit(self, groups: list[list[Row]], version: int) -> list[Row]:
         """Start groups of rows, each group sharing one prompt (one prefill per group); returns
         the rows that finished on their first token."""
@@ -167,7 +166,7 @@ class Decoder:
         self.rows.extend(rows)
         return self._retire()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(self, version: int) -> list[Row]:
         """One decode step of every active row; returns the rows that finished."""
         if not self.rows:
@@ -175,7 +174,7 @@ class Decoder:
         self._add(self.rows, *self.steps(self.rows), version)
         return self._retire()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def recompute(self) -> None:
         """Rebuild every active row's KV with the weights loaded now (after a weight swap): the
         prompt and the tokens so far except the last, which the next step feeds."""
@@ -197,6 +196,7 @@ class Decoder:
         if self.rows:
             self.recompute()
 
+    @torch.inference_mode()  # a moved row's KV is copied: the buffers are inference tensors
     def drop(self, keep) -> list[Row]:
         """Remove the rows for which keep(row) is false (e.g. cancelled requests)."""
         for r in self.rows:

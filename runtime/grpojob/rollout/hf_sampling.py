@@ -63,23 +63,39 @@ def sample(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, ke
     """`sample_rows`, deciding from the tensors whether any row filters (one host sync: for
     callers without the rows' parameters on the host)."""
     return sample_rows(logits, temperature, top_p, top_k, keys, steps,
-                       filtered=bool(((top_p < 1.0) | (top_k > 0)).any()))
+                       filtered=bool(((top_p < 1.0) | (top_k > 0)).any()), greedy=bool((temperature <= 0).any()),
+                       tempered=bool((temperature != 1.0).any()))
+
+
+def flags(params) -> tuple[bool, bool, bool]:
+    """(filtered, greedy, tempered) of `sample_rows` for rows of these SamplingParams."""
+    filtered = greedy = tempered = False
+    for p in params:
+        filtered = filtered or p.top_p < 1.0 or p.top_k > 0
+        greedy = greedy or p.temperature <= 0
+        tempered = tempered or p.temperature != 1.0
+    return filtered, greedy, tempered
 
 
 def sample_rows(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tensor, keys: Tensor, steps: Tensor,
-                filtered: bool) -> tuple[Tensor, Tensor]:
+                filtered: bool, greedy: bool = True, tempered: bool = True) -> tuple[Tensor, Tensor]:
     """logits [A, V] (raw, float32) and per-row parameters [A] -> (tokens [A], log-probs [A]).
     temperature 0 is greedy. Log-probs are log softmax(logits / temperature) of the chosen token
     over the full vocabulary (temperature 1 when greedy): the Completion contract.
 
     No host sync and no data-dependent branch (a CUDA graph replays it): greedy rows and filtered
-    rows are chosen per row with torch.where. `filtered` (from the rows' parameters, which the
-    caller holds on the host) says whether any row filters; only then is the sorted filter
-    computed. A row that does not filter draws from its full distribution either way, so its
-    token does not depend on the other rows."""
-    greedy = temperature <= 0
-    t = torch.where(greedy, torch.ones_like(temperature), temperature)
-    logp = torch.log_softmax(logits / t[:, None], dim=1)  # x / 1.0 is exact: untempered rows are unchanged
+    rows are chosen per row with torch.where. The flags come from the rows' parameters, which the
+    caller holds on the host: `filtered` whether any row filters (only then is the sorted filter
+    computed), `greedy` whether any row is greedy, `tempered` whether any temperature differs
+    from 1. A flag only skips work that would change no row, so a row's token does not depend
+    on the other rows: a row that does not filter draws from its full distribution either way."""
+    if tempered:
+        is_greedy = temperature <= 0
+        t = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+        logits_t = logits / t[:, None]  # x / 1.0 is exact: untempered rows are unchanged
+    else:
+        logits_t = logits
+    logp = torch.log_softmax(logits_t, dim=1)
     probs = logp.exp()
     if filtered:
         narrowed = torch.softmax(_filter(logp, top_p, top_k), dim=1)
@@ -88,5 +104,6 @@ def sample_rows(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tenso
     # the first entry whose CDF reaches u (scaled by the row's total: float32 sums to about 1)
     target = uniforms(keys, steps) * cdf[:, -1]
     choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp_(max=logits.shape[1] - 1)
-    choice = torch.where(greedy, logits.argmax(dim=1), choice)
+    if tempered and greedy:
+        choice = torch.where(is_greedy, logits.argmax(dim=1), choice)
     return choice, logp.gather(1, choice[:, None]).squeeze(1)
