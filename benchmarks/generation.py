@@ -1,16 +1,18 @@
-"""Generation at a real shape: the hf engine's decoder against transformers' `generate`, side by side.
+"""Generation at a real shape: the hf engine's decoder against transformers' `generate` and its
+continuous batching (`generate_batch`, where the installed transformers has it), side by side.
 
 Same model (a random Qwen2 of one of trainer_throughput.py's shapes, its full vocabulary: 151,936
 entries for qwen2.5-0.5b), same prompts, rows and completion length, on the same device, taking
-turns round by round. Figures:
-- ours: the decoder's prefill (every prompt once, its KV copied to the group's other rows) and the
-  median time of one decode step of every row, split into the model's forward, the output layer
-  and sampling (hf_sampling: per-row parameters, counter-based noise);
-- theirs: `generate` (do_sample, left-padded batch of rows), its time per new token;
-- the memory a decode step's logits and sampling take above what was in use before it (on CUDA
-  the allocator's peak; on CPU the process's peak resident set, where it can be read).
+turns round by round after one warm-up round. Figures:
+- ours: the decoder's prefill (every prompt once, its KV copied to the group's other rows), its
+  first decode step (on CUDA: run eagerly while its graph is captured) and the median time of one
+  decode step of every row after it; on CUDA also the same decoder without graphs;
+- transformers `generate` (do_sample, left-padded batch of rows), its time per new token;
+- transformers continuous batching (a model of its own: it installs its own attention), tokens/s;
+- the memory a decode step takes above what was in use before it (CUDA: the allocator's peak).
 It ends with the ratio of their time per token to ours (> 1: ours is faster).
 
+    python benchmarks/generation.py --shape tiny --rows 32 --max-tokens 32                # CPU decode at the tiny shape
     python benchmarks/generation.py --shape qwen2.5-0.5b --rows 32 --max-tokens 4      # CPU, about 1 min
     python benchmarks/generation.py --device cuda --shape qwen2.5-0.5b --rows 128 --max-tokens 32
 
@@ -21,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import logging
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -57,14 +61,17 @@ class Peak:
             self.bytes = max(self.bytes, torch.cuda.max_memory_allocated(self.device) - self.start)
 
 
-def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: float) -> dict:
+def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: float,
+         graphs: Optional[bool] = None) -> dict:
+    """The decoder: prefill, then every decode step timed alone (graphs None: the default, CUDA
+    graphs on CUDA; False: eager)."""
     from grpojob.rollout import hf_generate
     from grpojob.api.rollout import SamplingParams
 
     device = next(model.parameters()).device
     sp = SamplingParams(temperature=1.0, max_tokens=max_tokens)
     limit = max(len(p) for p in prompts) + max_tokens
-    dec = hf_generate.Decoder(model, slots=len(prompts) * group, max_len=limit, eos_token_id=None)
+    dec = hf_generate.Decoder(model, slots=len(prompts) * group, max_len=limit, eos_token_id=None, graphs=graphs)
     rows = [hf_generate.request_rows(i, p, group, sp, hf_generate.noise_keys(sp, group)) for i, p in enumerate(prompts)]
     faulthandler.dump_traceback_later(stall, exit=False)
     _sync(device)
@@ -72,20 +79,8 @@ def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: fl
     dec.admit(rows, 0)
     _sync(device)
     prefill = time.perf_counter() - t0
-    steps, forward, head, sample = [], [], [], []
+    steps = []
     peak = Peak(device)
-    orig_logits, orig_sample = dec._logits, dec._sample
-
-    def timed(fn, out):
-        def wrapper(*args):
-            _sync(device)
-            t = time.perf_counter()
-            r = fn(*args)
-            _sync(device)
-            out.append(time.perf_counter() - t)
-            return r
-        return wrapper
-    dec._logits, dec._sample = timed(orig_logits, head), timed(orig_sample, sample)
     while dec.rows:
         faulthandler.dump_traceback_later(stall, exit=False)
         t0 = time.perf_counter()
@@ -94,11 +89,10 @@ def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: fl
         _sync(device)
         steps.append(time.perf_counter() - t0)
     faulthandler.cancel_dump_traceback_later()
-    for s, h, x in zip(steps, head, sample):
-        forward.append(s - h - x)
-    return {"prefill": prefill, "step": statistics.median(steps), "forward": statistics.median(forward),
-            "head": statistics.median(head), "sample": statistics.median(sample), "steps": len(steps),
-            "peak": peak.bytes}
+    # the first step of a bucket runs eagerly and captures its graph: reported apart
+    later = steps[1:] or steps
+    return {"prefill": prefill, "first": steps[0], "step": statistics.median(later), "steps": len(steps),
+            "peak": peak.bytes, "graphs": dec.steps.graphs, "total": prefill + sum(steps)}
 
 
 def theirs(model, prompts: list[list[int]], group: int, max_tokens: int, pad: int) -> dict:
@@ -120,6 +114,26 @@ def theirs(model, prompts: list[list[int]], group: int, max_tokens: int, pad: in
     return {"total": time.perf_counter() - t0}
 
 
+def continuous(model, prompts: list[list[int]], group: int, max_tokens: int, pad: int) -> dict:
+    """transformers' own continuous batching (`generate_batch`, a persistent manager: its warm-up
+    and graph captures happen in the warm-up turn), its time and the tokens it generated."""
+    from transformers import GenerationConfig
+
+    device = next(model.parameters()).device
+    cfg = GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_tokens,
+                           num_return_sequences=group, eos_token_id=None, pad_token_id=pad)
+    _sync(device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=False, persistent_manager=True)
+    _sync(device)
+    total = time.perf_counter() - t0
+    tokens = sum(len(r.generated_tokens) for r in out.values())
+    if tokens == 0:
+        raise RuntimeError(f"generate_batch returned no tokens ({len(out)} results)")
+    return {"total": total, "tokens": tokens}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen2.5-0.5b")
@@ -137,6 +151,7 @@ def main() -> None:
     from transformers.utils import logging as hf_logging
 
     warnings.filterwarnings("ignore")
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)  # its per-call sizing warning
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     device = torch.device(a.device)
@@ -145,6 +160,9 @@ def main() -> None:
         path = a.model or build_model(a.shape, Path(tmp) / "model")
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        cb_model = None  # transformers' continuous batching: a model of its own (ours installs its attention)
+        if hasattr(model, "generate_batch"):
+            cb_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
     vocab = model.config.vocab_size
     n_prompts = max(1, a.rows // a.group)
     prompts = [[(7 * i + j) % 1000 + 3 for j in range(24)] for i in range(n_prompts)]
@@ -152,27 +170,60 @@ def main() -> None:
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     print(f"{a.shape} (vocab {vocab}, {dtype}), {n_prompts} prompts x {a.group} = {rows} rows x {a.max_tokens} "
           f"tokens, {where}, torch {torch.__version__}", flush=True)
-    mine, hf = [], []
-    ours(model, prompts, a.group, a.max_tokens, a.stall_seconds)  # warm-up of both (kernels, allocator)
-    theirs(model, prompts, a.group, a.max_tokens, tok.pad_token_id or 0)
-    for r in range(a.rounds):
-        mine.append(ours(model, prompts, a.group, a.max_tokens, a.stall_seconds))
-        hf.append(theirs(model, prompts, a.group, a.max_tokens, tok.pad_token_id or 0))
-        m = mine[-1]
-        print(f"round {r + 1}: ours prefill {m['prefill']:.3f} s, decode step {m['step'] * 1e3:.1f} ms (forward "
-              f"{m['forward'] * 1e3:.1f}, output layer {m['head'] * 1e3:.1f}, sampling {m['sample'] * 1e3:.1f}); "
-              f"transformers generate {hf[-1]['total']:.3f} s", flush=True)
-    med = {k: statistics.median(x[k] for x in mine) for k in ("prefill", "step", "forward", "head", "sample")}
+    pad = tok.pad_token_id or 0
+    cuda = device.type == "cuda"
+    sides = {"ours": lambda: ours(model, prompts, a.group, a.max_tokens, a.stall_seconds),
+             "generate": lambda: theirs(model, prompts, a.group, a.max_tokens, pad)}
+    if cuda:  # the same decoder without graphs: what capture gains
+        sides["ours eager"] = lambda: ours(model, prompts, a.group, a.max_tokens, a.stall_seconds, graphs=False)
+    skipped = None if cb_model is not None else "not available in this transformers"
+    if cb_model is not None:
+        sides["continuous batching"] = lambda: continuous(cb_model, prompts, a.group, a.max_tokens, pad)
+    results: dict[str, list[dict]] = {k: [] for k in sides}
+    for r in range(a.rounds + 1):  # round 0 warms every side up (kernels, allocator, graphs)
+        for name in list(sides):
+            try:
+                out = sides[name]()
+            except Exception as e:  # noqa: BLE001 - a baseline this version cannot run is reported, not fatal
+                if name != "continuous batching":
+                    raise
+                skipped = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+                del sides[name], results[name]
+                continue
+            if r:
+                results[name].append(out)
+        if r:
+            m = results["ours"][-1]
+            print(f"round {r}: ours prefill {m['prefill']:.3f} s, decode step {m['step'] * 1e3:.2f} ms (first "
+                  f"{m['first'] * 1e3:.1f} ms); " + "; ".join(f"{k} {v[-1]['total']:.3f} s" for k, v in results.items()
+                                                          if k != "ours"), flush=True)
+    if cb_model is not None and hasattr(cb_model, "destroy_cached_continuous_batching_manager"):
+        cb_model.destroy_cached_continuous_batching_manager()
+    med = {k: statistics.median(x[k] for x in results["ours"]) for k in ("prefill", "step", "first")}
+    new_tokens = rows * a.max_tokens
     ours_total = med["prefill"] + med["step"] * (a.max_tokens - 1)
-    theirs_total = statistics.median(x["total"] for x in hf)
-    logits = rows * vocab * 4
-    peak = max(x["peak"] for x in mine)
-    print(f"ours: {ours_total / a.max_tokens * 1e3:.1f} ms per token of every row ({med['step'] * 1e3:.1f} ms per "
-          f"decode step: forward {med['forward'] * 1e3:.1f}, output layer {med['head'] * 1e3:.1f}, sampling "
-          f"{med['sample'] * 1e3:.1f}); float32 logits {logits / 2**20:.0f} MiB"
-          + (f", decode step peak {peak / 2**20:.0f} MiB above its start" if device.type == "cuda" else ""))
-    print(f"transformers generate: {theirs_total / a.max_tokens * 1e3:.1f} ms per token of every row")
-    print(f"ratio transformers / ours (time per token): {theirs_total / ours_total:.2f}x")
+    peak = max(x["peak"] for x in results["ours"])
+    graphs = results["ours"][-1]["graphs"]
+    print(f"decode step: {med['step'] * 1e3:.2f} ms per step of {rows} rows ({'CUDA graphs' if graphs else 'eager'}; "
+          f"first step {med['first'] * 1e3:.1f} ms, prefill {med['prefill'] * 1e3:.1f} ms); "
+          f"{new_tokens / ours_total:.0f} tokens/s"
+          + (f"; decode step peak {peak / 2**20:.0f} MiB above its start" if cuda else ""))
+    if "ours eager" in results:
+        eager = statistics.median(x["step"] for x in results["ours eager"])
+        print(f"decode step eager (no graphs): {eager * 1e3:.2f} ms; graphs {eager / med['step']:.2f}x faster")
+    theirs_total = statistics.median(x["total"] for x in results["generate"])
+    print(f"transformers generate: {theirs_total / a.max_tokens * 1e3:.1f} ms per token of every row, "
+          f"{new_tokens / theirs_total:.0f} tokens/s")
+    line = f"ratio transformers / ours (time per token): generate {theirs_total / ours_total:.2f}x"
+    if "continuous batching" in results:
+        cb = results["continuous batching"]
+        rate = statistics.median(x["tokens"] / x["total"] for x in cb)
+        print(f"transformers continuous batching: {rate:.0f} tokens/s ({cb[-1]['tokens']} tokens a round)")
+        line += f", continuous batching {(new_tokens / ours_total) / rate:.2f}x"
+    else:
+        print(f"transformers continuous batching: skipped: {skipped}")
+        line += ", continuous batching skipped"
+    print(line)
 
 
 if __name__ == "__main__":
