@@ -47,11 +47,14 @@ def test_one_device_to_host_transfer_per_decode_step(tiny_dir, monkeypatch):
 
 
 def test_decode_shapes_are_static_per_bucket_no_recompilation_as_rows_join_and_leave(tiny_dir, monkeypatch):
+    """What a CUDA graph needs of the step, checked by dynamo on the CPU: one graph for the whole
+    step (fullgraph: no host read, no data-dependent shape), and no recompilation while rows join
+    and leave within a bucket."""
     import torch._dynamo as dynamo
 
     model = load_model(tiny_dir)
     dec = hf_generate.Decoder(model, slots=8, max_len=64, eos_token_id=None)
-    compiled = torch.compile(dec.steps.run, backend="eager", dynamic=False, fullgraph=False)
+    compiled = torch.compile(dec.steps.run, backend="eager", dynamic=False, fullgraph=True)
     monkeypatch.setattr(dec.steps, "run", compiled)
     sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
     dec.admit([_rows(0, [5, 6, 7, 8], 6, sampling)], 0)  # 6 rows: bucket 8
