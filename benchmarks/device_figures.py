@@ -4,18 +4,15 @@ from __future__ import annotations
 
 from typing import Optional
 
-# Dense bf16 tensor-core peak (FLOP/s) of the GPUs the MFU is printed for (their datasheets, no sparsity).
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
-
-
 def peak_flops(device: str) -> Optional[float]:
+    """The GPU's dense bf16 peak, from the trainer's own table (grpojob.learner.flops)."""
     if device != "cuda":
         return None
     import torch
 
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+    from grpojob.learner.flops import peak_bf16
 
+    return peak_bf16(torch.cuda.get_device_name())
 
 
 class Memory:

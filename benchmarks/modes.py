@@ -138,6 +138,10 @@ def run_mode(name: str, model: Path, a: argparse.Namespace, work: Path) -> dict:
             "push_bytes": statistics.median(r["sync_bytes"] for r in pushes) if pushes else 0,
             "push_tensors": statistics.median(r["sync_tensors"] for r in pushes) if pushes else 0,
             "host_peak": memory.host_peak, "gpu_peak": memory.gpu_peak, "wall_s": wall,
+            # the trainer process's own peak (its step records: rank 0's resident set per stage),
+            # to tell the trainer's share of host_peak from the rollout server's
+            "trainer_host_peak": max((max(r.get("stage_host_peak_bytes", {}).values(), default=0) for r in records),
+                                     default=0),
             "reward_first": records[0]["reward_mean"], "reward_last": records[-1]["reward_mean"]}
 
 
@@ -173,12 +177,13 @@ def main() -> None:
         print(f"\n{a.shape} on {a.device}, LoRA rank {a.rank}, {a.steps} steps, medians of {a.rounds} round(s); "
               f"ratios against {BASELINE}")
         print(f"{'mode':16} {'steps/s':>8} {'ratio':>6} {'push MiB':>9} {'ratio':>6} {'tensors':>7} "
-              f"{'host peak MiB':>13} {'ratio':>6}" + (f" {'GPU peak MiB':>12} {'ratio':>6}" if a.device == "cuda" else ""))
+              f"{'host peak MiB':>13} {'ratio':>6} {'trainer MiB':>11} {'ratio':>6}" + (f" {'GPU peak MiB':>12} {'ratio':>6}" if a.device == "cuda" else ""))
         for m, r in med.items():
             def ratio(k):
                 return f"{r[k] / base[k]:6.2f}" if base and base[k] else "     -"
             line = (f"{m:16} {r['steps_per_s']:8.3f} {ratio('steps_per_s')} {r['push_bytes'] / 2**20:9.3f} "
-                    f"{ratio('push_bytes')} {r['push_tensors']:7.0f} {r['host_peak'] / 2**20:13.0f} {ratio('host_peak')}")
+                    f"{ratio('push_bytes')} {r['push_tensors']:7.0f} {r['host_peak'] / 2**20:13.0f} {ratio('host_peak')} "
+                    f"{r['trainer_host_peak'] / 2**20:11.0f} {ratio('trainer_host_peak')}")
             if a.device == "cuda":
                 line += f" {r['gpu_peak'] / 2**20:12.0f} {ratio('gpu_peak')}"
             print(line)

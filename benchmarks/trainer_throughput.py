@@ -82,7 +82,8 @@ def job_doc(model: Path, a: argparse.Namespace) -> dict:
                      "rewards": [{"name": f"{Path(__file__).resolve()}:varied"}],
                      "algorithm": {"name": "grpo", "groupSize": a.group, "lossAggregation": "token-mean"},
                      "training": {"steps": a.steps, "promptsPerStep": a.prompts, "learningRate": a.lr,
-                                  "microBatchTokens": a.micro_batch_tokens},
+                                  # unset (CUDA's default here): sized from the free memory
+                                  **({"microBatchTokens": a.micro_batch_tokens} if a.micro_batch_tokens else {})},
                      "rollout": {"backend": "hf", "sampling": {"maxTokens": a.max_tokens}},
                      "checkpoint": {"path": "unused", "everySteps": 10_000, "resume": False}}}
 
@@ -104,6 +105,8 @@ class Ours:
         self.train_seconds: list[float] = []  # the step record's train stage
         self.tokens: list[int] = []
         self.trained: list[int] = []  # tokens the train stage ran forward/backward on
+        self.train_flops: list[float] = []  # the step record's model FLOP/s of the train stage
+        self.mfu: list[float] = []
         self.memory = Memory(a.device == "cuda")
 
     def step(self) -> None:
@@ -119,6 +122,9 @@ class Ours:
         self.train_seconds.append(record.stage_seconds["train"])
         self.tokens.append(record.tokens)
         self.trained.append(record.trained_tokens)
+        self.train_flops.append(record.train_flops_per_second or 0.0)
+        if record.mfu is not None:
+            self.mfu.append(record.mfu)
 
     def close(self) -> None:
         self.run.close()  # waits for a checkpoint in flight: the work directory goes next
@@ -318,16 +324,23 @@ def main() -> None:
     p.add_argument("--model", type=Path, help="an existing model directory instead of building one")
     p.add_argument("--no-generation", action="store_true", help="skip the generation engines' comparison")
     p.add_argument("--max-seconds", type=float, help="stop stepping after this long and report what was measured")
+    p.add_argument("--liger", choices=["on", "off", "both"],
+                   help="ours: liger's kernels (GRPOJOB_LIGER; default: on where CUDA and liger-kernel are); both: "
+                        "the run with the default, then the train stage alone with each, side by side")
     a = p.parse_args()
     for k, v in SHAPES[a.shape][1].items():
-        if getattr(a, k) is None:
+        if getattr(a, k) is None and not (k == "micro_batch_tokens" and a.device == "cuda"):
             setattr(a, k, v)
+    if a.liger in ("on", "off"):
+        os.environ["GRPOJOB_LIGER"] = {"on": "1", "off": "0"}[a.liger]
     os.environ["GRPOJOB_DEVICE"] = a.device  # our trainer's device (grpojob.devices)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from transformers.utils import logging as hf_logging
+
+    import train_stage  # beside this file
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
@@ -342,6 +355,9 @@ def main() -> None:
         mine.close()
         over = a.max_seconds is not None and time.monotonic() - started > a.max_seconds
         gen = None if a.no_generation or over else generation(model, a)
+        # --liger both: the train stage alone, liger off and on side by side (benchmarks/train_stage.py)
+        stages = train_stage.compare(model, a, ["off", "on"] if a.device == "cuda" else ["off"]) \
+            if a.liger == "both" else None
     rows = [("grpojob", mine.seconds, mine.train_seconds, mine.tokens),
             ("trl", theirs["seconds"], theirs["train_seconds"], theirs["tokens"])]
     print(f"{'trainer':<10} {'tokens/s':>10} {'train-only tokens/s':>20} {'tokens':>8} {'median s/step':>14}")
@@ -353,13 +369,17 @@ def main() -> None:
     trained = [(t, s) for t, s in zip(mine.trained[1:], mine.train_seconds[1:]) if t > 0]
     if not trained:
         print("grpojob trained no token after its first step (every group scored alike): no train-stage figure")
-    else:  # 6 FLOPs per parameter per trained token (forward 2, backward 4)
-        params = sum(p.numel() for p in mine.trainer.model.parameters())
-        flops = statistics.median(6 * params * t / s for t, s in trained)
+    else:  # the step records' model FLOPs (grpojob.learner.flops) and MFU against the GPU's bf16 peak
+        flops = statistics.median(f for f, t in zip(mine.train_flops[1:], mine.trained[1:]) if t > 0)
         peak = peak_flops(a.device)
-        print(f"grpojob train stage: {statistics.median(t / s for t, s in trained):.0f} trained tokens/s over "
-              f"{len(trained)} steps, {flops / 1e12:.3g} TFLOP/s"
-              + (f", MFU {flops / peak:.1%} of {peak / 1e12:.0f} TFLOP/s bf16" if peak else ""))
+        mfu = f" = {statistics.median(mine.mfu[1:]):.1%} MFU" if peak and mine.mfu[1:] else ""
+        print(f"grpojob train stage: {statistics.median(t / s for t, s in trained):.0f} tok/s{mfu}, "
+              f"{flops / 1e12:.3g} TFLOP/s" + (f" of {peak / 1e12:.0f} bf16" if peak else "")
+              + f" (trained tokens, median of {len(trained)} steps; liger {'on' if mine.trainer.fused else 'off'}"
+              + (f"; micro-batches up to {mine.trainer.budget.cap} tokens, from free memory)"
+                 if mine.trainer.budget.cap else ")"))
+    if stages:
+        train_stage.report(stages)
     if a.device == "cuda":
         gib = 2 ** 30
         state = Memory.state_bytes(mine.trainer.model, mine.trainer.optimizer)

@@ -51,11 +51,18 @@ def test_weight_sync():
 @pytest.mark.filterwarnings("ignore")
 def test_trainer_throughput():
     out = run("trainer_throughput", "--shape", "tiny", "--steps", "2", "--prompts", "2", "--group", "2",
-              "--max-tokens", "8", "--device", "cpu")
+              "--max-tokens", "8", "--device", "cpu", "--liger", "both")
     figures(rf"ratio grpojob / trl: {NUMBER}x end to end, {NUMBER}x train only", out)
+    assert "train stage, liger off: " in out  # --liger both: the train stage alone (CPU: off only)
     figures(rf"grpojob hf engine {NUMBER}, trl generate {NUMBER}, ratio {NUMBER}x", out)
     # the train stage's own figure: tokens it trained, from the step records (every group trains)
-    figures(rf"grpojob train stage: {NUMBER} trained tokens/s over {NUMBER} steps, {NUMBER} TFLOP/s", out)
+    figures(rf"grpojob train stage: {NUMBER} tok/s, {NUMBER} TFLOP/s \(trained tokens, median of {NUMBER} steps", out)
+
+
+def test_train_stage():
+    out = run("train_stage", "--shape", "tiny", "--steps", "2", "--prompts", "2", "--group", "2", "--max-tokens", "8")
+    assert "liger's kernels are CUDA only" in out  # --liger both on a CPU: off only
+    figures(rf"train stage, liger off: {NUMBER} tok/s \(([0-9.e+-]+) TFLOP/s\), own layers", out)
 
 
 def test_trainer_throughput_reports_what_it_measured_when_its_time_is_up():

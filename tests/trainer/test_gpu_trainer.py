@@ -85,3 +85,37 @@ def test_qwen_vocabulary_logprobs_stay_within_tiles():
     full = n * vocab * 4  # what one float32 [tokens, vocab] logits tensor would take (5 GB)
     assert peak < full / 4, f"peak {peak / 2**30:.2f} GiB"
     assert torch.isfinite(logp).all() and torch.isfinite(ent).all()
+
+
+def test_micro_batch_cap_from_this_gpus_free_memory(model):
+    from grpojob.learner import sizing
+
+    dev = torch.device("cuda")
+    m = copy.deepcopy(model).to(dev)
+    cap = sizing.cuda_cap(m, dev, 256, sum(p.numel() for p in m.parameters()), 4 * sizing.TILE_ELEMENTS)
+    assert 256 <= cap <= sizing.MAX_AUTO_TOKENS and cap & (cap - 1) == 0, cap
+
+
+def test_liger_layers_match_the_models_own_and_touch_no_other_model(model):
+    pytest.importorskip("liger_kernel")
+    from transformers import AutoModelForCausalLM
+
+    from grpojob.learner import kernels
+
+    dev = torch.device("cuda")
+    plain, fused = copy.deepcopy(model).to(dev), copy.deepcopy(model).to(dev)
+    module = __import__(type(model).__module__, fromlist=["_"])
+    names = dict(vars(module))
+    assert kernels.apply(fused, dev)
+    assert {k: v for k, v in vars(module).items() if k in names} == names  # the module is transformers' again
+    later = AutoModelForCausalLM.from_pretrained(model.name_or_path, dtype=torch.float32)
+    assert type(later.model.norm).__module__ == type(model.model.norm).__module__
+    seqs = _seqs(6, 4)
+    out = []
+    for m, on in ((plain, False), (fused, True)):
+        shape = for_device(dev, m, on)
+        assert (shape.compile is None) == on
+        policy = PolicyLogprobs(m, shape)
+        out.append([policy(**mb.inputs(dev, shape.attention))[0].float().cpu() for mb in shape.pack(seqs, 256, 0)])
+    for a, b in zip(*out):
+        torch.testing.assert_close(a, b, atol=0.08, rtol=0.05)

@@ -155,6 +155,7 @@ class Loop:
         t4 = time.perf_counter()
         self.memory.mark("checkpoint")
         host_peaks, device_peaks = self.memory.take()
+        train_flops = tr.train_flops(prep) / (t2 - t1) if t2 > t1 else None
         seconds = t4 - t0
         rollouts = self._rollouts()
         parts = {**got.environment_rewards, **prep.reward_parts}  # the spec's rewards, then environments' own
@@ -164,6 +165,8 @@ class Loop:
             tokens=prep.total_tokens, trained_tokens=prep.n_tokens,
             tokens_per_second=prep.total_tokens / seconds if seconds > 0 else None,
             train_tokens_per_second=prep.total_tokens / (t2 - t1) if t2 > t1 else None,
+            train_flops_per_second=train_flops,
+            mfu=train_flops / tr.peak_flops if train_flops is not None and tr.peak_flops else None,
             wait_seconds=t1 - t0, rollout_idle_fraction=got.idle_fraction, groups_in_flight=got.in_flight,
             groups_resampled=got.resampled, groups_stale=got.stale, sync_seconds=t3 - te,
             generation_paused_seconds=report.paused_seconds if report else None,
@@ -243,9 +246,10 @@ class Loop:
             self._status(phase="running", last_checkpoint_step=self.checkpoints.last_step,
                          weights_in_sync=_in_sync(record.rollouts),
                          **record.status_fields())
-        log.info("step %d/%d reward %.3f loss %.4f %.0f tok/s wait %.2fs", record.step, self.spec.training.steps,
-                 record.reward_mean or 0.0, record.loss, record.tokens_per_second or 0.0, record.wait_seconds,
-                 extra={"record": doc})
+        mfu = f" = {record.mfu:.1%} MFU" if record.mfu is not None else ""
+        log.info("step %d/%d reward %.3f loss %.4f %.0f tok/s wait %.2fs, train stage %.0f tok/s%s", record.step,
+                 self.spec.training.steps, record.reward_mean or 0.0, record.loss, record.tokens_per_second or 0.0,
+                 record.wait_seconds, record.train_tokens_per_second or 0.0, mfu, extra={"record": doc})
         log.info("step %d peak memory (MiB): %s", record.step, memory_line(record),
                  extra={"memory": {"placement": record.placement, "trainer_host": record.stage_host_peak_bytes,
                                    "trainer_device": record.stage_device_peak_bytes,

@@ -45,6 +45,10 @@ class StepRecord:
     trained_tokens: int = 0
     tokens_per_second: Optional[float] = None
     train_tokens_per_second: Optional[float] = None
+    # the train stage's model FLOPs per second (grpojob.learner.flops: trained tokens, forward and
+    # backward) and their share of the GPU's dense bf16 peak (None on a CPU or an unknown GPU)
+    train_flops_per_second: Optional[float] = None
+    mfu: Optional[float] = None
     # the pipeline
     wait_seconds: float = 0.0  # the trainer waiting for groups (= stage "generate")
     wait_fraction: Optional[float] = None  # wait_seconds / step_seconds (set from them when left out)

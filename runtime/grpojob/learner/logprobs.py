@@ -167,6 +167,7 @@ class PolicyLogprobs(nn.Module):
                              f"(expected a *ForCausalLM with base_model and get_output_embeddings())")
         self.compute_dtype = shape.compute_dtype if shape is not None else None
         self.compiled = shape is not None and shape.compile is not None
+        self.tile = shape.head_tile if shape is not None else TILE_ELEMENTS
         if shape is not None:
             shape.prepare(model)
 
@@ -192,5 +193,5 @@ class PolicyLogprobs(nn.Module):
                 hidden = hidden.to(self.compute_dtype)
         # Outside autocast: the fused head casts its tiles itself and reduces in float32.
         logp, ent = token_logprobs(self.model.get_output_embeddings(), hidden, targets, temperature, entropy,
-                                   compiled=self.compiled)
+                                   tile=self.tile, compiled=self.compiled)
         return logp, (ent if ent is not None else logp.new_zeros(0))

@@ -40,13 +40,13 @@ from grpojob.sync import adapter
 from grpojob.sync.tensorfiles import write_safetensors
 from grpojob.sync.stream import TensorStream
 from grpojob.rewards import reward_names
-from grpojob.learner import dist, lora
+from grpojob.learner import dist, flops, kernels, lora, sizing
 from grpojob.learner.errors import TrainerError
 from grpojob.learner.batch import Prepared, prepare, skips_zero_advantage
 from grpojob.learner.logprobs import PolicyLogprobs
 from grpojob.learner.packing import MicroBatch, TrainSeq, dummy
 from grpojob.learner.schedule import lr_lambda
-from grpojob.learner.sizing import TrainShape, for_device, master_dtype
+from grpojob.learner.sizing import Budget, TrainShape, for_device, master_dtype
 
 log = logging.getLogger("grpojob.trainer")
 
@@ -67,6 +67,7 @@ class GRPOTrainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.model = self.load_model()
         self.model.config.use_cache = False
+        self.fused = kernels.apply(self.model, self.env.device)  # liger's kernels (CUDA, when installed)
         if spec.training.gradient_checkpointing:
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         layers = getattr(self.model.base_model, "layers", None)  # before LoRA wraps the model
@@ -75,14 +76,22 @@ class GRPOTrainer:
         self.peft: Optional[nn.Module] = lora.attach(self.model, spec.model.lora) if spec.model.lora else None
         self.model.train()
         self.strategy = dist.strategy(spec.training.strategy, self.env)
-        self.shape: TrainShape = for_device(self.env.device, self.model)  # per-device choices (sizing)
+        self.shape: TrainShape = for_device(self.env.device, self.model, self.fused)  # per-device choices (sizing)
         log.info("trainer shape: %s", self.shape.describe())
         self.policy = dist.wrap(PolicyLogprobs(self.model, self.shape), self.strategy, self.env, list(layers or []))
         # with klBeta 0 no reference model is loaded at all
         self.ref: Optional[PolicyLogprobs] = self.build_reference() if spec.algorithm.kl_beta > 0 else None
         self.algorithm = algorithms.build(spec.algorithm, self.max_tokens)
-        self.optimizer = self.build_optimizer([p for p in self.policy.parameters() if p.requires_grad])
+        self.optimizer = self.build_optimizer(self.optimizer_params())
         self.scheduler = self.build_lr_scheduler(self.optimizer)
+        # micro-batch tokens: the spec's, or on CUDA when it leaves them unset, from the free memory
+        tr = spec.training
+        self.budget = Budget(tr.micro_batch_tokens, "micro_batch_tokens" not in tr.model_fields_set
+                             and self.env.device.type == "cuda", lambda: sizing.cuda_cap(
+                                 self.model, self.env.device, tr.micro_batch_tokens,
+                                 sum(p.numel() for p in self.optimizer_params()), 4 * self.shape.head_tile))
+        self.flops = flops.model_flops(self.model)  # the train stage's MFU (train_flops, peak_flops)
+        self.peak_flops = flops.device_peak(self.env.device)
         self.step = 0  # optimizer steps done
         self.version = 0  # policy version of the weights (one per step)
 
@@ -220,7 +229,7 @@ class GRPOTrainer:
         gives them; NaN where the loss mask is 0), without gradients. Collective (same micro-batch
         count on every rank), for prepare_batch: e.g. a reference policy's log-probs for a KL
         penalty folded into the reward."""
-        mbs = self.shape.pack(seqs, self.spec.training.micro_batch_tokens, self.pad_id)
+        mbs = self.shape.pack(seqs, self.budget.for_step(seqs), self.pad_id)
         n_mb = int(dist.all_max(torch.tensor([len(mbs)]), self.env).item())
         mbs += [dummy(self.pad_id) for _ in range(n_mb - len(mbs))]
         out = [[math.nan] * len(s.completion_ids) for s in seqs]
@@ -233,6 +242,15 @@ class GRPOTrainer:
                     out[mb.seqs[seq_at]][k] = lp
         return out
 
+    def train_flops(self, prep: Prepared) -> float:
+        """Model FLOPs of this rank's forward and backward passes over `prep`'s trained
+        sequences (learner.flops; per epoch), what the step record's MFU is made of."""
+        lengths = [(len(s.prompt_ids), len(s.completion_ids)) for s in prep.seqs]
+        return self.spec.algorithm.epochs * self.flops.total(lengths)
+
+    def optimizer_params(self) -> list[nn.Parameter]:
+        return [p for p in self.policy.parameters() if p.requires_grad]
+
     @property
     def reward_names(self) -> list[str]:
         return reward_names(self.spec.rewards)
@@ -241,7 +259,7 @@ class GRPOTrainer:
     def optimize(self, prep: Prepared) -> dict[str, Any]:
         """Packed micro-batches, forward/backward with gradient accumulation, clipping, optimizer step."""
         spec, env = self.spec, self.env
-        mbs = self.shape.pack(prep.seqs, spec.training.micro_batch_tokens, self.pad_id)
+        mbs = self.shape.pack(prep.seqs, self.budget.for_step(prep.seqs), self.pad_id)
         n_mb = int(dist.all_max(torch.tensor([len(mbs)]), env).item())
         out: dict[str, Any] = {"micro_batches": n_mb}
         if n_mb == 0:  # every group filtered out on every rank: a defined no-op step
@@ -257,7 +275,7 @@ class GRPOTrainer:
         is_max = torch.zeros(1, dtype=torch.float64)
         extra: dict[str, float] = {}  # loss_fn's own per-token numbers, summed
         grad_norm = 0.0
-        params = [p for p in self.policy.parameters() if p.requires_grad]
+        params = self.optimizer_params()
         for epoch in range(spec.algorithm.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for i, mb in enumerate(mbs):
