@@ -6,7 +6,7 @@ environment (the trajectory API over HTTP: grpojob.leader.trajectories.wire)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from grpojob.api.rollout import Completion, SamplingParams
 
@@ -114,3 +114,32 @@ class Callback:
 
     def close(self) -> None:
         """The run ended (completed, suspended or failed)."""
+
+
+class DatasetClass(Protocol):
+    """spec.dataset.class (cosmos-rl's dataset shape): constructed with spec.dataset.args."""
+
+    def setup(self, spec: Any, tokenizer: Any) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Any:
+        """The prompt text, a list of chat messages, or a dict row."""
+        ...
+
+    def reference_answer(self, index: int) -> Any:
+        """The answer the rewards get (None: the row's own)."""
+        ...
+
+
+# spec.rewards[].name: a function in one of three signatures (grpojob.rewards.forms), sync or async.
+class NativeReward(Protocol):
+    def __call__(self, prompt: str, completion: str, **row: Any) -> float: ...
+
+
+class CosmosReward(Protocol):  # cosmos-rl's
+    def __call__(self, to_be_evaluated: str, reference: Any, *args: Any, **kwargs: Any) -> float: ...
+
+
+class TrlReward(Protocol):  # TRL GRPOTrainer's: once per group; None leaves a completion unscored
+    def __call__(self, prompts: list, completions: list, **kwargs: Any) -> list[Optional[float]]: ...
