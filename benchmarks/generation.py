@@ -59,7 +59,7 @@ class Peak:
 
 def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: float) -> dict:
     from grpojob.rollout import hf_generate
-    from grpojob.api.rollout import SamplingParams
+    from grpojob.contracts.rollout import SamplingParams
 
     device = next(model.parameters()).device
     sp = SamplingParams(temperature=1.0, max_tokens=max_tokens)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from grpojob.api import parse, plugins
-from grpojob.api.rollout import Sample
+from grpojob.contracts.rollout import Sample
 from grpojob.deprecation import REMOVED_IN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -18,7 +18,9 @@ LEGACY = Path(__file__).resolve().parent / "legacy"
 
 # old path -> (the module it is now, the path its warning tells users to import instead)
 FORWARDED = {
-    "grpojob.rollout.types": ("grpojob.api.rollout", "grpojob.plugins"),
+    "grpojob.rollout.types": ("grpojob.contracts.rollout", "grpojob.plugins"),
+    "grpojob.api.rollout": ("grpojob.contracts.rollout", "grpojob.plugins"),
+    "grpojob.api.contracts": ("grpojob.contracts.protocols", "grpojob.plugins"),
     "grpojob.trainer.trainer": ("grpojob.learner.trainer", "grpojob.plugins"),
     "grpojob.trainer.dist": ("grpojob.learner.dist", "grpojob.plugins.dist"),
     "grpojob.trainer.batch": ("grpojob.learner.batch", "grpojob.plugins"),

@@ -30,23 +30,23 @@ _EXPORTS = {
     "TrainerError": "grpojob.learner.errors",
     "Algorithm": "grpojob.algorithms",
     "register_algorithm": "grpojob.algorithms",
-    "Engine": "grpojob.api.contracts",
-    "WeightSink": "grpojob.api.contracts",
+    "Engine": "grpojob.contracts.protocols",
+    "WeightSink": "grpojob.contracts.protocols",
     "HFEngine": "grpojob.rollout.hf_engine",
-    "Workflow": "grpojob.api.rollout",
-    "Generator": "grpojob.api.rollout",
-    "DatasetClass": "grpojob.api.contracts",
-    "NativeReward": "grpojob.api.contracts",
-    "CosmosReward": "grpojob.api.contracts",
-    "TrlReward": "grpojob.api.contracts",
+    "Workflow": "grpojob.contracts.rollout",
+    "Generator": "grpojob.contracts.rollout",
+    "DatasetClass": "grpojob.contracts.protocols",
+    "NativeReward": "grpojob.contracts.protocols",
+    "CosmosReward": "grpojob.contracts.protocols",
+    "TrlReward": "grpojob.contracts.protocols",
     "REWARD_SIGNATURES": "grpojob.api.plugins",
-    "Callback": "grpojob.api.contracts",
+    "Callback": "grpojob.contracts.protocols",
     # rollout types
-    "Completion": "grpojob.api.rollout",
-    "Group": "grpojob.api.rollout",
-    "Sample": "grpojob.api.rollout",
-    "SamplingParams": "grpojob.api.rollout",
-    "derive_seed": "grpojob.api.rollout",
+    "Completion": "grpojob.contracts.rollout",
+    "Group": "grpojob.contracts.rollout",
+    "Sample": "grpojob.contracts.rollout",
+    "SamplingParams": "grpojob.contracts.rollout",
+    "derive_seed": "grpojob.contracts.rollout",
     # what hooks and callbacks receive
     "Prepared": "grpojob.learner.batch",
     "TrainSeq": "grpojob.learner.packing",
@@ -87,10 +87,10 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # what the names are, for type checkers and editors (the lazy map above is the runtime)
     from grpojob.algorithms import Algorithm, LossTerms
     from grpojob.algorithms import register as register_algorithm
-    from grpojob.api.contracts import (Callback, CosmosReward, DatasetClass, Engine, NativeReward, TrlReward,
+    from grpojob.contracts.protocols import (Callback, CosmosReward, DatasetClass, Engine, NativeReward, TrlReward,
                                        WeightSink)
     from grpojob.api.plugins import REWARD_SIGNATURES
-    from grpojob.api.rollout import Completion, Generator, Group, Sample, SamplingParams, Workflow, derive_seed
+    from grpojob.contracts.rollout import Completion, Generator, Group, Sample, SamplingParams, Workflow, derive_seed
     from grpojob.leader.evaluation import EvalRecord
     from grpojob.leader.record import StepRecord
     from grpojob.learner.batch import Prepared

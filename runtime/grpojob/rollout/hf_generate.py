@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from grpojob.rollout import hf_attention, hf_sampling
-from grpojob.api.rollout import Completion, SamplingParams
+from grpojob.contracts.rollout import Completion, SamplingParams
 
 PREFILL_TOKENS = 4096  # prompt tokens prefilled together at most (the packed mask is O(tokens^2))
 KV_BUCKET = 64  # decode attends over the cache up to the longest row, rounded up to this

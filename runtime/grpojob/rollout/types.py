@@ -1,6 +1,6 @@
-"""Moved in 0.2: grpojob.rollout.types is grpojob.api.rollout (removed in 0.3; CHANGELOG.md).
+"""Moved in 0.2: grpojob.rollout.types is grpojob.contracts.rollout (removed in 0.3; CHANGELOG.md).
 Use grpojob.plugins."""
-import grpojob.api.rollout as _moved
+import grpojob.contracts.rollout as _moved
 from grpojob.deprecation import forward
 
 forward(__name__, _moved, "grpojob.plugins")
