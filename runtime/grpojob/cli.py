@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Callable, Optional
 
+from grpojob import __version__
 from grpojob.api import InvalidSpec, check, load_manifest
 from grpojob.api.validate import check_plugins, warnings
 
@@ -55,7 +56,6 @@ def cmd_crd(args: argparse.Namespace) -> int:
 
 
 def version_text() -> str:
-    from grpojob import __version__
     from grpojob.api.crd import served_versions
 
     return f"grpojob {__version__}\nCRD versions served: {', '.join(served_versions())}"
