@@ -66,3 +66,17 @@ def test_every_example_plugin_imports_with_deprecation_warnings_as_errors():
     r = subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", load, *map(str, PLUGIN_EXAMPLES)],
                        capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert r.returncode == 0, r.stderr
+
+
+def test_torch_free_public_names_do_not_import_torch():
+    """A reward function or a Tinker-style client loop takes names from grpojob.plugins in an
+    environment without torch: only the names that need it import it."""
+    probe = ("import sys\n"
+             "from grpojob.plugins import (Callback, Completion, Group, SamplingParams, TOY_CATEGORIES, builtin_dataset,\n"
+             "                             builtin_reward)\n"
+             "assert builtin_reward('toy')('p', 'cat dog', answer='animals') > 0\n"
+             "assert 'torch' not in sys.modules, 'torch imported'\n"
+             "from grpojob.plugins import GRPOTrainer\n"
+             "assert 'torch' in sys.modules\n")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stderr
