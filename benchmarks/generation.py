@@ -66,7 +66,7 @@ def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: fl
     """The decoder: prefill, then every decode step timed alone (graphs None: the default, CUDA
     graphs on CUDA; False: eager)."""
     from grpojob.rollout import hf_generate
-    from grpojob.api.rollout import SamplingParams
+    from grpojob.contracts.rollout import SamplingParams
 
     device = next(model.parameters()).device
     sp = SamplingParams(temperature=1.0, max_tokens=max_tokens)

@@ -32,7 +32,7 @@ SETTINGS = {"off": "0", "on": "1"}
 
 
 def _groups(a: argparse.Namespace, vocab: int):
-    from grpojob.api.rollout import Completion, Group, Sample
+    from grpojob.contracts.rollout import Completion, Group, Sample
 
     rnd = random.Random(0)
     groups = []

@@ -220,7 +220,7 @@ def _engine_turns(conn, model: Path, a: argparse.Namespace) -> None:
 
     from grpojob.api import parse
     from grpojob.rollout.hf_engine import HFEngine
-    from grpojob.api.rollout import SamplingParams
+    from grpojob.contracts.rollout import SamplingParams
 
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)

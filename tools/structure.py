@@ -5,6 +5,7 @@ python -m tools.structure [--unit-depth N]
   arrows        distinct unit -> unit imports (module level and function level)
   cycles        unit pairs importing each other
   file cycles   module pairs importing each other (at module level or in a function)
+  typed file cycles  the same, counting type-only imports (under TYPE_CHECKING) too
   local imports function-level `import grpojob...` statements
   largest       the longest module, in lines
   whole-spec    functions with a parameter annotated GRPOJob
@@ -55,6 +56,7 @@ def imported(node: ast.AST, module: str, is_pkg: bool) -> list[str]:
 def main() -> None:
     arrows: set[tuple[str, str]] = set()
     mod_arrows: set[tuple[str, str]] = set()
+    typed_arrows: set[tuple[str, str]] = set()  # mod_arrows plus the type-only imports
     local = 0
     largest = (0, "")
     whole_spec = []
@@ -76,9 +78,10 @@ def main() -> None:
             in_func = id(node) not in top and not _in_type_checking(tree, node)
             if in_func:
                 local += 1
+            subs = [n for n in names[1:] if _is_module(n)]
+            typed_arrows.update((mod, n) for n in (subs or names[:1]))
             if _in_type_checking(tree, node):
                 continue  # no runtime dependency (import-linter's exclude_type_checking_imports too)
-            subs = [n for n in names[1:] if _is_module(n)]
             mod_arrows.update((mod, n) for n in (subs or names[:1]))
             for n in names[:1]:
                 dst = unit_of(n)
@@ -96,9 +99,10 @@ def main() -> None:
     print(f"units {len(units)}")
     print(f"arrows {len(arrows)}")
     print(f"cycles {len(cycles)}: " + ", ".join("<->".join(c) for c in cycles))
-    file_cycles = sorted({tuple(sorted(a)) for a in mod_arrows if (a[1], a[0]) in mod_arrows and a[0] != a[1]
-                          and not any(x.endswith(".__init__") for x in a)})
-    print(f"file cycles {len(file_cycles)}: " + ", ".join("<->".join(c) for c in file_cycles))
+    for label, edges in (("file cycles", mod_arrows), ("typed file cycles", typed_arrows)):
+        found = sorted({tuple(sorted(a)) for a in edges if (a[1], a[0]) in edges and a[0] != a[1]
+                        and not any(x.endswith(".__init__") for x in a)})
+        print(f"{label} {len(found)}: " + ", ".join("<->".join(c) for c in found))
     print(f"local imports {local}")
     print(f"largest {largest[1]} {largest[0]} lines")
     print(f"whole-spec functions {len(whole_spec)} in {len({w.split(':')[0] for w in whole_spec})} files")

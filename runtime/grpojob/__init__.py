@@ -8,7 +8,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "GRPOTrainer": "grpojob.learner.trainer",
-    "Callback": "grpojob.api.contracts",
+    "Callback": "grpojob.contracts.protocols",
     "Algorithm": "grpojob.algorithms",
 }
 __all__ = ["__version__", *_LAZY]

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Callable, Optional
 
+from grpojob import __version__
 from grpojob.api import InvalidSpec, check, load_manifest
 from grpojob.api.validate import check_plugins, warnings
 
@@ -52,6 +53,25 @@ def cmd_crd(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(text)
     return 0
+
+
+def version_text() -> str:
+    from grpojob.api.crd import served_versions
+
+    return f"grpojob {__version__}\nCRD versions served: {', '.join(served_versions())}"
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    print(version_text())
+    return 0
+
+
+class _PrintVersion(argparse.Action):
+    """`grpojob --version`: print and exit before the subcommand (required otherwise) is asked for."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_text())
+        parser.exit()
 
 
 def _lazy(load: Callable[[], Command]) -> Command:
@@ -121,6 +141,7 @@ def _tiny() -> Command:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpojob", description="GRPO reinforcement learning for LLMs, "
                                 "on Kubernetes or on one machine.")
+    p.add_argument("--version", action=_PrintVersion, nargs=0, help="print the version and the CRD versions served")
     sub = p.add_subparsers(dest="command", required=True)
 
     def manifest_args(sp: argparse.ArgumentParser) -> None:
@@ -132,6 +153,9 @@ def parser() -> argparse.ArgumentParser:
     manifest_args(sp)
     sp.add_argument("--no-resolve", action="store_true", help="do not import module:attr plug-ins")
     sp.set_defaults(fn=cmd_validate)
+
+    sp = sub.add_parser("version", help="print the package version and the CRD versions served")
+    sp.set_defaults(fn=cmd_version)
 
     sp = sub.add_parser("crd", help="print the GRPOJob CustomResourceDefinition")
     sp.add_argument("-o", "--output", help="write to this file")

@@ -93,3 +93,13 @@ def test_checkpoint_storage_choices_are_checked_and_ephemeral_warns():
     assert r.returncode == 1 and "spec.checkpoint.size: must be a quantity such as 8, 500m or 16Gi" in r.stderr
     r = grpojob("validate", tiny, "--set", "checkpoint.storageClassName=Fast_SSD")
     assert r.returncode == 1 and "spec.checkpoint.storageClassName: must be a DNS-1123 subdomain" in r.stderr
+
+
+def test_version_prints_the_package_version_and_the_crd_versions_served():
+    from grpojob import __version__
+    from grpojob.api import API_VERSION
+
+    for argv in (["version"], ["--version"]):
+        r = grpojob(*argv)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.splitlines() == [f"grpojob {__version__}", f"CRD versions served: {API_VERSION}"]

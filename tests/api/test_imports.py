@@ -51,9 +51,20 @@ def test_the_cli_resolves_no_modules_by_name():
     assert "importlib" not in (RUNTIME / "cli.py").read_text()
 
 
+# below the API: the plug-in contracts (their old api/ paths forward to them) and the forwarding helper
+UNDER_API = ("grpojob.api", "grpojob.contracts", "grpojob.deprecation")
+
+
 def test_the_api_imports_nothing_else_of_grpojob():
     for f, mods in modules(RUNTIME / "api", "grpojob.api").items():
-        outside = sorted(m for m in mods if m.startswith("grpojob") and not m.startswith("grpojob.api"))
+        outside = sorted(m for m in mods if m.startswith("grpojob") and not m.startswith(UNDER_API))
+        assert outside == [], f"{f} imports {outside}"
+
+
+def test_the_contracts_import_nothing_else_of_grpojob():
+    for f, mods in modules(RUNTIME / "contracts", "grpojob.contracts").items():
+        outside = sorted(m for m in mods if m.split(".")[0] in ("grpojob", "torch")
+                         and not m.startswith("grpojob.contracts"))
         assert outside == [], f"{f} imports {outside}"
 
 

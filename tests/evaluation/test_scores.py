@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from grpojob.leader.evaluation import pass_at_k, summarise
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 
 
 @pytest.mark.parametrize("n, c, k, want", [

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grpojob.local.progress import read_records
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 from grpojob.sync.publisher import WeightPublisher
 from grpojob.leader.turns import EngineTurns
 

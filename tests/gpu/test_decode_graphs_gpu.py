@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 from grpojob.rollout import hf_generate
 
 from ..rollout.harness import load_model, perturb

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from grpojob.api import check
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 from grpojob.auth import ENV_TOKEN_FILE, Auth
 from grpojob.judge.engine import HFClassifier
 from grpojob.judge.server import Server

@@ -16,7 +16,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from grpojob.api import check
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 from grpojob.auth import ENV_TOKEN_FILE, Auth
 from grpojob.data import PromptSettings, PromptStream
 from grpojob.leader import workflows

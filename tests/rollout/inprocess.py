@@ -7,7 +7,7 @@ import asyncio
 import time
 
 from grpojob.rollout import hf_generate
-from grpojob.api.rollout import Completion, SamplingParams
+from grpojob.contracts.rollout import Completion, SamplingParams
 
 
 class ModelGenerator:

@@ -1,7 +1,7 @@
 """User workflows loaded by `module:Class`, as a spec names them (rollout.workflow)."""
 from __future__ import annotations
 
-from grpojob.api.rollout import Completion, Group, SamplingParams
+from grpojob.contracts.rollout import Completion, Group, SamplingParams
 
 
 class TwoTurnTool:

@@ -12,7 +12,7 @@ import pytest
 
 from grpojob.auth import ENV_METRICS_AUTH
 from grpojob.leader.rollout_client import RolloutClient, RolloutError
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 
 from .harness import TOKEN, RolloutProcess, http, make_job, write_config
 

@@ -13,7 +13,7 @@ from grpojob.leader.rollout_client import RolloutClient, RolloutError
 from grpojob.data import PromptSettings, PromptStream
 from grpojob.rewards import RewardScorer
 from grpojob.leader.manager import Pipeline, RolloutManager
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 from grpojob.leader.workflows import SingleTurn
 from grpojob.sync.publisher import WeightPublisher
 

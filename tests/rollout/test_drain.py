@@ -12,7 +12,7 @@ import signal
 import threading
 
 from grpojob.leader.rollout_client import RolloutClient
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 
 from .harness import REPO, TOKEN, RolloutProcess, http, make_job, wait_for, write_config
 

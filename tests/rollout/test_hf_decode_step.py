@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 from grpojob.rollout import hf_decode_step, hf_generate
 
 from .harness import load_model

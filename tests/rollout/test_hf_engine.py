@@ -12,7 +12,7 @@ import torch
 
 from grpojob.rollout import hf_generate
 from grpojob.rollout.hf_engine import HFEngine
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 
 from .harness import PROMPTS, greedy, load_model, make_job, perturb
 

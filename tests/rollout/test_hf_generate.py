@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpojob.rollout import hf_generate
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 
 from .harness import PROMPTS, greedy, load_model
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from grpojob.rollout.hf_engine import HFEngine
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 
 from .harness import make_job
 

@@ -5,7 +5,7 @@ import json
 
 from grpojob.rollout import openai_api as oai
 from grpojob.rollout import openai_stream, openai_tools
-from grpojob.api.rollout import Completion
+from grpojob.contracts.rollout import Completion
 
 
 def test_hermes_tool_calls_are_parsed():

@@ -15,8 +15,8 @@ from grpojob.rewards import RewardError, RewardScorer
 from grpojob.leader import workflows
 from grpojob.leader.rollout_client import RolloutError
 from grpojob.leader.manager import Pipeline, RolloutManager
-from grpojob.api.rollout import derive_seed
-from grpojob.api.rollout import Sample
+from grpojob.contracts.rollout import derive_seed
+from grpojob.contracts.rollout import Sample
 
 from .harness import greedy, load_model, make_job, wait_for
 from .inprocess import ModelGenerator

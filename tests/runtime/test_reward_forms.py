@@ -16,7 +16,7 @@ from grpojob.api import parse
 from grpojob.api.validate import check
 from grpojob.cli import main as cli
 from grpojob.rewards import RewardScorer
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 
 from ..api.test_spec import MINIMAL
 from .test_rewards import FakeTokenizer

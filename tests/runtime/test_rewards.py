@@ -13,7 +13,7 @@ from grpojob.api import parse
 from grpojob.api.plugins import BUILTIN_REWARDS
 from grpojob.rewards import RewardError, RewardScorer
 from grpojob.rewards.builtin import REWARDS, countdown, exact_match, format, math_exact, toy
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 
 from ..api.test_spec import MINIMAL
 

@@ -8,7 +8,7 @@ import torch
 from grpojob import algorithms
 from grpojob.algorithms import Algorithm
 from grpojob.api.spec import AlgorithmSpec, OverlongSpec
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 from grpojob.learner.batch import prepare, skips_zero_advantage
 from grpojob.learner.dist import DistEnv
 from grpojob.learner.logprobs import PolicyLogprobs

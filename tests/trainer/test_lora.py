@@ -94,7 +94,7 @@ def test_every_push_carries_only_the_adapter(tiny_sharp_dir, tmp_path):
     """Trainer -> WeightPublisher -> gloo -> SyncAgent -> hf engine: each push's tensors are the
     adapter's A/B matrices (counted), a small fraction of the model's bytes, and the engine
     generates what the trainer's PEFT model (base + adapter) generates."""
-    from grpojob.api.rollout import SamplingParams
+    from grpojob.contracts.rollout import SamplingParams
     from grpojob.sync.agent import SyncAgent
     from grpojob.sync.publisher import WeightPublisher
 
@@ -132,7 +132,7 @@ def test_every_push_carries_only_the_adapter(tiny_sharp_dir, tmp_path):
 def test_checkpoint_backend_reloads_the_adapter_from_peft_files(tiny_sharp_dir, tmp_path):
     """weightSync.backend checkpoint: each version is a PEFT adapter directory on the shared
     volume, which the hf engine merges (the lora_restart-like fallback)."""
-    from grpojob.api.rollout import SamplingParams
+    from grpojob.contracts.rollout import SamplingParams
     from grpojob.sync.agent import SyncAgent
     from grpojob.sync.publisher import WeightPublisher
 

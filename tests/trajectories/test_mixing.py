@@ -17,7 +17,7 @@ from grpojob.data import PromptSettings, PromptStream
 from grpojob.rewards import RewardScorer
 from grpojob.leader import workflows
 from grpojob.leader.manager import Pipeline, RolloutManager
-from grpojob.api.rollout import Group, Sample, SamplingParams
+from grpojob.contracts.rollout import Group, Sample, SamplingParams
 from grpojob.leader.build import build
 from grpojob.leader.trajectories.api import Request
 from grpojob.leader.trajectories.queue import EnvironmentQueue

@@ -3,7 +3,7 @@ their log-probs and the policy version(s), aligned, also when a stop string cuts
 from __future__ import annotations
 
 from grpojob.rollout import openai_api as oai
-from grpojob.api.rollout import Completion
+from grpojob.contracts.rollout import Completion
 
 
 def test_completions_return_tokens_logprobs_and_versions_aligned(tokenizer):

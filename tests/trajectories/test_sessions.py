@@ -190,7 +190,7 @@ def test_a_session_ended_without_a_reward_is_scored_by_the_jobs_rewards(manager,
 def test_session_turns_sample_as_the_job_does():
     from grpojob.api.data import SamplingSpec
     from grpojob.rollout.sessions import Capture, SessionError, SessionStore
-    from grpojob.api.rollout import SamplingParams
+    from grpojob.contracts.rollout import SamplingParams
 
     job = SamplingSpec(temperature=0.7, top_p=0.9, top_k=20, max_tokens=64)
     got = Capture.sampling(SamplingParams(temperature=0.0, top_p=1.0, top_k=-1, max_tokens=8, seed=3), job)

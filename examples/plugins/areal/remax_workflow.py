@@ -14,8 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
-from grpojob.rewards import RewardScorer
-from grpojob.api.rollout import Group, SamplingParams
+from grpojob.plugins import Group, RewardScorer, SamplingParams
 
 
 class ReMaxWorkflow:

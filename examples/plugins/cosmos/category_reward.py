@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from grpojob.data.builtin import TOY_CATEGORIES
+from grpojob.plugins import TOY_CATEGORIES
 
 
 def category_reward(to_be_evaluated: str, reference: Optional[Any] = None, *args, **kwargs) -> float:

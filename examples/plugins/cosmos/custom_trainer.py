@@ -15,7 +15,7 @@ under token-mean aggregation.
 """
 from __future__ import annotations
 
-from grpojob import GRPOTrainer
+from grpojob.plugins import GRPOTrainer
 
 
 class CustomGRPOTrainer(GRPOTrainer):

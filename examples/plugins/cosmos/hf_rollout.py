@@ -1,11 +1,11 @@
 """cosmos-rl's example custom rollout engine (ExampleHFRollout), ported: plain transformers
-generation behind grpojob's engine protocol (grpojob.rollout.engine.Engine).
+generation behind grpojob's engine protocol (grpojob.plugins.Engine).
 
 cosmos-rl registers a `RolloutBase` subclass as `rollout.backend` (init_engine, rollout_generation,
 get/set_underlying_model); here the spec names the class, `rollout: {backend: hf_rollout.py:ExampleHFRollout}`,
 and the protocol's parts map onto cosmos-rl's: start ~ init_engine, generate ~ rollout_generation
 (with per-token log-probs, which grpojob's importance correction needs), receive_push / load_dir
-~ set_underlying_model (weights arrive through grpojob's weight sync: PushReceiver yields the
+~ set_underlying_model (weights arrive through grpojob's weight sync: WeightReceiver yields the
 pushed tensors by Hugging Face name). One generate call at a time: simple, not fast.
 """
 from __future__ import annotations
@@ -18,9 +18,7 @@ from typing import Optional
 
 import torch
 
-from grpojob.api.rollout import Completion, SamplingParams
-from grpojob.sync import placement, tensorfiles
-from grpojob.sync.protocol import DISK
+from grpojob.plugins import INITIAL_WEIGHTS, Completion, SamplingParams, WeightReceiver, read_dir
 
 log = logging.getLogger("grpojob.rollout")
 
@@ -32,13 +30,13 @@ class ExampleHFRollout:
     def __init__(self, spec):
         self.spec = spec
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.version, self.weights = 0, DISK
+        self.version, self.weights = 0, INITIAL_WEIGHTS
         self.last_pause_seconds = None  # a weight load holds the lock: generation waits that long
         self.model = self.tokenizer = None
         self.vocab_size = self.context_len = 0
         self.generated = 0  # completions served (its /info and log show it)
         self._lock = threading.Lock()  # one generation or one weight load at a time
-        self._receiver = None
+        self._receiver = WeightReceiver(self.device)
 
     async def start(self) -> None:  # cosmos-rl: init_engine
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -96,17 +94,13 @@ class ExampleHFRollout:
 
     # ---- weights: cosmos-rl's set_underlying_model ----------------------------------------------
     def endpoints(self) -> list:
-        return [placement.local(self.device)]
+        return self._receiver.endpoints()
 
     def receive_push(self, cmd: dict, store_addr: str, instance: str) -> None:
-        from grpojob.sync.receiver import PushReceiver
-
-        if self._receiver is None or (self._receiver.addr, self._receiver.instance) != (store_addr, instance):
-            self._receiver = PushReceiver(store_addr, instance, self.device)
-        self._load(self._receiver.receive(cmd), cmd["version"], cmd["weights"])
+        self._load(self._receiver.receive(cmd, store_addr, instance), cmd["version"], cmd["weights"])
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
-        self._load(tensorfiles.iter_dir(path), version, weights)
+        self._load(read_dir(path), version, weights)
 
     def _load(self, named, version: int, weights: str) -> None:
         params = dict(self.model.state_dict())

@@ -25,8 +25,9 @@ from itertools import cycle, islice
 from typing import Any, Iterator
 
 from grpojob.client import AdamParams, Datum, ModelInput, SamplingClient, SamplingParams, ServiceClient, TrainingClient
-from grpojob.data.builtin import toy as toy_rows
-from grpojob.rewards.builtin import toy as toy_reward
+from grpojob.plugins import builtin_dataset, builtin_reward
+
+toy_rows, toy_reward = builtin_dataset("toy"), builtin_reward("toy")
 
 
 @dataclass

@@ -22,9 +22,7 @@ from collections import defaultdict
 
 import torch
 
-from grpojob import GRPOTrainer
-from grpojob.learner import dist
-from grpojob.learner.trainer import TrainerError
+from grpojob.plugins import GRPOTrainer, TrainerError, dist
 
 
 class KLRewardTrainer(GRPOTrainer):

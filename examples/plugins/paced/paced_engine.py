@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import asyncio
 
-from grpojob.api.rollout import Completion, SamplingParams
-from grpojob.rollout.hf_engine import HFEngine
+from grpojob.plugins import Completion, HFEngine, SamplingParams
 
 
 def schedule(engine_args: dict) -> list[tuple[int, float]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 
-from grpojob import GRPOTrainer
+from grpojob.plugins import GRPOTrainer
 
 
 class PacedTrainer(GRPOTrainer):

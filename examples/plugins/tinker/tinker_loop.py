@@ -21,8 +21,9 @@ from pathlib import Path
 import tinker
 from tinker import types
 
-from grpojob.data.builtin import toy as toy_rows
-from grpojob.rewards.builtin import toy as toy_reward
+from grpojob.plugins import builtin_dataset, builtin_reward
+
+toy_rows, toy_reward = builtin_dataset("toy"), builtin_reward("toy")
 
 
 def datum(prompt: list[int], completion: list[int], logprobs: list[float], advantage: float) -> types.Datum:

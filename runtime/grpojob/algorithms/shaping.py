@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from grpojob.api.spec import OverlongSpec
-from grpojob.api.rollout import Group
+from grpojob.contracts.rollout import Group
 
 
 def overlong_penalty(length: int, truncated: bool, max_tokens: int, buffer_tokens: int, penalty: float) -> float:

@@ -11,12 +11,9 @@ weights reach the engine with no network copy: shared memory on the CPU, CUDA IP
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT
-
-if TYPE_CHECKING:
-    from grpojob.api.spec import GRPOJobSpec
 
 SEPARATE, COLOCATED = "separate", "colocated"
 Placement = Literal["separate", "colocated"]
@@ -50,7 +47,18 @@ def gpus(resources: dict) -> list[str]:
                    if name.endswith("/gpu")})
 
 
-def problems(spec: "GRPOJobSpec") -> list[tuple[str, str]]:
+class Parts(Protocol):
+    """What the colocated rule reads of a GRPOJobSpec (whose validator calls it: naming that class
+    here would make spec.py and this module import each other)."""
+    placement: str
+    mode: str
+    trainer: Any
+    rollout: Any
+    weight_sync: Any
+    environments: list
+
+
+def problems(spec: Parts) -> list[tuple[str, str]]:
     """(field path relative to spec, why) of every setting colocated cannot work with; [] when
     placement is separate."""
     if spec.placement != COLOCATED:

@@ -4,18 +4,36 @@ relative to spec, message), so `grpojob validate` and the operator list them all
 (GRPOJobSpec's model validator raises them together)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Optional, Protocol
 
 from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT
 from grpojob.api import autoscale, colocation, judge, plugins
 
-if TYPE_CHECKING:
-    from grpojob.api.spec import GRPOJobSpec
-
 Problems = list[tuple[str, str]]
 
 
-def problems(spec: "GRPOJobSpec") -> Problems:
+class SpecParts(colocation.Parts, Protocol):
+    """What the cross-field rules read of a GRPOJobSpec (whose validator calls them: naming that
+    class here would make spec.py and this module import each other)."""
+    algorithm: Any
+    code: Any
+    dataset: Any
+    evaluation: Optional[Any]
+    judges: list
+    rewards: list
+    training: Any
+
+    @property
+    def max_prompt_length(self) -> int: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def evaluation_sampling(self) -> Optional[Any]: ...
+
+
+def problems(spec: SpecParts) -> Problems:
     out = sources(spec) + evaluation(spec) + colocation.problems(spec) + ports(spec) + autoscale.problems(spec)
     out += judge.problems(spec.judges, spec.rewards)
     t = spec.training
@@ -38,7 +56,7 @@ def problems(spec: "GRPOJobSpec") -> Problems:
     return out
 
 
-def ports(spec: "GRPOJobSpec") -> Problems:
+def ports(spec: SpecParts) -> Problems:
     """Trainer pod 0 also listens on the rendezvous and weight-sync store ports (one network
     namespace: two servers cannot bind one port)."""
     taken = {RENDEZVOUS_PORT: "the rendezvous port (torchrun) of trainer pod 0",
@@ -48,7 +66,7 @@ def ports(spec: "GRPOJobSpec") -> Problems:
     return []
 
 
-def evaluation(spec: "GRPOJobSpec") -> Problems:
+def evaluation(spec: SpecParts) -> Problems:
     ev = spec.evaluation
     if ev is None:
         return []
@@ -72,7 +90,7 @@ def evaluation(spec: "GRPOJobSpec") -> Problems:
     return out
 
 
-def sources(spec: "GRPOJobSpec") -> Problems:
+def sources(spec: SpecParts) -> Problems:
     """Where the groups come from: the trainer's own workflow needs a dataset and rewards; with
     rollout.workflow none the environments bring both; in mode service the user's process does
     (and environments have no loop to feed)."""

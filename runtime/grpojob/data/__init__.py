@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from grpojob.api import data_url, plugins
 from grpojob.api.spec import DatasetSpec, GRPOJobSpec
-from grpojob.api.rollout import Sample
+from grpojob.contracts.rollout import Sample
 from grpojob.data import sources
 from grpojob.data.builtin import DATASETS
 

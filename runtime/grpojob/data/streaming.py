@@ -27,7 +27,7 @@ import random
 from collections import OrderedDict
 from typing import Any, Iterator, Optional
 
-from grpojob.api.rollout import Sample
+from grpojob.contracts.rollout import Sample
 from grpojob.data import DatasetError, PromptSettings, PromptStream, sources, to_sample
 
 log = logging.getLogger("grpojob.data")
@@ -106,7 +106,7 @@ class StreamingPrompts:
         if close is not None:
             close()
 
-    # ---- the Prompts protocol (grpojob.api.rollout) ------------------------------------------------
+    # ---- the Prompts protocol (grpojob.contracts.rollout) ------------------------------------------------
     def next(self) -> Sample:
         while True:
             self._fill()

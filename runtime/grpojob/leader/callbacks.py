@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from grpojob.api import GRPOJob, plugins
-from grpojob.api.contracts import Callback
+from grpojob.contracts.protocols import Callback
 
 log = logging.getLogger("grpojob.trainer")
 

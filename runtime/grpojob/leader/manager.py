@@ -34,7 +34,7 @@ from grpojob.leader.trajectories.queue import EnvironmentQueue, Queued, Refused
 from grpojob.leader.rollout_client import RolloutError
 from grpojob.leader.pipeline import (WAIT_CHECK_SECONDS, IdleClock, Pipeline, SampleClient, StepGroups, WaitReport, derive_seed,
                        group_version)
-from grpojob.api.rollout import Generator, Group, Prompts, Sample, Scorer, Workflow
+from grpojob.contracts.rollout import Generator, Group, Prompts, Sample, Scorer, Workflow
 from grpojob.rewards.judges import GroupSkipped
 
 __all__ = ["Pipeline", "RolloutManager", "StepGroups", "derive_seed", "group_version"]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from grpojob.api.spec import GRPOJobSpec, OverlongSpec
-from grpojob.api.rollout import Completion, Generator, Group, SamplingParams, derive_seed
+from grpojob.contracts.rollout import Completion, Generator, Group, SamplingParams, derive_seed
 
 log = logging.getLogger("grpojob.leader.manager")
 

@@ -29,7 +29,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import aiohttp
 
-from grpojob.api.rollout import Completion, SamplingParams
+from grpojob.contracts.rollout import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.leader.rollout_client")
 

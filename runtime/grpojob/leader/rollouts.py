@@ -24,7 +24,7 @@ from typing import Any, Iterable, Optional, Protocol
 import torch
 
 from grpojob.leader.manager import RolloutManager, StepGroups
-from grpojob.api.rollout import Completion, Generator, SamplingParams
+from grpojob.contracts.rollout import Completion, Generator, SamplingParams
 from grpojob.sync.stream import TensorStream
 from grpojob.learner import dist
 

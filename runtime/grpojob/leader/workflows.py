@@ -22,7 +22,7 @@ from typing import Optional
 
 from grpojob.api import plugins
 from grpojob.api.spec import GRPOJobSpec
-from grpojob.api.rollout import Completion, Generator, Group, Sample, SamplingParams, Workflow
+from grpojob.contracts.rollout import Completion, Generator, Group, Sample, SamplingParams, Workflow
 
 
 class SingleTurn:

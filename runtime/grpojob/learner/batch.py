@@ -12,7 +12,7 @@ from grpojob.algorithms import Algorithm
 from grpojob.algorithms.losses import token_coefficients
 from grpojob.api.spec import OverlongSpec
 from grpojob.algorithms.shaping import shaped_rewards, zero_variance
-from grpojob.api.rollout import Group
+from grpojob.contracts.rollout import Group
 from grpojob.learner.dist import DistEnv, all_max, all_sum
 from grpojob.learner.packing import TrainSeq
 

@@ -35,7 +35,7 @@ from torch.distributed.tensor import DTensor
 
 from grpojob import algorithms
 from grpojob.api import GRPOJob
-from grpojob.api.rollout import Group
+from grpojob.contracts.rollout import Group
 from grpojob.sync import adapter
 from grpojob.sync.tensorfiles import write_safetensors
 from grpojob.sync.stream import TensorStream

@@ -17,7 +17,7 @@ from grpojob.data import messages_field
 from grpojob.api.data import DatasetSpec
 from grpojob.api.judge import JudgeSpec
 from grpojob.api.spec import GRPOJobSpec, RewardSpec
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 from grpojob.rewards.builtin import REWARDS
 from grpojob.rewards.forms import Binding, FormError, bind
 from grpojob.rewards.judges import GroupSkipped, JudgeClient, JudgeDown, JudgeRefused, JudgeUnavailable, urls_from_env

@@ -25,7 +25,7 @@ from typing import Optional
 from grpojob.api import plugins
 from grpojob.api.colocation import COLOCATED
 from grpojob.api.spec import GRPOJobSpec
-from grpojob.api.contracts import Engine  # noqa: F401 - the contract's documented home (spec.rollout.backend)
+from grpojob.contracts.protocols import Engine  # noqa: F401 - the contract's documented home (spec.rollout.backend)
 
 ALL_SYNC = ("auto", "nccl", "cuda-ipc", "shm", "gloo", "checkpoint")  # spec.weightSync.backend values
 

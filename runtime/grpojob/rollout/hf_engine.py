@@ -48,7 +48,7 @@ from grpojob.sync.receiver import PushReceiver
 from grpojob.rollout.engine import torch_dtype_name
 from grpojob.rollout.hf_generate import Decoder, Row, noise_keys, request_rows
 from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, settle
-from grpojob.api.rollout import Completion, SamplingParams
+from grpojob.contracts.rollout import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
 

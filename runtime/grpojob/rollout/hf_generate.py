@@ -23,8 +23,8 @@ import torch
 from torch import Tensor
 
 from grpojob.rollout import hf_attention, hf_sampling
+from grpojob.contracts.rollout import Completion, SamplingParams
 from grpojob.rollout.hf_decode_step import DecodeStep
-from grpojob.api.rollout import Completion, SamplingParams
 
 PREFILL_TOKENS = 4096  # prompt tokens prefilled together at most (the packed mask is O(tokens^2))
 

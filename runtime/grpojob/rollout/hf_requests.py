@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from grpojob.rollout.hf_generate import Row
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 
 
 @dataclass

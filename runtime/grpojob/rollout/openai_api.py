@@ -26,7 +26,7 @@ from typing import Any, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpojob.rollout import openai_tools as tools_api
-from grpojob.api.rollout import Completion, SamplingParams
+from grpojob.contracts.rollout import Completion, SamplingParams
 
 
 class _Common(BaseModel):

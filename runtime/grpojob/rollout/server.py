@@ -48,7 +48,7 @@ from grpojob.rollout import openai_api as oai
 from grpojob.rollout import openai_stream
 from grpojob.rollout import sessions as agent_sessions
 from grpojob.rollout.turns import Turns
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
 DRAINING = ("replica {replica} is draining (stopping): it finishes the requests in flight and takes no new ones")

@@ -36,7 +36,7 @@ from typing import Any, Optional
 import aiohttp
 
 from grpojob.rollout.openai_api import ChatRequest, encode
-from grpojob.api.rollout import Completion, SamplingParams
+from grpojob.contracts.rollout import Completion, SamplingParams
 
 SESSION_HEADER = "X-Session-Id"
 GROUP_HEADER = "X-Session-Group"

@@ -45,7 +45,7 @@ from grpojob.sync import adapter
 from grpojob.sync.placement import Endpoint
 from grpojob.sync.protocol import DISK, WeightSyncError
 from grpojob.rollout.engine import torch_dtype_name
-from grpojob.api.rollout import Completion, SamplingParams, derive_seed
+from grpojob.contracts.rollout import Completion, SamplingParams, derive_seed
 
 log = logging.getLogger("grpojob.rollout")
 

@@ -42,7 +42,7 @@ from grpojob.api.service import (LOSS_INPUTS, POLICY_PATH, ForwardBackwardOutput
                             SampleRequest, ServiceInfo, TensorData)
 from grpojob.plan import SERVICE_PREFIX
 from grpojob.leader.rollout_client import RolloutError
-from grpojob.api.rollout import SamplingParams
+from grpojob.contracts.rollout import SamplingParams
 from grpojob.learner import dist
 from grpojob.service.ops import ServiceOps
 from grpojob.service.stops import cut_at_stop

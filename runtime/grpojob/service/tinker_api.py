@@ -28,7 +28,7 @@ import time
 import uuid
 from collections import OrderedDict
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from pydantic import ValidationError
 
@@ -38,12 +38,22 @@ from grpojob.leader.trajectories.wire import describe
 from grpojob.plan import ENV_JOB, TINKER_PREFIX
 from grpojob.service import tinker_wire as tw
 from grpojob.service.tinker_futures import JSON, PROTO, Futures, as_json
-from grpojob.service.wire import Refused, check_limits, tokens_of
-
-if TYPE_CHECKING:
-    from grpojob.service.app import TrainingService
+from grpojob.service.wire import Limits, Refused, check_limits, tokens_of
 
 log = logging.getLogger("grpojob.service.tinker")
+
+
+class Service(Protocol):
+    """What Tinker's wire uses of the training service (service.app.TrainingService, which makes
+    the TinkerAPI: described here so that this module needs nothing of app.py)."""
+    tr: Any  # the trainer: its spec, model and policy version
+    board: Any  # the call counters of /status and /metrics, or None
+    limits: Limits
+    published: int  # the policy version the rollout servers hold
+
+    def enqueue(self, route: str, req: Any) -> Any: ...  # a concurrent.futures.Future of the result
+
+    def sample(self, req: SampleRequest) -> tuple[dict[str, Any], int]: ...
 
 PREFIX = TINKER_PREFIX
 # route -> the call it is, as /status and /metrics count them (the /service calls' names)
@@ -55,7 +65,7 @@ SDK_SERVED = "0.38"  # the tinker release whose wire is served (pyproject's tink
 
 
 class TinkerAPI:
-    def __init__(self, service: "TrainingService"):
+    def __init__(self, service: Service):
         self.svc = service
         self.run_id = os.environ.get(ENV_JOB) or "grpojob"
         self.futures = Futures()

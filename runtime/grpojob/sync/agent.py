@@ -26,7 +26,7 @@ from torch.distributed import DistError
 
 from grpojob.sync import placement
 from grpojob.sync.credentials import Credentials, Forged
-from grpojob.api.contracts import WeightSink
+from grpojob.contracts.protocols import WeightSink
 from grpojob.sync.protocol import DISK, WeightSyncError, connect, door, set_json, wait_key
 
 log = logging.getLogger("grpojob.sync")

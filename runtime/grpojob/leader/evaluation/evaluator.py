@@ -24,7 +24,7 @@ from grpojob.data import PromptSettings, load_samples
 from grpojob.leader import workflows
 from grpojob.rewards import RewardScorer, ScoringSettings
 from grpojob.leader.pipeline import SampleClient
-from grpojob.api.rollout import Generator, Group, Sample, derive_seed
+from grpojob.contracts.rollout import Generator, Group, Sample, derive_seed
 from grpojob.leader.evaluation.scores import EvalRecord, summarise
 
 log = logging.getLogger("grpojob.leader.evaluation")

@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from grpojob.api.rollout import Group
+from grpojob.contracts.rollout import Group
 
 KIND = "evaluation"  # metrics.jsonl: the `kind` of an evaluation's row (training steps' rows have none)
 

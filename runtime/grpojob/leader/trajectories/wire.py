@@ -18,7 +18,7 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from grpojob.api.base import FIELD_ERROR, invalid
-from grpojob.api.rollout import Completion, Group, Sample
+from grpojob.contracts.rollout import Completion, Group, Sample
 
 NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 LOGPROB_SLACK = 1e-4  # float rounding above 0 that a sampled token's log-prob may show
