@@ -33,6 +33,7 @@ class _Rule:
     cause: str
     fix: str
     schemes: Optional[tuple[str, ...]] = None  # None: any location
+    deep: bool = False  # also in obstore's debug dump (the only place that tells a TLS failure)
 
     def matches(self, words: str) -> bool:
         # an HTTP status as a whole number only (a port such as 40312 is no 403)
@@ -51,13 +52,14 @@ _RULES = (
           "the store's endpoint is plain http, which the client refuses unless allowed",
           "set {allow_http}=true (the connection is then unencrypted) or give {endpoint} an https:// URL "
           "(docs/data.md, plain-http stores)"),
-    _Rule(("certificate", "tls", "ssl", "handshake", "unknownissuer", "invalid peer"), "cannot reach '{path}'",
+    _Rule(("certificate", "tls", "ssl", "handshake", "unknownissuer", "invalid peer", "invalidcontenttype",
+           "invalidmessage"), "cannot reach '{path}'",
           "the TLS connection to the store failed: its certificate is not trusted, or the endpoint does not speak "
           "https",
           "check {endpoint} (http:// for a plain-http store) and that the store's certificate is signed by a CA "
-          "the trainer image trusts"),
+          "the trainer image trusts", deep=True),
     _Rule(("authorizationheadermalformed", "permanentredirect", "illegallocationconstraint", "wrong region",
-           "region is wrong", "301 moved"), "cannot read '{path}'",
+           "region is wrong", "incorrectly configured region", "redirect without location"), "cannot read '{path}'",
           "the bucket is in another region than the one the request was signed for",
           "set AWS_REGION to the bucket's region", ("s3",)),
     _Rule(("invalidaccesskeyid", "signaturedoesnotmatch", "accessdenied", "access denied", "forbidden", "403",
@@ -70,8 +72,8 @@ _RULES = (
           "check the credentials: {credentials} in the trainer's environment (on a cluster: {where}.credentialsSecret "
           "names a Secret holding them)"),
     _Rule(("couldn't reach", "connection refused", "connecterror", "connect error", "name resolution",
-           "name or service not known", "dns error", "timed out", "timeout", "network is unreachable",
-           "error sending request", "cannot connect"), "cannot reach '{path}'",
+           "name or service not known", "dns error", "timed out", "network is unreachable",
+           "error sending request", "cannot connect", "tcp connect error"), "cannot reach '{path}'",
           "the store did not answer (connection refused, no such host, or a timeout)",
           "check the trainer's network and {endpoint} ({endpoint_value})"),
     _Rule(("nosuchbucket", "bucket does not exist", "specified bucket does not exist", "containernotfound"),
@@ -82,7 +84,10 @@ _RULES = (
           "no object or file is at that key, or no object matches the pattern",
           "check the key in {where}.path (keys are case-sensitive)"),
     _Rule(("arrowinvalid", "jsondecodeerror", "json parse", "parse error", "parquet magic bytes", "invalid json",
-           "datasetgenerationerror", "couldn't cast", "unicodedecodeerror", "parquet file size is 0"),
+           "datasetgenerationerror", "couldn't cast", "unicodedecodeerror", "parquet file size is 0",
+           # streamed jsonl that is not JSON: `datasets` retries it as one JSON document, opened with an
+           # encoding obstore's adapter does not take
+           "configuration key: 'encoding' is not valid"),
           "cannot read '{path}'", "its content does not parse as {fmt}",
           "set {where}.format to the file's format (jsonl, json, csv, parquet), or fix the file"),
 )
@@ -102,14 +107,14 @@ def explain(e: BaseException, path: str, where: str, fmt: str = "the format its 
     scheme = scheme_of(path)
     said = str(e).split("\n\nDebug source:")[0].strip()
     said = f"{type(e).__name__}: {said[:800]}{' ...' if len(said) > 800 else ''}"
-    words = said.lower()
+    words, deep = said.lower(), f"{type(e).__name__}: {e}".lower()
     endpoint = _ENDPOINT.get(scheme or "", "the trainer's network")
     values = {"path": path, "where": where, "fmt": fmt, "endpoint": endpoint,
               "endpoint_value": f"now {os.environ[endpoint]}" if endpoint in os.environ else "unset: the default",
               "credentials": _CREDENTIALS.get(scheme or "", "the store's credentials"),
               "allow_http": _ALLOW_HTTP.get(scheme or "", "AWS_ALLOW_HTTP")}
     for rule in _RULES:
-        if (rule.schemes is None or scheme in rule.schemes) and rule.matches(words):
+        if (rule.schemes is None or scheme in rule.schemes) and rule.matches(deep if rule.deep else words):
             if "{credentials}" in rule.fix and scheme not in _CREDENTIALS:
                 continue  # a local file has no credentials
             return SourceError(f"{where}.path: {rule.head.format(**values)}: {rule.cause.format(**values)} "

@@ -33,12 +33,11 @@ from grpojob.api import data_url
 
 log = logging.getLogger("grpojob.data")
 
-# The variables that point each store at another endpoint (obstore reads them), and the one that
-# allows plain http there: read here only to allow it and say so.
+# The variables that point each store at another endpoint (obstore reads them; read here only to
+# allow an http:// one and say so).
 ENDPOINTS = {"s3": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_ENDPOINT"),
              "gs": ("GOOGLE_BASE_URL",),
              "az": ("AZURE_STORAGE_ENDPOINT", "AZURE_ENDPOINT")}
-ALLOW_HTTP = {"s3": "AWS_ALLOW_HTTP", "gs": "GOOGLE_ALLOW_HTTP", "az": "AZURE_ALLOW_HTTP"}
 _warned: set[str] = set()
 
 
@@ -50,6 +49,7 @@ class ObjectError(Exception):
 class Remote:
     url: str
     version: Optional[str]  # ETag, last-modified and size as the store said them; None: it said neither
+    size: Optional[int] = None
 
 
 def store_of(scheme: str) -> str:
@@ -115,7 +115,7 @@ def listing(url: data_url.DataUrl, fs: Any) -> list[Remote]:
     import fsspec
 
     if url.scheme in data_url.WEB:  # a web server lists nothing: the URL is the file
-        return [Remote(url.url, _version(fs.info(url.url)))]
+        return [_remote(url.url, fs.info(url.url))]
     if fsspec.core.has_magic(url.url):
         # listed under the pattern's fixed prefix and matched here (obstore's adapter globs nothing)
         pattern = url.url.split("://", 1)[1]
@@ -126,8 +126,12 @@ def listing(url: data_url.DataUrl, fs: Any) -> list[Remote]:
                        if info.get("type") != "directory" and match.match(name))
         if not files:
             raise ObjectError("no object matches the glob")
-        return [Remote(name, _version(info)) for name, info in files]
-    return [Remote(url.url, _version(fs.info(url.url)))]
+        return [_remote(name, info) for name, info in files]
+    return [_remote(url.url, fs.info(url.url))]
+
+
+def _remote(url: str, info: dict[str, Any]) -> Remote:
+    return Remote(url, _version(info), info.get("size"))
 
 
 def cache_root() -> Path:

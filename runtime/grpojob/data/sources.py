@@ -109,6 +109,10 @@ def _open_remote(spec: DatasetSpec, url: data_url.DataUrl, where: str, *, stream
     except objects.ObjectError as e:
         raise SourceError(f"{where}.path: '{url.url}' does not exist: {e} -- check the bucket and the pattern "
                           f"(keys are case-sensitive)") from None
+    empty = next((r.url for r in remotes if r.size == 0), None)
+    if empty is not None:
+        raise SourceError(f"{where}.path: '{empty}' is empty (0 bytes): it holds no rows -- write the rows to it, or "
+                          f"point {where}.path at the objects that hold them")
     fmt = file_format(spec, remotes[0].url, where)
     if streaming:
         return datasets.load_dataset(_BUILDERS[fmt], data_files=[r.url for r in remotes], split="train",
