@@ -28,16 +28,20 @@ from grpojob.api import parse
 from grpojob.data import DatasetError, PromptSettings, load_samples
 from grpojob.data.streaming import prompt_stream
 from grpojob.tiny import build_tokenizer
-doc, n = json.loads(sys.argv[1]), int(sys.argv[2])
-settings = PromptSettings.of(parse(doc).spec)
-try:
-    if settings.dataset.streaming:
-        samples = prompt_stream(settings, build_tokenizer(512)).take(n)
-    else:
-        samples = load_samples(settings, build_tokenizer(512), limit=n)
-    print(json.dumps([s.row["id"] for s in samples]))
-except DatasetError as e:
-    print("DatasetError: " + str(e))
+from grpojob.leader.evaluation.evaluator import WHERE, evaluation_spec
+for doc, n in json.loads(sys.argv[1]):  # one line of output per dataset
+    spec = parse(doc).spec
+    settings = PromptSettings.of(spec)
+    try:
+        if spec.evaluation is not None:  # the held-out set, read as the evaluator reads it
+            samples = load_samples(PromptSettings.of(evaluation_spec(spec)), build_tokenizer(512), WHERE, limit=n)
+        elif settings.dataset.streaming:
+            samples = prompt_stream(settings, build_tokenizer(512)).take(n)
+        else:
+            samples = load_samples(settings, build_tokenizer(512), limit=n)
+        print(json.dumps([s.row["id"] for s in samples]))
+    except DatasetError as e:
+        print("DatasetError: " + " ".join(str(e).split()))
 """
 
 
@@ -51,13 +55,19 @@ def doc_with(**dataset) -> dict:
     return doc
 
 
-def read(doc: dict, n: int, env: dict[str, str], hf_home) -> tuple[str, str]:
-    """What a fresh trainer-like process reads (stdout: the ids, or the DatasetError), and its log."""
+def read_all(reads: list[tuple[dict, int]], env: dict[str, str], hf_home) -> tuple[list[str], str]:
+    """What a fresh trainer-like process reads of each (dataset, rows): the ids, or the DatasetError;
+    and its log."""
     run_env = {k: v for k, v in os.environ.items() if k not in OFFLINE}
-    r = subprocess.run([sys.executable, "-c", _READER, json.dumps(doc), str(n)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _READER, json.dumps(reads)], capture_output=True, text=True,
                        timeout=120, env={**run_env, "HF_HOME": str(hf_home), **env})
     assert r.returncode == 0, r.stderr[-3000:]
-    return r.stdout.strip(), r.stderr
+    return r.stdout.strip().splitlines(), r.stderr
+
+
+def read(doc: dict, n: int, env: dict[str, str], hf_home) -> tuple[str, str]:
+    [out], log = read_all([(doc, n)], env, hf_home)
+    return out, log
 
 
 def test_offline_hub_variables_leave_an_s3_dataset_readable_whole_streamed_and_for_evaluation(s3, tmp_path):
@@ -66,15 +76,17 @@ def test_offline_hub_variables_leave_an_s3_dataset_readable_whole_streamed_and_f
     s3.put("d/part-1.parquet", parquet(rows(108, 8)))
     env = {**OFFLINE, **{k: os.environ[k] for k in os.environ if k.startswith("AWS_")}}
     env.pop("AWS_ALLOW_HTTP")  # plain http allowed because the endpoint says http://, with a warning
-    whole, log = read(doc_with(path=f"s3://{s3.name}/d/train.jsonl"), 20, env, tmp_path / "hf")
+    evaluation = doc_with(factory="toy")
+    evaluation["spec"]["evaluation"] = {"dataset": {"path": f"s3://{s3.name}/d/part-*.parquet", "streaming": True}}
+    (whole, streamed, evaluated), log = read_all([
+        (doc_with(path=f"s3://{s3.name}/d/train.jsonl"), 20),
+        (doc_with(path=f"s3://{s3.name}/d/part-*.parquet", streaming=True), 16),
+        (evaluation, 3)], env, tmp_path / "hf")
     assert json.loads(whole) == list(range(20)), whole
-    assert "plain http (AWS_ENDPOINT_URL=http://127.0.0.1" in log and "unencrypted" in log, log
-    assert log.count("plain http") == 1, log  # one line, not one per file
-    streamed, _ = read(doc_with(path=f"s3://{s3.name}/d/part-*.parquet", streaming=True), 16, env, tmp_path / "hf")
     assert json.loads(streamed) == list(range(100, 116)), streamed
-    # an evaluation set reads its first rows through the same code (load_samples with a limit)
-    evaluated, _ = read(doc_with(path=f"s3://{s3.name}/d/part-*.parquet", streaming=True), 3, env, tmp_path / "hf")
-    assert json.loads(evaluated)[:3] == [100, 101, 102]
+    assert json.loads(evaluated) == [100, 101, 102], evaluated
+    assert "plain http (AWS_ENDPOINT_URL=http://127.0.0.1" in log and "unencrypted" in log, log
+    assert log.count("plain http") == 1, log  # one line per endpoint, not one per file or read
 
 
 def test_a_changed_object_is_read_anew_with_a_shared_cache(s3, tmp_path):
