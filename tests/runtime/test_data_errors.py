@@ -76,6 +76,11 @@ def test_an_unreachable_endpoint_and_a_tls_failure_name_the_endpoint_variable(s3
     message = failure(tokenizer, path=f"s3://{s3.name}/d/train.jsonl")
     assert said(message, "the TLS connection to the store failed", "check AWS_ENDPOINT_URL (http:// for a plain-http "
                 "store)"), message
+    # a web URL: fsspec says FileNotFoundError for either; its cause tells them apart
+    message = failure(tokenizer, path=f"http://127.0.0.1:{_closed_port()}/train.jsonl")
+    assert said(message, "the store did not answer", "check the trainer's network and the URL's host"), message
+    message = failure(tokenizer, path=endpoint.replace("http://", "https://") + f"/{s3.name}/d/train.jsonl")
+    assert said(message, "the TLS connection to the store failed", "check the URL's host (http://"), message
 
 
 def test_credentials_the_store_refuses_are_said_with_the_variables_and_the_secret(tokenizer, tmp_path, monkeypatch):

@@ -52,8 +52,9 @@ _RULES = (
           "the store's endpoint is plain http, which the client refuses unless allowed",
           "set {allow_http}=true (the connection is then unencrypted) or give {endpoint} an https:// URL "
           "(docs/data.md, plain-http stores)"),
-    _Rule(("certificate", "tls", "ssl", "handshake", "unknownissuer", "invalid peer", "invalidcontenttype",
-           "invalidmessage"), "cannot reach '{path}'",
+    # (not a bare "ssl": aiohttp's connection errors say "ssl:default" whatever failed)
+    _Rule(("certificate", "handshake", "unknownissuer", "invalid peer", "invalidcontenttype", "invalidmessage",
+           "sslerror", "ssl error", "wrong version number", "wrong_version_number", "tls error"), "cannot reach '{path}'",
           "the TLS connection to the store failed: its certificate is not trusted, or the endpoint does not speak "
           "https",
           "check {endpoint} (http:// for a plain-http store) and that the store's certificate is signed by a CA "
@@ -67,7 +68,8 @@ _RULES = (
           "the store refused the credentials (unknown, wrong or without read access to the object)",
           "check the credentials: {credentials} in the trainer's environment (on a cluster: {where}.credentialsSecret "
           "names a Secret holding them)"),
-    _Rule(("credential", "unauthenticated", "unauthorized", "401", "gated", "api/token", "meta-data", "metadata"),
+    # api/token, meta-data: the instance metadata service, asked when no credentials are set
+    _Rule(("credential", "unauthenticated", "unauthorized", "401", "gated", "api/token", "meta-data"),
           "cannot read '{path}'", "no credentials were found for the store",
           "check the credentials: {credentials} in the trainer's environment (on a cluster: {where}.credentialsSecret "
           "names a Secret holding them)"),
@@ -75,10 +77,10 @@ _RULES = (
            "name or service not known", "dns error", "timed out", "network is unreachable",
            "error sending request", "cannot connect", "tcp connect error"), "cannot reach '{path}'",
           "the store did not answer (connection refused, no such host, or a timeout)",
-          "check the trainer's network and {endpoint} ({endpoint_value})"),
+          "check the trainer's network and {endpoint}{endpoint_value}"),
     _Rule(("nosuchbucket", "bucket does not exist", "specified bucket does not exist", "containernotfound"),
           "'{path}' does not exist", "its bucket does not exist on this store",
-          "check the bucket in {where}.path and {endpoint} ({endpoint_value})"),
+          "check the bucket in {where}.path and {endpoint}{endpoint_value}"),
     _Rule(("filenotfound", "notfound", "nosuchkey", "unable to find", "404", "data_files are invalid",
            "doesn't exist on the hub", "does not exist"), "'{path}' does not exist",
           "no object or file is at that key, or no object matches the pattern",
@@ -107,10 +109,14 @@ def explain(e: BaseException, path: str, where: str, fmt: str = "the format its 
     scheme = scheme_of(path)
     said = str(e).split("\n\nDebug source:")[0].strip()
     said = f"{type(e).__name__}: {said[:800]}{' ...' if len(said) > 800 else ''}"
-    words, deep = said.lower(), f"{type(e).__name__}: {e}".lower()
+    cause = e.__cause__  # fsspec's HTTP filesystem says FileNotFoundError for a refused connection too
+    if cause is not None and str(cause) and str(cause) not in said:
+        said += f" (from {type(cause).__name__}: {str(cause)[:400]})"
+    words, deep = said.lower(), f"{said} {e}".lower()
     endpoint = _ENDPOINT.get(scheme or "", "the trainer's network")
     values = {"path": path, "where": where, "fmt": fmt, "endpoint": endpoint,
-              "endpoint_value": f"now {os.environ[endpoint]}" if endpoint in os.environ else "unset: the default",
+              "endpoint_value": f" (now {os.environ[endpoint]})" if endpoint in os.environ else
+              " (unset: the store's default endpoint)" if endpoint.isupper() else "",
               "credentials": _CREDENTIALS.get(scheme or "", "the store's credentials"),
               "allow_http": _ALLOW_HTTP.get(scheme or "", "AWS_ALLOW_HTTP")}
     for rule in _RULES:
