@@ -176,7 +176,8 @@ class Child:
         last = list(deque(own, maxlen=lines))
         if errors and errors[-1] not in last:
             last = [errors[-1], "...", *last]
-        return "\n".join(_readable(ln)[:2000] for ln in last)
+        shown = [_readable(ln)[:2000] for ln in last]
+        return "\n".join(shown[:-1] + _traceback_end(last[-1], shown[-1]))
 
     def last_error(self) -> Optional[str]:
         """The last error the process logged, in one line (a JSON log line's message), or None."""
@@ -214,6 +215,18 @@ def own_lines(lines: list[str]) -> list[str]:
 
 def _is_error(line: str) -> bool:
     return '"level": "ERROR"' in line or " ERROR " in line or bool(_GLOG_ERROR.match(line))
+
+
+def _traceback_end(line: str, shown: str, frames: int = 8) -> list[str]:
+    """The log's last line as shown, and, when it is a JSON error line with a traceback, that
+    traceback's last lines under it (a text log has them as lines of its own already)."""
+    try:
+        exception = str(json.loads(line).get("exception") or "") if line.startswith("{") else ""
+    except (ValueError, AttributeError):
+        exception = ""
+    if not exception.strip():
+        return [shown]
+    return [shown.rsplit(" [", 1)[0], *("  " + ln for ln in exception.rstrip().splitlines()[-frames:])]
 
 
 def _readable(line: str) -> str:
