@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass
@@ -93,7 +94,8 @@ class Bucket:
         return f"s3://{self.name}/{key}"
 
 
-def start(log_path: Path) -> S3Server:
+def start(log_path: Path, env: Optional[dict[str, str]] = None) -> S3Server:
+    """`env`: the server's own settings (INITIAL_NO_AUTH_ACTION_COUNT=0: it checks credentials)."""
     exe = python()
     if exe is None:
         raise RuntimeError(f"no moto server: {MAKE_IT}")
@@ -102,13 +104,15 @@ def start(log_path: Path) -> S3Server:
     log = open(log_path, "wb")
     proc = subprocess.Popen([exe, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], stdout=log,
                             stderr=subprocess.STDOUT, env={k: v for k, v in os.environ.items()
-                                                           if not k.startswith("AWS_")})
+                                                           if not k.startswith("AWS_")} | (env or {}))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the moto server exited ({proc.returncode}): {log_path.read_text()[-2000:]}")
         try:
             urllib.request.urlopen(f"{endpoint}/", timeout=2)
+            return S3Server(endpoint, proc)
+        except urllib.error.HTTPError:  # it answers (refusing an unsigned request, when it checks credentials)
             return S3Server(endpoint, proc)
         except OSError:
             time.sleep(0.2)

@@ -27,3 +27,10 @@ class RefusesItsArgs(GRPOTrainer):
         if not isinstance(self.args.get("warmup_steps"), int):
             raise TrainerError(f"spec.trainer.args.warmup_steps: must be an integer, not "
                                f"{self.args.get('warmup_steps')!r}")
+
+
+class CrashesAtEveryStep1(GRPOTrainer):
+    """Step 1 raises at every start: the run ends after its restarts, with this traceback."""
+
+    def step_training(self, groups):
+        raise RuntimeError("injected: trainer crash at every step 1")

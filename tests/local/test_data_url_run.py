@@ -1,16 +1,19 @@
 """`grpojob run` with its dataset streamed from an S3 API (moto's server on 127.0.0.1), credentials
 from the user's environment as a local run takes them (docs/data.md): interrupted with Ctrl-C
-mid-epoch and run again, it trains every row of its first steps once and none twice."""
+mid-epoch and run again, it trains every row of its first steps once and none twice. With the Hub
+switched off (an air-gapped cluster), it trains from the plain-http store, and a changed object is
+trained on at the next run."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 
 import pytest
 
 from grpojob.data.builtin import toy
 from grpojob.local.progress import read_records
-from tests.helpers.s3 import parquet, s3, s3_server  # noqa: F401 - fixtures
+from tests.helpers.s3 import jsonl, parquet, s3, s3_server  # noqa: F401 - fixtures
 
 from .test_run import grpojob_run, processes_of, wait_steps
 
@@ -59,3 +62,26 @@ def test_a_missing_object_stops_grpojob_run_with_the_field_path(s3, workdir):
     assert proc.returncode != 0
     assert f"DatasetError: spec.dataset.path: 's3://{s3.name}/nothing/train.parquet' does not exist" in out, out
     assert "Traceback" not in out and "restart" not in out.lower(), out
+
+
+def test_an_air_gapped_run_trains_from_a_plain_http_store_and_on_a_changed_object(s3, workdir, monkeypatch):
+    """HF_HUB_OFFLINE=1 and TRANSFORMERS_OFFLINE=1, an empty HF_HOME, AWS_ALLOW_HTTP unset (the
+    endpoint's http:// is the choice): the run trains. The object is then replaced by a larger one;
+    a second run sharing HF_HOME (a pod's volume) trains on the new rows, not a cached copy."""
+    monkeypatch.delenv("AWS_ALLOW_HTTP")
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(workdir / "hf")}
+    path = s3.put("toy/train.jsonl", jsonl(list(toy(size=16, seed=1))))
+    sets = ("training.steps=2", "checkpoint.everySteps=100", f"dataset={{path: '{path}', maxPromptLength: 32}}")
+    trained = []
+    for rows in (16, 64):
+        if rows == 64:
+            s3.put("toy/train.jsonl", jsonl(list(toy(size=64, seed=2))))
+            shutil.rmtree(workdir / "run")  # a new run (no resume), the same HF_HOME
+        proc = grpojob_run(workdir / "run", *sets, cwd=workdir, env=env)
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, out
+        trained.append([i for r in read_records(workdir / "run" / "metrics.jsonl") for i in r["sample_ids"]])
+        log = (workdir / "run" / "logs" / "trainer-0.log").read_text()
+        assert "plain http (AWS_ENDPOINT_URL=http://127.0.0.1" in log and "unencrypted" in log
+    assert len(trained[0]) == 2 * 16 and max(trained[0]) < 16  # the 16 rows, twice over
+    assert max(trained[1]) >= 16, "the second run trained on the old object's 16 rows"

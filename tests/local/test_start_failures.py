@@ -114,3 +114,20 @@ def test_a_trainer_that_crashes_mid_run_is_restarted_with_its_error_on_screen_an
            f"injected: trainer crash at step 3" in out, out
     assert "restarting it in 1 s (restart 1 of 3" in out
     assert [r["step"] for r in read_records(workdir / "run" / "metrics.jsonl")][-1] == 5
+
+
+def test_a_trainer_failing_at_every_start_ends_the_screen_with_its_own_traceback(workdir):
+    """The last lines printed are the end of the trainer's own traceback, not torchrun's report
+    ("Root Cause ... error_file ... To enable traceback see", issue 43)."""
+    def edit(spec):
+        spec["trainer"] = {"class": f"{TRAINERS}:CrashesAtEveryStep1"}
+        spec["training"]["steps"] = 3
+    code, out, _ = _run(workdir, edit, "--max-restarts", "0")
+    assert code == 1, out
+    assert "last lines:" in out, out
+    last = out.rstrip().splitlines()[-1]
+    assert last.rstrip("]").endswith("RuntimeError: injected: trainer crash at every step 1"), out
+    after = out[out.index("last lines:"):]
+    for launcher in ("Root Cause", "error_file", "To enable traceback see", "ChildFailedError"):
+        assert launcher not in after, out
+    assert "Root Cause" in (workdir / "run" / "logs" / "trainer-0.log").read_text()  # it was there to leave out

@@ -57,3 +57,26 @@ def test_a_job_without_a_dataset_renders_without_secrets():
     doc["spec"]["training"]["microBatchTokens"] = 1024  # the default maxPromptLength stands without a dataset
     objs = children.build(parse(doc), namespace="ml", owner=OWNER)
     assert all("envFrom" not in c for c in _containers(objs, "StatefulSet"))
+
+
+def test_the_air_gapped_example_gives_its_pods_the_environment_docs_data_md_names():
+    """examples/air-gapped-s3.yaml (docs/data.md, "Air-gapped clusters"): the Hub switched off in
+    the trainer and rollout pods, the in-cluster store's plain-http endpoint and the credentials'
+    Secret on the trainer only, and HF_HOME (where object copies are cached) on the pod's own volume."""
+    from pathlib import Path
+
+    from grpojob.api import load_file
+    from grpojob_operator.pods import CACHE_ENV
+
+    job = parse(load_file(Path(__file__).resolve().parents[2] / "examples" / "air-gapped-s3.yaml"))
+    objs = children.build(job, namespace="ml", owner=OWNER)
+    [trainer] = _containers(objs, "StatefulSet")
+    env = {e["name"]: e.get("value") for e in trainer["env"]}
+    assert env["HF_HUB_OFFLINE"] == "1"
+    assert env["AWS_ENDPOINT_URL"] == "http://minio.storage.svc.cluster.local:9000" and "AWS_ALLOW_HTTP" not in env
+    assert env["HF_HOME"] == CACHE_ENV["HF_HOME"]
+    assert trainer["envFrom"] == [{"secretRef": {"name": "minio-reader"}}]
+    rollouts = _containers(objs, "Deployment")
+    assert rollouts and all({"name": "HF_HUB_OFFLINE", "value": "1"} in c["env"] for c in rollouts)
+    assert all("envFrom" not in c and not any(e["name"].startswith("AWS_") for e in c["env"]) for c in rollouts)
+    validate_all(objs)

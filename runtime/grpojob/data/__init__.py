@@ -215,6 +215,11 @@ def load_samples(settings: PromptSettings, tokenizer: Any, where: str = "spec.da
     """Every usable row (limit: of the first rows), rendered and tokenized; prompts over
     maxPromptLength are dropped."""
     rows = load_rows(settings, tokenizer, where, limit)
+    if not rows:
+        d = settings.dataset
+        raise DatasetError(f"{where}.path: '{d.path}' holds no rows (an empty file) -- write the rows to it, or point "
+                           f"{where}.path at the file that holds them" if d.path else
+                           f"{where}: the dataset gave no rows -- check {where}.factory or {where}.class and its args")
     samples = [s for s in (to_sample(settings, tokenizer, row, i, where) for i, row in enumerate(rows))
                if s is not None]
     dropped = len(rows) - len(samples)

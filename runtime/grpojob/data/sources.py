@@ -1,9 +1,9 @@
 """A dataset path (local or URL, grpojob.api.data_url) opened with `datasets`, whole or streamed.
 
-Object stores (s3://, gs://, az://, abfs://) go through obstore's fsspec adapter: it signs and
-reads with its own Rust client, so the runtime needs no botocore (whose python-dateutil<3 pin
-conflicts with the kubernetes client of the operator extra). https:// goes through fsspec's HTTP
-filesystem, hf:// through huggingface_hub's HfFileSystem, a Hub dataset by name through
+Object stores (s3://, gs://, az://, abfs://) and web URLs are listed and read through fsspec
+directly (grpojob.data.objects: never subject to the Hub's offline switch); object stores through
+obstore's fsspec adapter: it signs and reads with its own Rust client, so the runtime needs no botocore (whose python-dateutil<3 pin
+conflicts with the kubernetes client of the operator extra). hf:// through huggingface_hub's HfFileSystem, a Hub dataset by name through
 datasets.load_dataset. Credentials are each library's usual environment variables (AWS_*,
 GOOGLE_*, AZURE_STORAGE_*, HF_TOKEN); on a cluster spec.dataset.credentialsSecret puts a Secret's
 keys into the trainer pods' environment. Nothing here holds a credential."""
@@ -16,22 +16,14 @@ from typing import Any
 
 from grpojob.api import data_url
 from grpojob.api.data import DatasetSpec
+from grpojob.data import objects
+from grpojob.data.errors import SourceError, explain  # noqa: F401 - grpojob.data says them
 
 log = logging.getLogger("grpojob.data")
 
 _BUILDERS = {"jsonl": "json", "json": "json", "csv": "csv", "parquet": "parquet"}  # datasets' own builders
 _SUFFIXES = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".parquet": "parquet"}
-_CREDENTIALS = {
-    "s3": "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (AWS_ENDPOINT_URL for an S3-compatible store)",
-    "gs": "GOOGLE_SERVICE_ACCOUNT (a key file's path) or GOOGLE_APPLICATION_CREDENTIALS",
-    "az": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY",
-    "hf": "HF_TOKEN (a gated or private dataset)",
-}
 _registered = False
-
-
-class SourceError(Exception):
-    """What opening or reading a dataset's source found (grpojob.data turns it into a DatasetError)."""
 
 
 def register_filesystems() -> None:
@@ -58,35 +50,6 @@ def file_format(spec: DatasetSpec, path: str, where: str) -> str:
                       f"(jsonl, json, csv, parquet or disk)")
 
 
-_UNREACHABLE = ("couldn't reach", "connection refused", "connecterror", "name resolution", "name or service not known",
-                "timed out", "offlinemode", "network is unreachable")
-_MISSING = ("filenotfound", "notfound", "nosuchkey", "nosuchbucket", "unable to find", "404 not found",
-            "data_files are invalid", "doesn't exist on the hub", "does not exist")
-_DENIED = ("credential", "permission", "unauthenticated", "unauthorized", "forbidden", "accessdenied",
-           "access denied", "401", "403", "gated", "api/token", "meta-data", "invalidaccesskeyid", "signature")
-
-
-def explain(e: BaseException, path: str, where: str) -> SourceError:
-    """The library's error, said with the field and what to check (a missing object, credentials);
-    obstore's debug dump left out."""
-    url = data_url.parse(path)
-    scheme = {"abfs": "az", "abfss": "az"}.get(url.scheme, url.scheme) if url else None
-    said = str(e).split("\n\nDebug source:")[0].strip()
-    said = f"{type(e).__name__}: {said[:800]}{' ...' if len(said) > 800 else ''}"
-    words = said.lower()
-    if any(w in words for w in _UNREACHABLE):
-        return SourceError(f"{where}.path: cannot reach '{path}': {said} -- check the trainer's network (and "
-                           f"AWS_ENDPOINT_URL or HF_ENDPOINT, if set; HF_HUB_OFFLINE)")
-    if any(w in words for w in _MISSING):
-        return SourceError(f"{where}.path: '{path}' does not exist (no object or file matches, or its bucket is "
-                           f"missing): {said}")
-    text = f"{where}.path: cannot read '{path}': {said}"
-    if scheme in _CREDENTIALS and any(w in words for w in _DENIED):
-        text += (f" -- check the credentials: {_CREDENTIALS[scheme]} in the trainer's environment (on a cluster: "
-                 f"{where}.credentialsSecret names a Secret holding them)")
-    return SourceError(text)
-
-
 def _files(path: str, where: str) -> list[str] | str:
     """A local path's files (a glob expanded here, so that a miss says so); a URL as it is (fsspec
     expands its globs)."""
@@ -94,7 +57,9 @@ def _files(path: str, where: str) -> list[str] | str:
         return path
     files = sorted(glob.glob(path)) if glob.has_magic(path) else [path]
     if not files or not Path(files[0]).exists():
-        raise SourceError(f"{where}.path: '{path}' does not exist{' (no file matches)' if not files else ''}")
+        raise SourceError(f"{where}.path: '{path}' does not exist{': no file matches the glob' if not files else ''} "
+                          f"-- check {where}.path: it is read on the trainer's machine (on a cluster, from a volume "
+                          f"the trainer pods mount, or use an s3://, gs://, az:// or https:// URL)")
     return files
 
 
@@ -111,6 +76,8 @@ def open_dataset(spec: DatasetSpec, where: str, *, streaming: bool) -> Any:
         if url is not None and url.by_name:
             return datasets.load_dataset(url.repo, spec.config, split=spec.split or "train", revision=url.revision,
                                          streaming=streaming)
+        if url is not None and url.scheme != data_url.HUB:
+            return _open_remote(spec, url, where, streaming=streaming)
         files = _files(path, where)
         fmt = file_format(spec, path if isinstance(files, str) else files[0], where)
         if fmt == "disk":
@@ -123,3 +90,32 @@ def open_dataset(spec: DatasetSpec, where: str, *, streaming: bool) -> Any:
         raise
     except Exception as e:  # noqa: BLE001 - every library's error, said with the field
         raise explain(e, path, where) from e
+
+
+def _open_remote(spec: DatasetSpec, url: data_url.DataUrl, where: str, *, streaming: bool) -> Any:
+    """An object store's or web server's files, listed through fsspec (never the Hub's offline
+    switch), streamed from the store or read whole from a copy of their current version."""
+    import datasets
+
+    options = objects.storage_options(url)
+    if spec.format == "disk":  # a save_to_disk directory in the store, as `datasets` reads it
+        ds = datasets.load_from_disk(url.url, storage_options=options or None)
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+        return ds.to_iterable_dataset() if streaming else ds
+    fs = objects.filesystem(url)
+    try:
+        remotes = objects.listing(url, fs)
+    except objects.ObjectError as e:
+        raise SourceError(f"{where}.path: '{url.url}' does not exist: {e} -- check the bucket and the pattern "
+                          f"(keys are case-sensitive)") from None
+    empty = next((r.url for r in remotes if r.size == 0), None)
+    if empty is not None:
+        raise SourceError(f"{where}.path: '{empty}' is empty (0 bytes): it holds no rows -- write the rows to it, or "
+                          f"point {where}.path at the objects that hold them")
+    fmt = file_format(spec, remotes[0].url, where)
+    if streaming:
+        return datasets.load_dataset(_BUILDERS[fmt], data_files=[r.url for r in remotes], split="train",
+                                     streaming=True, storage_options={url.scheme: options} if options else None)
+    files = [str(objects.local_copy(r, fs)) for r in remotes]
+    return datasets.load_dataset(_BUILDERS[fmt], data_files=files, split="train")

@@ -59,7 +59,8 @@ class StreamingPrompts:
         atexit.register(self.close)  # before the interpreter tears down what the reader's cleanup needs
         self._fill(upto=1)  # a missing object, bad credentials or an unreadable file fail at the trainer's start
         if not self._buffer:
-            raise DatasetError(f"{where}.path: '{d.path}' holds no rows")
+            raise DatasetError(f"{where}.path: '{d.path}' holds no rows (an empty file) -- write the rows to it, or "
+                               f"point {where}.path at the file that holds them")
 
     # ---- reading ----------------------------------------------------------------------------------
     def _fill(self, upto: Optional[int] = None) -> None:

@@ -153,34 +153,36 @@ class Child:
             except ProcessLookupError:
                 pass
 
-    def tail(self, lines: int = 12) -> str:
-        """The last lines of the log, led by the last error the process logged (under torchrun the
-        real error sits above the launcher's own report)."""
+    def _own_lines(self, tail_bytes: Optional[int] = None) -> Optional[list[str]]:
+        """The log's lines without torchrun's closing report (None: no log)."""
         if self.log_path is None:  # its output went to this process's own
-            return "(no log)"
+            return None
         try:
             with open(self.log_path, "rb") as f:
+                if tail_bytes is not None:
+                    f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
                 text = f.read().decode(errors="replace")
         except OSError:
+            return None
+        return own_lines(text.rstrip().splitlines())
+
+    def tail(self, lines: int = 12) -> str:
+        """The last lines the process itself wrote (torchrun's closing report left out: they end
+        with the rank's own traceback), led by its last error when that is further up."""
+        own = self._own_lines()
+        if own is None:
             return "(no log)"
-        all_lines = text.rstrip().splitlines()
-        errors = [ln for ln in all_lines if _is_error(ln)]
-        last = list(deque(all_lines, maxlen=lines))
+        errors = [ln for ln in own if _is_error(ln)]
+        last = list(deque(own, maxlen=lines))
         if errors and errors[-1] not in last:
             last = [errors[-1], "...", *last]
-        return "\n".join(_readable(ln)[:2000] for ln in last)
+        shown = [_readable(ln)[:2000] for ln in last]
+        return "\n".join(shown[:-1] + _traceback_end(last[-1], shown[-1]))
 
     def last_error(self) -> Optional[str]:
         """The last error the process logged, in one line (a JSON log line's message), or None."""
-        if self.log_path is None:
-            return None
-        try:
-            with open(self.log_path, "rb") as f:
-                f.seek(max(0, f.seek(0, os.SEEK_END) - 256 * 1024))
-                lines = f.read().decode(errors="replace").splitlines()
-        except OSError:
-            return None
-        line = next((ln for ln in reversed(lines) if _is_error(ln)), None)
+        lines = self._own_lines(256 * 1024)
+        line = next((ln for ln in reversed(lines or []) if _is_error(ln)), None)
         if line is None:
             return None
         try:
@@ -191,10 +193,40 @@ class Child:
 
 
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # torchrun's own errors (a rank that died), glog style
+_GLOG = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d")  # any line of torchrun's own (glog style)
+_LAUNCHER_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+
+
+def own_lines(lines: list[str]) -> list[str]:
+    """A torchrun log without the launcher's closing report: its glog lines after the rank's last
+    words, its own traceback ending in ChildFailedError, and the "Root Cause ... error_file ... To
+    enable traceback see" box. That report only says a rank failed; the rank's traceback above it
+    says why, so the CLI's last lines must be the rank's."""
+    end = len(lines)
+    failed = next((i for i in range(end - 1, -1, -1) if lines[i].startswith(_LAUNCHER_FAILED)), None)
+    if failed is not None:
+        start = next((i for i in range(failed, -1, -1) if lines[i].startswith("Traceback (most recent call last)")),
+                     failed)
+        end = start
+    while end > 0 and (_GLOG.match(lines[end - 1]) or not lines[end - 1].strip()):
+        end -= 1
+    return lines[:end] if end > 0 else lines
 
 
 def _is_error(line: str) -> bool:
     return '"level": "ERROR"' in line or " ERROR " in line or bool(_GLOG_ERROR.match(line))
+
+
+def _traceback_end(line: str, shown: str, frames: int = 8) -> list[str]:
+    """The log's last line as shown, and, when it is a JSON error line with a traceback, that
+    traceback's last lines under it (a text log has them as lines of its own already)."""
+    try:
+        exception = str(json.loads(line).get("exception") or "") if line.startswith("{") else ""
+    except (ValueError, AttributeError):
+        exception = ""
+    if not exception.strip():
+        return [shown]
+    return [shown.rsplit(" [", 1)[0], *("  " + ln for ln in exception.rstrip().splitlines()[-frames:])]
 
 
 def _readable(line: str) -> str:
