@@ -147,3 +147,13 @@ def test_cpu_step_record_has_train_flops_and_no_mfu(tiny_dir, tmp_path):
         run.rollouts.close()
     assert record.micro_batches >= 1 and record.train_flops_per_second > 0 and record.mfu is None
     assert record.to_json()["train_flops_per_second"] == record.train_flops_per_second
+
+
+def test_model_flops_of_a_model_without_attention_fields_count_the_weights_only():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=100, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2))
+    del model.config.num_attention_heads  # a plug-in model's config may lack the field
+    f = flops.model_flops(model)
+    assert f.attention_width == 0 and f.sequence(3, 2) == 6 * f.matmul_params * 2

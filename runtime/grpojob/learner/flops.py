@@ -59,9 +59,11 @@ def model_flops(model: nn.Module) -> ModelFlops:
             seen.add(id(p))
             total += p.numel()
     embed, head = model.get_input_embeddings(), model.get_output_embeddings()
-    if embed is not None and (head is None or head.weight is not embed.weight):
+    if embed is not None and (head is None or getattr(head, "weight", None) is not embed.weight):
         total -= embed.weight.numel()
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return ModelFlops(matmul_params=total, layers=cfg.num_hidden_layers, attention_width=heads * head_dim)
+    # A config without these fields (a plug-in's own model): the attention term is left out.
+    cfg = getattr(model, "config", None)
+    heads = getattr(cfg, "num_attention_heads", None) or 0
+    head_dim = getattr(cfg, "head_dim", None) or (getattr(cfg, "hidden_size", 0) // heads if heads else 0)
+    return ModelFlops(matmul_params=total, layers=getattr(cfg, "num_hidden_layers", None) or 0,
+                      attention_width=heads * head_dim)
