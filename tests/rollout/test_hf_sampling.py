@@ -3,6 +3,7 @@ top-p, its log-probs are the full distribution's, and a row's draw depends on it
 index only (not on the batch around it)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from grpojob.rollout import hf_sampling
@@ -63,3 +64,29 @@ def test_a_rows_draw_depends_on_its_key_and_step_only():
     assert single.item() == alone[2].item()
     later, _ = hf_sampling.sample(logits, *args, torch.full((8,), 4, dtype=torch.long))
     assert not torch.equal(later, alone)  # the next token's uniform differs
+
+
+def test_a_rows_draw_does_not_depend_on_which_sampling_work_its_batch_needs():
+    """The decode step skips the filter, the temperature or the greedy pick when no row of its
+    batch needs them (hf_sampling.flags): each row draws the same token alone, in a batch that
+    needs all three, and with every flag on."""
+    from grpojob.api.rollout import SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    params = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(top_p=0.6),
+              SamplingParams(temperature=0.7, top_k=3), SamplingParams(temperature=1.5)]
+    logits = torch.randn(len(params), 50, generator=g) * 2
+    temperature = torch.tensor([p.temperature for p in params])
+    top_p = torch.tensor([p.top_p for p in params])
+    top_k = torch.tensor([p.top_k for p in params])
+    keys = torch.tensor([hf_sampling.row_key(9, i) for i in range(len(params))])
+    steps = torch.full((len(params),), 4, dtype=torch.long)
+    assert hf_sampling.flags(params) == (True, True, True)
+    everything = hf_sampling.sample_rows(logits, temperature, top_p, top_k, keys, steps, True, True, True)
+    for i, p in enumerate(params):
+        one = slice(i, i + 1)
+        alone = hf_sampling.sample_rows(logits[one], temperature[one], top_p[one], top_k[one], keys[one], steps[one],
+                                        *hf_sampling.flags([p]))
+        assert alone[0].item() == everything[0][i].item(), p
+        assert alone[1].item() == pytest.approx(everything[1][i].item(), abs=1e-6)
+    assert everything[0][1] == logits[1].argmax()  # the greedy row

@@ -89,13 +89,11 @@ def sample_rows(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tenso
     computed), `greedy` whether any row is greedy, `tempered` whether any temperature differs
     from 1. A flag only skips work that would change no row, so a row's token does not depend
     on the other rows: a row that does not filter draws from its full distribution either way."""
-    if tempered:
+    if greedy:
         is_greedy = temperature <= 0
-        t = torch.where(is_greedy, torch.ones_like(temperature), temperature)
-        logits_t = logits / t[:, None]  # x / 1.0 is exact: untempered rows are unchanged
-    else:
-        logits_t = logits
-    logp = torch.log_softmax(logits_t, dim=1)
+        temperature = torch.where(is_greedy, torch.ones_like(temperature), temperature)
+    # x / 1.0 is exact: untempered rows are unchanged
+    logp = torch.log_softmax(logits / temperature[:, None] if tempered or greedy else logits, dim=1)
     probs = logp.exp()
     if filtered:
         narrowed = torch.softmax(_filter(logp, top_p, top_k), dim=1)
@@ -104,6 +102,6 @@ def sample_rows(logits: Tensor, temperature: Tensor, top_p: Tensor, top_k: Tenso
     # the first entry whose CDF reaches u (scaled by the row's total: float32 sums to about 1)
     target = uniforms(keys, steps) * cdf[:, -1]
     choice = torch.searchsorted(cdf, target[:, None]).squeeze(1).clamp_(max=logits.shape[1] - 1)
-    if tempered and greedy:
+    if greedy:
         choice = torch.where(is_greedy, logits.argmax(dim=1), choice)
     return choice, logp.gather(1, choice[:, None]).squeeze(1)
