@@ -70,7 +70,7 @@ def test_a_rows_draw_does_not_depend_on_which_sampling_work_its_batch_needs():
     """The decode step skips the filter, the temperature or the greedy pick when no row of its
     batch needs them (hf_sampling.flags): each row draws the same token alone, in a batch that
     needs all three, and with every flag on."""
-    from grpojob.api.rollout import SamplingParams
+    from grpojob.contracts.rollout import SamplingParams
 
     g = torch.Generator().manual_seed(1)
     params = [SamplingParams(), SamplingParams(temperature=0.0), SamplingParams(top_p=0.6),
