@@ -20,7 +20,7 @@ def test_on_a_machine_without_cuda_it_says_what_it_skipped(tmp_path):
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [line for line in proc.stdout.splitlines() if "skipped: no CUDA device is visible" in line]
-    assert [r.split()[0] for r in rows] == ["gpu-tests", "readme-job", "generation", "throughput", "weight-sync",
+    assert [r.split()[0] for r in rows] == ["gpu-tests", "readme-job", "throughput", "weight-sync", "generation",
                                             "modes"]
     assert (tmp_path / "summary.txt").read_text().splitlines()[0].split()[:2] == ["part", "result"]
     assert "torch " in (tmp_path / "env.txt").read_text() and "pyproject: >=" in proc.stdout
