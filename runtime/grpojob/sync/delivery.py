@@ -71,6 +71,8 @@ class Delivery:
         # instance -> weights its receivers got whole from this delivery: a delta goes only where
         # a push of ours put the base (not a registration's word: a re-registered server has new buffers)
         self._holds: dict[str, str] = {}
+        self._probe = False
+        self._plan: tuple = (None, None)  # (state-dict signature, its layout)
         self.retained: Optional[Retained] = None
         self._groups: dict[str, tuple[str, tuple, object]] = {}  # path -> (id, endpoints, group)
         self._ids = itertools.count(1)
@@ -79,7 +81,10 @@ class Delivery:
     def retain(self, stream: TensorStream, version: int, wid: str) -> Retained:
         """Make `version` the retained one (its buffers are filled on delivery or by `keep`;
         backend checkpoint: written to files here, which takes the whole stream)."""
-        layout = bk.plan(stream.specs, self.bucket_bytes)
+        signature = tuple((n, tuple(shape), dtype) for n, shape, dtype in stream.specs)
+        if self._plan[0] != signature:  # planning 291 tensors costs ms: once per state-dict signature
+            self._plan = (signature, bk.plan(stream.specs, self.bucket_bytes))
+        layout = self._plan[1]
         r = self.retained
         base = None  # what the media hold whole before this version is packed (LoRA pushes stay dense)
         if self.delta and r is not None and r.layout == layout and r.filled and r.adapter is None is stream.adapter:
@@ -117,10 +122,11 @@ class Delivery:
             return self._attempts(targets, r, lambda seq, ts: self._load_cmd(seq, ts, r.version, r.weights, r.path))
         packer, self.last_delta = None, None
         based = [m for m in targets if r.base and self._holds.get(m.instance) == r.base.weights == m.weights]
+        probe = self._probe  # the last delta push found no bucket worth it: send whole, streamed
         if stream is not None and not stream.exhausted:
             media = sorted({MEDIUM[p] for m in targets for p in m.routes})
-            packer = self._delta_packer(media, stream) if based else self._packer(media, stream)
-        if based and packer is not None:  # a delta to the servers holding the base, the rest get it whole
+            packer = self._delta_packer(media, stream, probe) if based else self._packer(media, stream)
+        if based and packer is not None and not probe:  # a delta to the servers holding the base, the rest whole
             tries: list[int] = []
 
             def send(seq, ts):  # a retry goes dense: a survivor may already hold what the failed one sent
@@ -136,6 +142,8 @@ class Delivery:
             out = self._attempts(targets, r, lambda seq, ts: self._push_cmd(seq, ts, packer, main))
         if packer is not None:
             packer.finish()  # every target dropped before packing began: still keep it for later servers
+        if isinstance(packer, dl.DeltaPacker):
+            self._probe = not packer.worth_it
         if main:
             self._holds = {m.instance: w for m in targets if (w := self._holds.get(m.instance))}
         self._holds.update((m.instance, r.weights) for m in out.ok)
@@ -214,7 +222,7 @@ class Delivery:
         if self.delta:  # receivers keep their buffers as the base of the next delta
             cmd["delta"] = {"base": r.base.weights if delta else None, "counts": counts}
             if self.last_delta is None:  # the push's own figures, not a catch-up's after it
-                self.last_delta = dl.figures(r.layout, counts, getattr(packer, "changed_values", None))
+                self.last_delta = dl.figures(r.layout, counts)
         if "shm" in by_path:
             cmd["handoff"]["shm"] = r.shm.doc()
             if delta:
@@ -307,14 +315,14 @@ class Delivery:
         r = self.retained
         return bk.Packer(r.layout, stream, {m: self._buffers(m) for m in media}, on_done=lambda: r.filled.update(media))
 
-    def _delta_packer(self, media: list[str], stream: TensorStream) -> dl.DeltaPacker:
+    def _delta_packer(self, media: list[str], stream: TensorStream, probe: bool) -> dl.DeltaPacker:
         """Packs `stream` as deltas against a medium holding the base (kept up to date with the rest)."""
         r = self.retained
         base = next((m for m in media if m in r.base.media), min(r.base.media))
         packed = sorted(set(media) | {base})
         return dl.DeltaPacker(r.layout, stream, {m: self._buffers(m) for m in packed}, base=base,
                               based=set(r.base.media), arenas={m: self._buffers(m, arena=True) for m in media},
-                              on_done=lambda: r.filled.update(packed))
+                              probe=probe, on_done=lambda: r.filled.update(packed))
 
     def _copy_into(self, medium: str) -> None:
         self.retained.copy_into(medium, self._buffers(medium), self.device)
