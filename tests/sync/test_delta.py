@@ -200,3 +200,20 @@ def test_delta_off_sends_every_byte(agents):
             stats = pub.push(view.items(), version=version)
             assert stats["delta"] is None and bitwise_equal(a.sink, view)
         assert a.sink.bases == [None, None]
+
+
+@pytest.mark.parametrize("host", [True, False], ids=["host-numpy", "device-torch-way-on-cpu"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.uint8])
+def test_changed_finds_every_differing_bit_pattern_on_the_host_and_the_gpus_way(host, dtype):
+    """The comparison a GPU trainer runs (torch, on the device) and the host's (numpy): every
+    position whose bits differ, words with several changes and a ragged tail included, and
+    None once more than the limit differ."""
+    g = torch.Generator().manual_seed(0)
+    old = (torch.rand(1003, generator=g) * 200).to(dtype)
+    new = old.clone()
+    flip = torch.tensor([0, 1, 2, 3, 17, 500, 1000, 1002])
+    dl.bits(new)[flip] ^= 1  # the lowest bit: a change no float comparison with a tolerance would see
+    pos = dl.changed(new, old, limit=8, host=host)
+    assert sorted(torch.as_tensor(pos).tolist()) == flip.tolist()
+    assert dl.changed(new, old, limit=7, host=host) is None
+    assert len(dl.changed(old.clone(), old, limit=0, host=host)) == 0

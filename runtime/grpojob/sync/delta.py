@@ -56,14 +56,15 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()])
 
 
-def changed(new: torch.Tensor, old: torch.Tensor, limit: int) -> Optional[torch.Tensor]:
+def changed(new: torch.Tensor, old: torch.Tensor, limit: int, host: Optional[bool] = None):
     """Flat positions (int64; a numpy array for host tensors) where the bits of `new` differ from `old`, or None
     when more than `limit` do. Compares 8-byte words first (a bf16 compare is 4x the work per
     byte) and only then the values inside the words that differ; on the host through numpy,
-    whose compare and flatnonzero take a third of torch's there."""
+    whose compare and flatnonzero take a third of torch's there (`host`: which way; default: by
+    new's device, so a GPU's way is testable on the CPU)."""
     per = 8 // new.element_size()
     k = new.numel() - new.numel() % per
-    if new.device.type == "cpu":
+    if new.device.type == "cpu" if host is None else host:
         a, b = bits(new).numpy(), bits(old).numpy()
         words = np.flatnonzero(a[:k].view(np.int64) != b[:k].view(np.int64))
         if len(words) > limit:
