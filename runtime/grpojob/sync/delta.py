@@ -62,16 +62,10 @@ def changed(new: torch.Tensor, old: torch.Tensor, limit: int, host: Optional[boo
     byte) and only then the values inside the words that differ; on the host through numpy,
     whose compare and flatnonzero take a third of torch's there (`host`: which way; default: by
     new's device, so a GPU's way is testable on the CPU)."""
+    if new.device.type == "cpu" if host is None else host:
+        return host_changed(bits(new).numpy(), bits(old).numpy(), limit)
     per = 8 // new.element_size()
     k = new.numel() - new.numel() % per
-    if new.device.type == "cpu" if host is None else host:
-        a, b = bits(new).numpy(), bits(old).numpy()
-        words = np.flatnonzero(a[:k].view(np.int64) != b[:k].view(np.int64))
-        if len(words) > limit:
-            return None
-        cand = (words[:, None] * per + np.arange(per)).ravel()
-        pos = np.concatenate([cand[a[cand] != b[cand]], k + np.flatnonzero(a[k:] != b[k:])])
-        return None if len(pos) > limit else pos
     a, b = bits(new), bits(old)
     words = torch.nonzero(a[:k].view(torch.int64) != b[:k].view(torch.int64)).squeeze(1)
     if words.numel() > limit:
@@ -79,6 +73,19 @@ def changed(new: torch.Tensor, old: torch.Tensor, limit: int, host: Optional[boo
     cand = (words[:, None] * per + torch.arange(per, device=new.device)).reshape(-1)
     pos = torch.cat([cand[a[cand] != b[cand]], k + torch.nonzero(a[k:] != b[k:]).squeeze(1)])
     return None if pos.numel() > limit else pos
+
+
+def host_changed(a: np.ndarray, b: np.ndarray, limit: int) -> Optional[np.ndarray]:
+    """`changed` for the bits of host tensors as numpy arrays (a slice of one costs 100x less than
+    a torch view: a bucket holds hundreds of tensors)."""
+    per = 8 // a.itemsize
+    k = len(a) - len(a) % per
+    words = np.flatnonzero(a[:k].view(np.int64) != b[:k].view(np.int64))
+    if len(words) > limit:
+        return None
+    cand = (words[:, None] * per + np.arange(per)).ravel()
+    pos = np.concatenate([cand[a[cand] != b[cand]], k + np.flatnonzero(a[k:] != b[k:])])
+    return None if len(pos) > limit else pos
 
 
 class DeltaPacker(bk.Packer):
@@ -106,13 +113,19 @@ class DeltaPacker(bk.Packer):
         if not all(t.device == old.device and t.dtype == old.dtype for t in srcs):
             return self._whole(i, bucket, tensors, old)
         parts, vals, total = [], [], 0
+        host = old.device.type == "cpu"
+        ob = bits(old).numpy() if host else old
         for e, t in zip(bucket.entries, srcs):
-            pos = changed(t, old[e.offset:e.offset + e.numel], capacity(bucket) - total)
+            new = bits(t).numpy() if host else t
+            if host:
+                pos = host_changed(new, ob[e.offset:e.offset + e.numel], capacity(bucket) - total)
+            else:
+                pos = changed(t, old[e.offset:e.offset + e.numel], capacity(bucket) - total)
             if pos is None:
                 return self._whole(i, bucket, tensors, old)
             if len(pos):
                 parts.append(pos + e.offset)
-                vals.append(bits(t).numpy()[pos] if old.device.type == "cpu" else t[pos])
+                vals.append(new[pos])
                 total += len(pos)
         self.counts[i], self.worth_it = total, True
         if not total:
