@@ -306,9 +306,8 @@ class Delivery:
 
     # ---- media ------------------------------------------------------------------------------------
     def _buffers(self, medium: str, arena: bool = False) -> list[torch.Tensor]:
-        suffix = "delta" if arena else "weights"
-        return self.retained.buffers(medium, self.device, lambda: SHM_DIR / f"grpojob-{self.run}-{next(self._ids)}.{suffix}",
-                                     arena)
+        name = f"grpojob-{self.run}-{{}}.{'delta' if arena else 'weights'}"
+        return self.retained.buffers(medium, self.device, lambda: SHM_DIR / name.format(next(self._ids)), arena)
 
     def _packer(self, media: list[str], stream: TensorStream) -> bk.Packer:
         """Packs `stream` into `media`, which count as filled once every bucket is packed."""

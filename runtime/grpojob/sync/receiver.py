@@ -69,10 +69,9 @@ class PushReceiver:
                 arena = self._shm_delta.buffers(cmd["handoff"]["shm-delta"], dl.arena_layout(layout)) if counts else []
                 dl.copy_handoff(counts, bufs, self._shm.buffers(cmd["handoff"]["shm"], layout), arena)
             elif path == "cuda-ipc":
-                h = cmd["handoff"]
-                arena = self._cuda_delta.mapped(h["cuda-ipc-delta"][self.instance][endpoint], self.device) if counts else []
-                dl.copy_handoff(counts, bufs, self._cuda.mapped(h["cuda-ipc"][self.instance][endpoint], self.device),
-                                arena)
+                h, dev = cmd["handoff"], self.device
+                arena = self._cuda_delta.mapped(h["cuda-ipc-delta"][self.instance][endpoint], dev) if counts else []
+                dl.copy_handoff(counts, bufs, self._cuda.mapped(h["cuda-ipc"][self.instance][endpoint], dev), arena)
                 torch.cuda.current_stream(self.device).synchronize()
             else:
                 raise WeightSyncError(f"{what}: unknown path '{path}'")
