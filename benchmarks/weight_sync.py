@@ -16,6 +16,15 @@ median seconds of each, GB/s, and the ratios ours/flat and per-tensor/ours.
 
     python benchmarks/weight_sync.py --layers 24 --hidden 256 --receivers 2 --rounds 7 [--device cuda]
 
+With --delta it measures delta pushes instead (weightSync.delta): fp32 master weights take a real
+AdamW step (--lr, default 1e-6) between pushes of their bf16 serving view, and the same view is
+pushed by two publishers side by side, one with delta on and one with it off (each to its own
+--receivers). It prints the fraction of values that changed, the bytes sent as a share of dense
+and the push time as a ratio to the dense push (goals on the CPU: bytes <= 0.1 and time <= 0.5 at
+lr 1e-6; time <= 1.05 at lr 3e-3, where most values change and buckets go whole).
+
+    python benchmarks/weight_sync.py --delta [--lr 3e-3] [--device cuda]
+
 The defaults have the tensor count of Qwen2.5-0.5B (24 layers, 291 tensors) at 21M parameters.
 Over loopback a message costs about 0.5 ms, so the per-tensor baseline loses most on models with
 many small tensors, and packing (a memory copy competing with the transfer for the same cores)
@@ -95,6 +104,78 @@ def receiver(rank: int, world: int, bench_port: int, sync_port: int, shapes: lis
     agent.stop()
 
 
+def delta_receiver(rank: int, sync_port: int, device: str, stop) -> None:
+    from grpojob.sync.agent import SyncAgent
+
+    torch.set_num_threads(1)
+    agent = SyncAgent(DiscardSink(device), f"127.0.0.1:{sync_port}", token=TOKEN, replica=f"rx{rank}",
+                      url=f"http://rx{rank}", model_dir="unused").start()
+    stop.wait()
+    agent.stop()
+
+
+def delta_main(a, device: torch.device) -> None:
+    """Delta pushes against dense pushes of the same serving view after each AdamW step."""
+    from grpojob.api.spec import WeightSyncSpec
+    from grpojob.sync.publisher import WeightPublisher
+
+    master = {n: torch.nn.Parameter(t.float().to(device)) for n, t in state_dict(a.layers, a.hidden, a.vocab).items()}
+    opt = torch.optim.AdamW(master.values(), lr=a.lr, weight_decay=0.0)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    pubs, procs = {}, []
+    for delta in (True, False):
+        sync = WeightSyncSpec(backend=a.backend, timeout_seconds=300, bucket_size_mb=a.bucket_mb, delta=delta)
+        pubs[delta] = WeightPublisher(sync, host="127.0.0.1", port=0, device=device, heartbeat_timeout=60, token=TOKEN)
+        procs += [ctx.Process(target=delta_receiver, args=(f"{int(delta)}-{r}", pubs[delta].port, str(device), stop),
+                              daemon=True) for r in range(a.receivers)]
+    for proc in procs:
+        proc.start()
+    try:
+        while any(len(p.rollout_addresses()) < a.receivers for p in pubs.values()):
+            time.sleep(0.05)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        changed, sent = [], []
+        for version in range(1, a.rounds + 3):  # the first push is whole, the second the first delta
+            loss = sum((p.float() * torch.randn_like(p)).sum() for p in master.values())
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            view = {n: p.detach().to(torch.bfloat16) for n, p in master.items()}
+            if version > 2:  # what the step changed, bit for bit, counted here (not by the code measured)
+                changed.append(sum(int((view[n].view(torch.int16) != last[n].view(torch.int16)).sum())
+                                   for n in view) / sum(t.numel() for t in view.values()))
+            for delta in ((True, False) if version % 2 else (False, True)):  # take turns going first
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                start = time.perf_counter()
+                stats = pubs[delta].push(view.items(), version=version)
+                if version > 2:
+                    times[delta].append(time.perf_counter() - start)
+                    if delta:
+                        sent.append(stats["delta"]["sent_bytes"] / stats["delta"]["dense_bytes"])
+            last = view
+        nbytes = stats["bytes"]
+        med = {k: statistics.median(v) for k, v in times.items()}
+        print(f"delta pushes: {len(master)} tensors, {nbytes / 2**20:.0f} MiB bf16 on {device}, {a.receivers} "
+              f"receivers per publisher, AdamW lr {a.lr:g}, path {stats['backend']}, median of {a.rounds}")
+        print(f"values changed per step:        {statistics.median(changed):.4f}")
+        print(f"bytes sent / dense:              {statistics.median(sent):.4f}")
+        print(f"push seconds: delta {med[True]:.4f}, dense {med[False]:.4f}; delta / dense: {med[True] / med[False]:.2f}")
+        print(json.dumps({"lr": a.lr, "device": str(device), "bytes": nbytes, "receivers": a.receivers,
+                          "path": stats["backend"], "changed_fraction": statistics.median(changed),
+                          "sent_fraction": statistics.median(sent), "delta_seconds": med[True],
+                          "dense_seconds": med[False], "ratio": med[True] / med[False]}))
+    finally:
+        stop.set()
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+        for p in pubs.values():
+            p.close()
+
+
 def fixed_cost(pub, device: torch.device, rounds: int, version: int) -> float:
     """Median seconds of a push of one 4 KiB tensor (after one warm-up push of that layout):
     what a push costs beyond its bytes (commands, acknowledgements, mappings)."""
@@ -132,6 +213,8 @@ def main() -> None:
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: grpojob.devices.default())")
     p.add_argument("--backend", default="auto", choices=["auto", "gloo", "shm", "cuda-ipc", "nccl"],
                    help="weightSync.backend of ours (default auto: what a run picks)")
+    p.add_argument("--delta", action="store_true", help="delta pushes after real AdamW steps, against dense")
+    p.add_argument("--lr", type=float, default=1e-6, help="--delta: AdamW's learning rate")
     a = p.parse_args()
 
     from grpojob import devices
@@ -139,6 +222,8 @@ def main() -> None:
     from grpojob.sync.publisher import WeightPublisher
 
     device = torch.device(a.device) if a.device else devices.default()
+    if a.delta:
+        return delta_main(a, device)
     sd = {n: t.to(device) for n, t in state_dict(a.layers, a.hidden, a.vocab).items()}
     nbytes = sum(t.numel() * t.element_size() for t in sd.values())
     print(f"model: {len(sd)} tensors, {sum(t.numel() for t in sd.values()) / 1e6:.1f}M parameters, "

@@ -70,3 +70,27 @@ def test_explicit_nccl_on_one_gpu_is_refused_naming_the_server(tmp_path):
             wait_for(lambda: "the trainer refused this server" in peer.log_path.read_text(), 30, "the peer's log")
         finally:
             reap(peer)
+
+
+@pytest.mark.gpu
+def test_twenty_delta_pushes_over_cuda_ipc_leave_the_receiver_bit_identical(tmp_path):
+    """Delta pushes on the trainer's GPU (sync.delta: compared and applied on the device) to a
+    receiver in another process: its bytes equal the trainer's serving view after every push."""
+    from ..sync.test_delta import Trainer
+
+    out, trainer = tmp_path / "loaded.json", Trainer(5)
+    with WeightPublisher(SYNC, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10, token=TOKEN) as pub:
+        peer = spawn("serve", f"127.0.0.1:{pub.port}", "same-gpu", "cuda:0", str(out), log_path=tmp_path / "peer.log")
+        try:
+            wait_for(lambda: pub.rollout_addresses(), 120, "the peer on cuda:0", proc=peer)
+            kinds = set()
+            for version in range(1, 21):
+                trainer.step(3e-2 if version % 7 == 0 else 1e-4)
+                view = {n: t.cuda() for n, t in trainer.serving().items()}
+                stats = pub.push(view.items(), version=version)
+                assert stats["paths"] == {"cuda-ipc": ["same-gpu"]}, stats
+                assert json.loads(out.read_text()) == {"version": version, "digest": digest(view)}
+                kinds.add("delta" if stats["delta"]["delta_buckets"] else "dense")
+            assert kinds == {"delta", "dense"}
+        finally:
+            reap(peer)

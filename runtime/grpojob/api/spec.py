@@ -236,6 +236,8 @@ class WeightSyncSpec(Model):
     every_steps: int = field(1, ge=1, description="Push weights every N optimizer steps, and after the last "
                              "step (the rollouts end serving the final policy).")
     timeout_seconds: int = field(600, ge=1, description="Timeout of every weight-sync collective.")
+    delta: bool = field(True, description="Push only the values that changed (bit for bit), per bucket; "
+                        "false: every byte.")
 
 
 # rollout.workflow none (environments only) is the one case without a dataset and rewards; the API

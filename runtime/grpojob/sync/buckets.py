@@ -199,8 +199,7 @@ class Packer:
                 bucket = self.layout.buckets[i]
                 tensors = {e.name: self.stream.take(e.name) for e in bucket.entries}
                 with host_copies(bufs):
-                    for buf in bufs:
-                        pack(bucket, tensors, buf)
+                    self.pack_bucket(i, bucket, tensors)
                 del tensors
                 for dev in {b.device for b in bufs if b.is_cuda}:
                     torch.cuda.current_stream(dev).synchronize()  # the sender's stream reads it next
@@ -212,6 +211,11 @@ class Packer:
         except BaseException as e:
             self.abort(e)
             raise
+
+    def pack_bucket(self, i: int, bucket: Bucket, tensors: dict[str, torch.Tensor]) -> None:
+        """Put bucket i into every medium (a delta packer compares it with the last push first)."""
+        for m in self.media.values():
+            pack(bucket, tensors, m[i])
 
     def abort(self, error: BaseException) -> None:
         with self._cond:

@@ -17,6 +17,11 @@ plan -> pack -> send -> acknowledge:
 - acknowledge: every server acknowledges once it loaded the version. A server that dies, hangs
   or fails to receive is named, the command is cancelled, and the survivors are retried.
 
+With weightSync.delta (`delta`), the servers whose receivers got the previous version from this
+delivery get a delta against it instead: every bucket is packed and compared with the base first
+(so a collective path sends once the sizes are known), then the changed positions and values of
+each bucket that changed little go, the rest whole; the other targets get the version whole.
+
 The buckets stay after the push: a server that registers later is brought to the same version
 from them (filling another medium from a filled one when its path needs it). Cost: one copy of the
 weights per medium in use (GPU memory for nccl/cuda-ipc, host memory for gloo, /dev/shm for shm).
@@ -26,7 +31,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -34,6 +38,7 @@ from torch.distributed import DistError, TCPStore
 
 from grpojob.api.spec import WeightSyncSpec
 from grpojob.sync import buckets as bk
+from grpojob.sync import delta as dl
 from grpojob.sync import files
 from grpojob.sync import group as grp
 from grpojob.sync import handoff
@@ -41,6 +46,7 @@ from grpojob.sync.membership import Member, Membership
 from grpojob.sync.placement import COLLECTIVES, SHM_DIR
 from grpojob.sync.credentials import Credentials, Forged
 from grpojob.sync.protocol import Deadline, WeightSyncError, short_error
+from grpojob.sync.retained import Base, Outcome, Retained  # noqa: F401 - also imported from here
 from grpojob.sync.stream import TensorStream
 
 log = logging.getLogger("grpojob.sync")
@@ -52,45 +58,6 @@ MEDIUM = {"nccl": "device", "cuda-ipc": "device", "gloo": "host", "shm": "shm"}
 HANDOFF = ("cuda-ipc", "shm")
 
 
-@dataclass
-class Retained:
-    """The last pushed version: its layout and the media holding its buckets."""
-    layout: bk.Layout
-    version: int = -1
-    weights: str = ""
-    path: Optional[str] = None  # backend checkpoint: the saved version, relative to the checkpoint dir
-    adapter: Optional[dict] = None  # LoRA: the adapter's PEFT config (the buckets hold only the adapter)
-    media: dict[str, list[torch.Tensor]] = field(default_factory=dict)
-    filled: set[str] = field(default_factory=set)  # media holding this version
-    shm: Optional[handoff.ShmSegment] = None
-    # cuda-ipc: each receiver endpoint's share of media["device"], made once (a share wraps the
-    # storage in one more reference-counting layer, which goes only with the storage)
-    ipc: dict[tuple[str, int], list[dict]] = field(default_factory=dict)
-
-    def close(self) -> None:
-        if self.shm:
-            self.shm.close()
-        self.media.clear()
-        self.filled.clear()
-        self.ipc.clear()
-
-
-@dataclass
-class Outcome:
-    ok: list[Member]
-    dropped: list[Member]
-    paused_seconds: Optional[float] = None  # the longest a server's generation stopped for it
-
-    @property
-    def paths(self) -> dict[str, list[str]]:
-        """path -> replicas that took it (a server with endpoints on two paths counts on both)."""
-        out: dict[str, list[str]] = {}
-        for m in self.ok:
-            for p in dict.fromkeys(m.routes):
-                out.setdefault(p, []).append(m.replica)
-        return out
-
-
 class Delivery:
     def __init__(self, store: TCPStore, creds: Credentials, device: torch.device, sync: WeightSyncSpec,
                  members: Membership, checkpoint_dir: Optional[str]):
@@ -99,6 +66,13 @@ class Delivery:
         self.timeout = float(sync.timeout_seconds)
         self.bucket_bytes = int(sync.bucket_size_mb * 2**20)
         self.checkpoint_dir = checkpoint_dir if sync.backend == "checkpoint" else None
+        self.delta = sync.delta and not self.checkpoint_dir
+        self.last_delta: Optional[dict] = None  # the last push's delta figures (publisher stats)
+        # instance -> weights its receivers got whole from this delivery: a delta goes only where
+        # a push of ours put the base (not a registration's word: a re-registered server has new buffers)
+        self._holds: dict[str, str] = {}
+        self._probe = False
+        self._plan: tuple = (None, None)  # (state-dict signature, its layout)
         self.retained: Optional[Retained] = None
         self._groups: dict[str, tuple[str, tuple, object]] = {}  # path -> (id, endpoints, group)
         self._ids = itertools.count(1)
@@ -107,13 +81,19 @@ class Delivery:
     def retain(self, stream: TensorStream, version: int, wid: str) -> Retained:
         """Make `version` the retained one (its buffers are filled on delivery or by `keep`;
         backend checkpoint: written to files here, which takes the whole stream)."""
-        layout = bk.plan(stream.specs, self.bucket_bytes)
+        signature = tuple((n, tuple(shape), dtype) for n, shape, dtype in stream.specs)
+        if self._plan[0] != signature:  # planning 291 tensors costs ms: once per state-dict signature
+            self._plan = (signature, bk.plan(stream.specs, self.bucket_bytes))
+        layout = self._plan[1]
         r = self.retained
+        base = None  # what the media hold whole before this version is packed (LoRA pushes stay dense)
+        if self.delta and r is not None and r.layout == layout and r.filled and r.adapter is None is stream.adapter:
+            base = Base(r.weights, frozenset(r.filled))
         if r is None or r.layout != layout:
             if r is not None:
                 r.close()
             r = self.retained = Retained(layout)
-        r.version, r.weights, r.filled, r.adapter = version, wid, set(), stream.adapter
+        r.version, r.weights, r.filled, r.adapter, r.base = version, wid, set(), stream.adapter, base
         # The buffers of every medium stay while the layout does: a cuda-ipc receiver maps them
         # once (handoff.CudaReader) and copies out of them at each push.
         if self.checkpoint_dir:
@@ -140,17 +120,40 @@ class Delivery:
         assert r is not None
         if self.checkpoint_dir:
             return self._attempts(targets, r, lambda seq, ts: self._load_cmd(seq, ts, r.version, r.weights, r.path))
-        packer = None
+        packer, self.last_delta = None, None
+        based = [m for m in targets if r.base and self._holds.get(m.instance) == r.base.weights == m.weights]
+        probe = self._probe  # the last delta push found no bucket worth it: send whole, streamed
         if stream is not None and not stream.exhausted:
-            packer = self._packer(sorted({MEDIUM[p] for m in targets for p in m.routes}), stream)
-        out = self._attempts(targets, r, lambda seq, ts: self._push_cmd(seq, ts, packer, main))
+            media = sorted({MEDIUM[p] for m in targets for p in m.routes})
+            packer = self._delta_packer(media, stream, probe) if based else self._packer(media, stream)
+        if based and packer is not None and not probe:  # a delta to the servers holding the base, the rest whole
+            tries: list[int] = []
+
+            def send(seq, ts):  # a retry goes dense: a survivor may already hold what the failed one sent
+                tries.append(seq)
+                return self._push_cmd(seq, ts, packer, main, delta=len(tries) == 1)
+            out = self._attempts(based, r, send)
+            rest = [m for m in targets if m not in based]
+            more = self._attempts(rest, r, lambda seq, ts: self._push_cmd(seq, ts, None, False)) if rest else None
+            if more:
+                out = Outcome(out.ok + more.ok, out.dropped + more.dropped,
+                              max((p for p in (out.paused_seconds, more.paused_seconds) if p is not None), default=None))
+        else:
+            out = self._attempts(targets, r, lambda seq, ts: self._push_cmd(seq, ts, packer, main))
         if packer is not None:
             packer.finish()  # every target dropped before packing began: still keep it for later servers
+        if isinstance(packer, dl.DeltaPacker):
+            self._probe = not packer.worth_it
+        if main:
+            self._holds = {m.instance: w for m in targets if (w := self._holds.get(m.instance))}
+        self._holds.update((m.instance, r.weights) for m in out.ok)
         return out
 
     def load(self, targets: list[Member], version: int, wid: str, path: Optional[str]) -> Outcome:
         """Have `targets` load `path` (relative to the checkpoint dir; None: the model directory)."""
         r = Retained(bk.Layout(()), version, wid, path)
+        for m in targets:  # loaded from files: what its receivers kept is no base any more
+            self._holds.pop(m.instance, None)
         return self._attempts(targets, r, lambda seq, ts: self._load_cmd(seq, ts, version, wid, path))
 
     def _attempts(self, targets: list[Member], r: Retained, send: Callable) -> Outcome:
@@ -198,14 +201,17 @@ class Delivery:
             dropped.append(m)
         return Outcome([], dropped)
 
-    def _push_cmd(self, seq: int, targets: list[Member], packer: Optional[bk.Packer], main: bool) -> dict:
+    def _push_cmd(self, seq: int, targets: list[Member], packer: Optional[bk.Packer], main: bool,
+                  delta: bool = False) -> dict:
+        """`delta`: send `packer`'s deltas (a DeltaPacker; the targets hold its base)."""
         r = self.retained
         by_path: dict[str, list[tuple[Member, int]]] = {}
         for m in targets:
             for i, p in enumerate(m.routes):
                 by_path.setdefault(p, []).append((m, i))
-        if packer is not None and any(p in HANDOFF for p in by_path):
-            packer.finish()  # handoffs read whole buffers: fill them before anyone is told to read
+        if packer is not None and (delta or any(p in HANDOFF for p in by_path)):
+            packer.finish()  # handoffs read whole buffers, a delta's sizes are known once packed
+        counts = packer.counts if delta else None
         for p in by_path:  # a medium this version is not (being) packed into: copied from a filled one
             if MEDIUM[p] not in r.filled and (packer is None or MEDIUM[p] not in packer.media):
                 self._copy_into(MEDIUM[p])
@@ -213,15 +219,24 @@ class Delivery:
                "layout": r.layout.to_json(), "adapter": r.adapter, "timeout": self.timeout,
                "targets": [m.instance for m in targets], "routes": {m.instance: list(m.routes) for m in targets},
                "groups": {}, "handoff": {}}
+        if self.delta:  # receivers keep their buffers as the base of the next delta
+            cmd["delta"] = {"base": r.base.weights if delta else None, "counts": counts}
+            if self.last_delta is None:  # the push's own figures, not a catch-up's after it
+                self.last_delta = dl.figures(r.layout, counts)
         if "shm" in by_path:
             cmd["handoff"]["shm"] = r.shm.doc()
+            if delta:
+                cmd["handoff"]["shm-delta"] = r.arena_shm.doc()
         if "cuda-ipc" in by_path:  # one share per receiver: each releases its own reference
-            ipc: dict[str, list] = {m.instance: [None] * len(m.routes) for m, _ in by_path["cuda-ipc"]}
-            for m, i in by_path["cuda-ipc"]:
-                if (m.instance, i) not in r.ipc:
-                    r.ipc[(m.instance, i)] = handoff.share_cuda(r.media["device"])
-                ipc[m.instance][i] = r.ipc[(m.instance, i)]
-            cmd["handoff"]["cuda-ipc"] = ipc
+            for name, shares, bufs in (("cuda-ipc", r.ipc, r.media), ("cuda-ipc-delta", r.arena_ipc, r.arena)):
+                if name == "cuda-ipc-delta" and not delta:
+                    continue
+                ipc: dict[str, list] = {m.instance: [None] * len(m.routes) for m, _ in by_path["cuda-ipc"]}
+                for m, i in by_path["cuda-ipc"]:
+                    if (m.instance, i) not in shares:
+                        shares[(m.instance, i)] = handoff.share_cuda(bufs["device"])
+                    ipc[m.instance][i] = shares[(m.instance, i)]
+                cmd["handoff"][name] = ipc
         plans = {}
         for p in COLLECTIVES:
             if p not in by_path:
@@ -250,7 +265,8 @@ class Delivery:
                 if main:
                     self._groups[p] = (gid, eps, pg)
                 gate = packer.ready if packer is not None and not packer.done else None
-                transfers.append((p, poll, grp.Transfer(pg, r.layout, self._buffers(MEDIUM[p]), ready=gate)))
+                msgs = dl.messages(counts, self._buffers(MEDIUM[p]), r.arena.get(MEDIUM[p], []))
+                transfers.append((p, poll, grp.Transfer(pg, r.layout, msgs, ready=gate)))
             if packer is not None:
                 packer.finish()  # each bucket goes on the wire as soon as it is packed
             for p, poll, t in transfers:
@@ -289,35 +305,26 @@ class Delivery:
         return self._acks(seq, targets, self._liveness(targets), Deadline(self.timeout), what)
 
     # ---- media ------------------------------------------------------------------------------------
-    def _buffers(self, medium: str) -> list[torch.Tensor]:
-        r = self.retained
-        if medium not in r.media:
-            if medium == "shm":
-                r.shm = handoff.ShmSegment(SHM_DIR / f"grpojob-{self.run}-{next(self._ids)}.weights", r.layout)
-                r.media["shm"] = r.shm.buffers
-            else:
-                device = self.device if medium == "device" else torch.device("cpu")
-                r.media[medium] = [bk.allocate(b, device) for b in r.layout.buckets]
-        return r.media[medium]
+    def _buffers(self, medium: str, arena: bool = False) -> list[torch.Tensor]:
+        name = f"grpojob-{self.run}-{{}}.{'delta' if arena else 'weights'}"
+        return self.retained.buffers(medium, self.device, lambda: SHM_DIR / name.format(next(self._ids)), arena)
 
     def _packer(self, media: list[str], stream: TensorStream) -> bk.Packer:
         """Packs `stream` into `media`, which count as filled once every bucket is packed."""
         r = self.retained
         return bk.Packer(r.layout, stream, {m: self._buffers(m) for m in media}, on_done=lambda: r.filled.update(media))
 
-    def _copy_into(self, medium: str) -> None:
-        """Put the retained version into `medium` from a medium that holds it."""
+    def _delta_packer(self, media: list[str], stream: TensorStream, probe: bool) -> dl.DeltaPacker:
+        """Packs `stream` as deltas against a medium holding the base (kept up to date with the rest)."""
         r = self.retained
-        if medium in r.filled:
-            return
-        if not r.filled:
-            raise WeightSyncError(f"weights version {r.version} are not retained anywhere")
-        src = r.media[next(iter(r.filled))]
-        for s, d in zip(src, self._buffers(medium)):
-            d.copy_(s)
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        r.filled.add(medium)
+        base = next((m for m in media if m in r.base.media), min(r.base.media))
+        packed = sorted(set(media) | {base})
+        return dl.DeltaPacker(r.layout, stream, {m: self._buffers(m) for m in packed}, base=base,
+                              based=set(r.base.media), arenas={m: self._buffers(m, arena=True) for m in media},
+                              probe=probe, on_done=lambda: r.filled.update(packed))
+
+    def _copy_into(self, medium: str) -> None:
+        self.retained.copy_into(medium, self._buffers(medium), self.device)
 
     # ---- waiting ----------------------------------------------------------------------------------
     def _acks(self, seq, targets, poll, deadline, what) -> dict[str, dict]:

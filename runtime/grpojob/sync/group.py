@@ -98,7 +98,7 @@ class Transfer:
     def wait(self, poll: Poll, deadline: Deadline, what: str) -> None:
         """Until every bucket has arrived; WeightSyncError when poll() names a reason, the
         deadline passes, or the collective fails."""
-        n = len(self.layout.buckets)
+        n = len(self.buffers)  # the buckets, or a delta push's messages (sync.delta)
         for i in range(n):
             while len(self.works) <= i and not self._queued.wait(POLL_SECONDS):
                 self._check(poll, deadline, what, f"bucket {i + 1} of {n} not queued")

@@ -84,6 +84,12 @@ class ShmReader:
         self._path: Optional[str] = None
         self._raw: Optional[torch.Tensor] = None
 
+    def buffers(self, doc: dict, layout: bk.Layout) -> list[torch.Tensor]:
+        """The segment's buckets as typed flat views of the (read-only) mapping."""
+        if doc["path"] != self._path:
+            self._raw, self._path = self._map(doc), doc["path"]
+        return [self._raw[o:o + b.nbytes].view(bk.torch_dtype(b.dtype)) for o, b in zip(doc["offsets"], layout.buckets)]
+
     def copy(self, doc: dict, layout: bk.Layout, out: Sequence[torch.Tensor]) -> None:
         if doc["path"] != self._path:
             self._raw, self._path = self._map(doc), doc["path"]
@@ -155,13 +161,17 @@ class CudaReader:
         self._mapped: list[torch.Tensor] = []
         self._handles: list[tuple[str, int]] = []
 
-    def copy(self, docs: Sequence[dict], device: torch.device, out: Sequence[torch.Tensor]) -> None:
+    def mapped(self, docs: Sequence[dict], device: torch.device) -> list[torch.Tensor]:
+        """The publisher's buffers, mapped on first use of this share."""
         handles = [(d["handle"], d["storage_offset"]) for d in docs]
         if handles != self._handles:
             self._mapped, self._handles = [], []  # let go of the old buffers before mapping the new
             torch.cuda._lazy_init()
             self._mapped = [_rebuild(d, device) for d in docs]
             self._handles = handles
-        for src, buf in zip(self._mapped, out):
+        return self._mapped
+
+    def copy(self, docs: Sequence[dict], device: torch.device, out: Sequence[torch.Tensor]) -> None:
+        for src, buf in zip(self.mapped(docs, device), out):
             bk.wire(buf).copy_(bk.wire(src))
         torch.cuda.current_stream(device).synchronize()

@@ -21,7 +21,8 @@
   registered server to it over its route (`delivery`), then returns stats: version, seconds,
   bytes, buckets, servers (that acknowledged), dropped (replicas removed because they died or
   failed), tensors, adapter (a LoRA push), paths ({path: [replica]}), backend (the paths, in
-  words) and gathered_peak_bytes /
+  words), delta (with weightSync.delta: values, changed_values, sent_bytes and dense_bytes per
+  receiver, delta_buckets; `delta`) and gathered_peak_bytes /
   gathered_peak_tensors (the most of a stream's produced tensors alive at once). A
   server that dies mid-push is named in the log and dropped; the push is retried on the
   survivors, so the trainer's step goes on. With no server registered, `push` keeps the weights.
@@ -144,7 +145,8 @@ class WeightPublisher:
                  "buckets": len(retained.layout.buckets), "servers": len(out.ok),
                  "dropped": [m.replica for m in out.dropped], "paths": paths, "paused_seconds": out.paused_seconds,
                  "backend": placement.describe(paths) if paths else None,
-                 "gathered_peak_bytes": stream.peak_bytes, "gathered_peak_tensors": stream.peak_tensors}
+                 "gathered_peak_bytes": stream.peak_bytes, "gathered_peak_tensors": stream.peak_tensors,
+                 "delta": self.delivery.last_delta if targets else None}
         if targets:
             log.info("pushed %s version %d to %d server(s) via %s in %.3f s (%.3f MiB)%s",
                      "the LoRA adapter of" if stream.adapter is not None else "weights", version,

@@ -8,6 +8,9 @@ membership reuse them.
 The buffers' device follows from the route, never from a guess: gloo and shm arrive in host
 memory (the sink copies them to its device), nccl and cuda-ipc on this endpoint's GPU, and the
 publisher routes those two only to endpoints that registered a GPU.
+
+With delta pushes on (the command's "delta"), the buffers are kept on every path as the base of
+the next push, with the weights id they hold: a delta is applied only onto that base (`delta`).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import torch
 from torch.distributed import DistError
 
 from grpojob.sync import buckets as bk
+from grpojob.sync import delta as dl
 from grpojob.sync import group as grp
 from grpojob.sync import handoff
 from grpojob.sync.placement import COLLECTIVES
@@ -33,9 +37,10 @@ class PushReceiver:
         self.store = connect(store_addr, connect_timeout)
         self.space = ""  # the publisher incarnation's key space, from each command
         self._groups: dict[str, tuple[str, object]] = {}  # path -> (group id, process group)
-        self._kept: Optional[tuple[bk.Layout, list[torch.Tensor]]] = None  # host bucket buffers
-        self._shm = handoff.ShmReader()
-        self._cuda = handoff.CudaReader()
+        self._kept: Optional[tuple[bk.Layout, torch.device, list[torch.Tensor]]] = None  # bucket buffers
+        self._held: Optional[str] = None  # the weights id the kept buffers hold whole (a delta's base)
+        self._shm, self._shm_delta = handoff.ShmReader(), handoff.ShmReader()
+        self._cuda, self._cuda_delta = handoff.CudaReader(), handoff.CudaReader()
 
     def receive(self, cmd: dict, endpoint: int = 0) -> list[tuple[str, torch.Tensor]]:
         """The named tensors of push command `cmd` for this server's `endpoint` (a vLLM worker's
@@ -48,24 +53,37 @@ class PushReceiver:
                 f"over {path} failed")
         poll = self._poll(cmd["seq"])
         layout = bk.Layout.from_json(cmd["layout"])
+        delta = cmd.get("delta")  # None: delta pushes are off
+        counts = delta["counts"] if delta else None
         try:
-            bufs = self._buffers(layout, path, what)
+            bufs = self._buffers(layout, path, what, keep=delta is not None)
+            if delta and delta["base"] is not None and self._held != delta["base"]:
+                raise WeightSyncError(f"{what}: it is a delta against {delta['base']}, but this endpoint holds "
+                                      f"{self._held or 'no pushed version'}; the trainer sends it whole next time")
+            self._held = None  # until this push is whole
             if path in COLLECTIVES:
-                self._collective(cmd, path, endpoint, layout, bufs, poll, deadline, what)
+                arena = dl.receiving_arena(layout, counts, bufs[0].device if bufs else self.device)
+                self._collective(cmd, path, endpoint, layout, dl.messages(counts, bufs, arena), poll, deadline, what)
+                dl.apply(counts, bufs, arena)
             elif path == "shm":
-                self._shm.copy(cmd["handoff"]["shm"], layout, bufs)
+                arena = self._shm_delta.buffers(cmd["handoff"]["shm-delta"], dl.arena_layout(layout)) if counts else []
+                dl.copy_handoff(counts, bufs, self._shm.buffers(cmd["handoff"]["shm"], layout), arena)
             elif path == "cuda-ipc":
-                self._cuda.copy(cmd["handoff"]["cuda-ipc"][self.instance][endpoint], self.device, bufs)
+                h, dev = cmd["handoff"], self.device
+                arena = self._cuda_delta.mapped(h["cuda-ipc-delta"][self.instance][endpoint], dev) if counts else []
+                dl.copy_handoff(counts, bufs, self._cuda.mapped(h["cuda-ipc"][self.instance][endpoint], dev), arena)
+                torch.cuda.current_stream(self.device).synchronize()
             else:
                 raise WeightSyncError(f"{what}: unknown path '{path}'")
             reason = poll()  # a handoff copy is whole only if the push still stands
             if reason:
                 raise WeightSyncError(f"{what}: {reason}")
         except WeightSyncError as e:
-            self._kept = None  # a failed transfer may still write into these until it times out
+            self._kept, self._held = None, None  # a failed transfer may still write into these until it times out
             if path in COLLECTIVES:
                 self._nack(cmd["seq"], path, e)
             raise
+        self._held = cmd["weights"] if delta is not None else None
         return [nt for b, buf in zip(layout.buckets, bufs) for nt in bk.unpack(b, buf)]
 
     def _nack(self, seq: int, path: str, error: WeightSyncError) -> None:
@@ -104,18 +122,22 @@ class PushReceiver:
             self._groups.pop(path, None)
             raise
 
-    def _buffers(self, layout: bk.Layout, path: str, what: str) -> list[torch.Tensor]:
+    def _buffers(self, layout: bk.Layout, path: str, what: str, keep: bool = False) -> list[torch.Tensor]:
         """Host buffers are kept for the next push of the same layout: a fresh large allocation
         costs a page fault per 4 KiB on first touch (as much as the transfer itself on loopback).
         Sinks copy out of them before the next push starts. GPU buffers come from the caching
-        allocator and are not kept (they would hold a model's worth of GPU memory)."""
+        allocator and are kept only with `keep` (delta pushes: the base; a model's worth of
+        GPU memory)."""
+        device = torch.device("cpu")
         if path in ("nccl", "cuda-ipc"):
             if self.device.type != "cuda":
                 raise WeightSyncError(f"{what}: this endpoint computes on {self.device}, not a GPU")
-            return [bk.allocate(b, self.device) for b in layout.buckets]
-        if self._kept is None or self._kept[0] != layout:
-            self._kept = (layout, [bk.allocate(b, "cpu") for b in layout.buckets])
-        return self._kept[1]
+            if not keep:
+                return [bk.allocate(b, self.device) for b in layout.buckets]
+            device = self.device
+        if self._kept is None or self._kept[:2] != (layout, device):
+            self._kept, self._held = (layout, device, [bk.allocate(b, device) for b in layout.buckets]), None
+        return self._kept[2]
 
     def _poll(self, seq: int):
         cancel = key(self.space, "cancel", seq)
