@@ -83,11 +83,15 @@ def compare(model: Path, a: argparse.Namespace, settings: list[str]) -> dict[str
         procs[s].start()
     try:
         info = {s: conns[s].recv() for s in settings}
+        print(f"trainers ready: {', '.join(settings)}", flush=True)
         runs: dict[str, list] = {s: [] for s in settings}
-        for _ in range(a.steps):
+        for k in range(a.steps):
             for s in settings:
                 conns[s].send(True)
                 runs[s].append(conns[s].recv())
+                sec, tokens = runs[s][-1][:2]
+                # as it goes: a run cut off by its caller's limit still shows its steps
+                print(f"step {k + 1}, liger {s}: {sec:.2f} s, {tokens / sec:.0f} tok/s", flush=True)
         for s in settings:
             conns[s].send(False)
     finally:
