@@ -168,3 +168,8 @@ def run_with_fault(workdir: Path, fault: str, inject: Callable[[Path], None], *s
 
 def kill9(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
+
+
+def freeze(pid: int) -> None:
+    """Hung, not dead: SIGSTOP (the workdir fixture's SIGKILL ends it)."""
+    os.kill(pid, signal.SIGSTOP)

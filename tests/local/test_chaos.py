@@ -54,3 +54,23 @@ def test_kill9_of_trainer_rank_0_resumes_from_the_last_checkpoint(workdir):
     # it resumes from the newest checkpoint when it restarts (one committed after the fault counts too)
     assert f"it resumes from step-" in o.out and "are trained again" in o.out, o.out
     assert "done: 8 steps" in o.out, o.out
+
+
+def test_a_rollout_server_frozen_by_sigstop_is_dropped_within_the_stated_timeouts(workdir):
+    """Hung, not dead: the runner sees no exit, so nothing restarts it. The push stops waiting for
+    it once its heartbeats stop (10 s), within weightSync.timeoutSeconds, and the job goes on with
+    the other server."""
+    timeout = 30
+    o = chaos.run_with_fault(workdir, "SIGSTOP rollout-1 of 2",
+                             lambda run_dir: chaos.freeze(chaos.rollout_server(run_dir, 1)),
+                             "rollout.replicas=2", f"weightSync.timeoutSeconds={timeout}")
+    assert o.returncode == 0, o.out
+    assert o.steps_lost == 0
+    assert_no_step_trained_twice_differently(o)
+    assert_every_prompt_trained_once(o)
+    assert o.recovery_seconds is not None and o.recovery_seconds < timeout, o.recovery_seconds
+    assert all(r["sync_seconds"] < timeout for r in o.after), [r["sync_seconds"] for r in o.after]
+    assert "done: 8 steps" in o.out, o.out
+    log = (workdir / "run" / "logs" / "trainer-0.log").read_text()
+    assert "rollout-1" in log and "sent no heartbeat" in log and "removing it from the weight-sync group" in log
+    assert {x["replica"] for x in o.final[-1]["rollouts"]} == {"rollout-0"}, o.final[-1]["rollouts"]
