@@ -49,7 +49,7 @@ def test_kill9_of_trainer_rank_0_resumes_from_the_last_checkpoint(workdir):
     assert 0 < o.steps_lost <= 3, (o.steps_lost, [r["step"] for r in o.before + o.after])
     assert_no_step_trained_twice_differently(o)
     assert_every_prompt_trained_once(o)
-    assert "trainer-0 exited with code 1: local rank 0 killed by signal 9 (Killed)" in o.out, o.out
+    assert "trainer-0 exited with code 1 (local rank 0 killed by signal 9 (Killed))" in o.out, o.out
     assert f"restarting it in 1 s (restart 1 of 3" in o.out, o.out
     # it resumes from the newest checkpoint when it restarts (one committed after the fault counts too)
     assert f"it resumes from step-" in o.out and "are trained again" in o.out, o.out
@@ -74,3 +74,15 @@ def test_a_rollout_server_frozen_by_sigstop_is_dropped_within_the_stated_timeout
     log = (workdir / "run" / "logs" / "trainer-0.log").read_text()
     assert "rollout-1" in log and "sent no heartbeat" in log and "removing it from the weight-sync group" in log
     assert {x["replica"] for x in o.final[-1]["rollouts"]} == {"rollout-0"}, o.final[-1]["rollouts"]
+
+
+def test_kill9_of_trainer_rank_1_of_2_resumes_from_the_last_checkpoint(workdir):
+    o = chaos.run_with_fault(workdir, "kill -9 trainer rank 1 of 2",
+                             lambda run_dir: chaos.kill9(chaos.trainer_rank(run_dir, 1)),
+                             "trainer.processesPerReplica=2", after=4, need_checkpoint=True)
+    assert o.returncode == 0, o.out
+    assert 0 < o.steps_lost <= 3, (o.steps_lost, [r["step"] for r in o.before + o.after])
+    assert_no_step_trained_twice_differently(o)
+    assert_every_prompt_trained_once(o)
+    assert "trainer-0 exited with code 1 (local rank 1 killed by signal 9 (Killed))" in o.out and "it resumes from step-" in o.out, o.out
+    assert "done: 8 steps" in o.out, o.out

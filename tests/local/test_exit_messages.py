@@ -23,7 +23,7 @@ def test_a_rank_killed_outright_is_named_with_its_signal_from_this_start_only(tm
                                 "--master-port", "0", str(script)], {**os.environ, "OMP_NUM_THREADS": "1"}, log)
     child.start()
     assert child.proc.wait(120) == 1
-    assert what_happened(child) == "trainer-0 exited with code 1: local rank 0 killed by signal 9 (Killed)", \
+    assert what_happened(child) == "trainer-0 exited with code 1 (local rank 0 killed by signal 9 (Killed))", \
         log.read_text()[-3000:]
 
 

@@ -57,17 +57,21 @@ class Restarts:
 
 
 def what_happened(dead: Child) -> str:
-    """A child's exit in one line: its code (a signal by name), then why: its termination message,
-    else torchrun's word on its ranks (a rank killed outright says nothing itself), else its last
-    logged error."""
+    """A child's exit in one line: its code (a signal by name) and the ranks killed outright
+    (torchrun's word: such a rank says nothing itself, and its peers fail on the broken
+    connection), then why: its termination message, else torchrun's word on its ranks, else its
+    last logged error."""
     code = dead.poll()
     said = f"{dead.name} exited with code {code}" + (f" ({signal.strsignal(-code)})" if code and code < 0 else "")
+    ranks = dead.rank_failures()
+    killed = [r for r in ranks if "killed by signal" in r]
+    if killed:
+        said += f" ({', '.join(killed)})"
     why = dead.termination()
     if why:
         return said + f": {why[0]}: {why[1]}"
-    ranks = dead.rank_failures()
-    if ranks:
-        return said + f": {', '.join(ranks)}"
+    if ranks:  # torchrun's own report is no error of the child's
+        return said + (f": {', '.join(r for r in ranks if r not in killed)}" if ranks != killed else "")
     err = dead.last_error()
     return said + (f"; its last error: {err}" if err else "")
 
