@@ -103,6 +103,11 @@ def _trainer() -> Command:
     return process
 
 
+def _torchrun() -> Command:
+    from grpojob.trainer.launch import main
+    return main
+
+
 def _export() -> Command:
     from grpojob.checkpoint.export import main
     return main
@@ -192,6 +197,10 @@ def parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("trainer", help="(in pods) the trainer; started by torchrun")
     sp.set_defaults(fn=_lazy(_trainer))
+
+    sp = sub.add_parser("torchrun", help="(in pods) torchrun starting the trainer ranks; SIGTERM goes to the ranks, "
+                        "which checkpoint and exit 0")
+    sp.set_defaults(fn=_lazy(_torchrun))
 
     sp = sub.add_parser("rollout", help="(in pods) a rollout server")
     sp.set_defaults(fn=_lazy(_rollout))

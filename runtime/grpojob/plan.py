@@ -132,9 +132,10 @@ def bind_host(address: str) -> str:
 
 
 def trainer_command() -> list[str]:
-    # torchrun takes --nnodes/--nproc-per-node/--node-rank/--master-* from PET_* variables,
-    # so the command is the same on every pod and locally.
-    return ["torchrun", "-m", "grpojob", "trainer"]
+    # torchrun (run by grpojob.trainer.launch: SIGTERM goes to the ranks, so a trainer stopped
+    # after its job is done exits 0) takes --nnodes/--nproc-per-node/--node-rank/--master-* from
+    # PET_* variables, so the command is the same on every pod and locally.
+    return ["grpojob", "torchrun"]
 
 
 def rollout_command() -> list[str]:

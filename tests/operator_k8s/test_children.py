@@ -104,7 +104,7 @@ def test_trainer_statefulset_runs_torchrun_ranks_with_rendezvous_on_pod_zero():
 
     c = container(sts)
     env = env_of(c)
-    assert c["command"] == ["torchrun", "-m", "grpojob", "trainer"]
+    assert c["command"] == ["grpojob", "torchrun"]
     assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "2"
     assert env["PET_MASTER_ADDR"] == "j-trainer-0.j-trainer.ml.svc" and env["PET_MASTER_PORT"] == "29500"
     assert env["PET_NODE_RANK"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}

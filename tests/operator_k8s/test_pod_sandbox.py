@@ -91,7 +91,9 @@ def test_trainer_and_rollout_pods_train_under_the_restricted_pod_security(cluste
                               [twork / "log", rwork / "log"])
         assert done["step"] == 2 and done["weightsInSync"] is True
         asked = time.monotonic()
-        stop(trainer)  # the kubelet's SIGTERM when the operator scales the job down
+        trainer.send_signal(signal.SIGTERM)  # the kubelet's, to PID 1 alone, when the operator scales the job down
+        # exit 0: no `0/1 Error` in `kubectl get pods` once the job has Succeeded (issue 42)
+        assert trainer.wait(20) == 0, (twork / "log").read_text()[-3000:]
         assert time.monotonic() - asked < 20, "a completed trainer stops at once"
         tlog, rlog = (twork / "log").read_text(), (rwork / "log").read_text()
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 import pytest
 
@@ -155,3 +156,28 @@ def test_a_killed_server_fails_over_and_rejoins_at_the_current_version(tmp_path,
         for s in servers:
             s.stop()
         pub.close()
+
+
+def test_a_request_on_a_server_dropped_meanwhile_goes_to_another_at_once(two_servers):
+    """Issue 42: a rollout server frozen (SIGSTOP) held its requests until request_timeout, after
+    the trainer had dropped it for missing heartbeats, and the step failed. A request whose server
+    leaves the list is abandoned and sent to another server."""
+    async def run():
+        hung = await asyncio.start_server(lambda r, w: asyncio.sleep(3600), "127.0.0.1", 0)  # never answers
+        listed = [f"http://127.0.0.1:{hung.sockets[0].getsockname()[1]}"]
+        client = RolloutClient(lambda: listed, token=TOKEN, request_timeout=600, timeout=600)
+        try:
+            task = asyncio.ensure_future(client.generate([5, 6, 7], 2, SAMPLING))
+            await asyncio.sleep(1.5)
+            assert not task.done()
+            listed[:] = [two_servers[0].url]  # the trainer dropped the hung server
+            dropped = time.monotonic()
+            out = await asyncio.wait_for(task, 60)
+            return out, time.monotonic() - dropped, client.health()
+        finally:
+            await client.close()
+            hung.close()
+    out, took, health = asyncio.run(run())
+    assert len(out) == 2 and out[0].prompt_ids == [5, 6, 7]
+    assert took < 30, f"{took:.1f} s after the drop, with request_timeout 600"
+    assert "left the rollout servers" in (health or ""), health

@@ -44,7 +44,7 @@ def test_two_ranks_serve_as_one_trainer(tiny_dir, tmp_path, procs, strategy):
     job = make_job(tiny_dir, **{**OVER, "training": {**OVER["training"], "strategy": strategy}},
                    trainer={"processesPerReplica": 2})
     env, port = _env(job, tmp_path)
-    cmd = ["torchrun", *roles(job, Placement("h", "c", "k", "r", token_file="t"))[0].command[1:]]
+    cmd = roles(job, Placement("h", "c", "k", "r", token_file="t"))[0].command
     proc = procs(cmd, env, tmp_path / "torchrun.log")
     client = ServiceClient(f"http://127.0.0.1:{port}", auth.Auth.from_env(env).token)
     try:

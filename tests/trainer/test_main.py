@@ -64,7 +64,7 @@ def _records(tmp):
 def test_suspend_over_http_then_sigterm_then_resume_to_completion(tiny_dir, tmp_path, procs):
     job = make_job(tiny_dir, training={"steps": 400}, checkpoint={"everySteps": 1000})
     env, port = _env(job, tmp_path)
-    cmd = ["torchrun", *roles(job, Placement("h", "c", "k", "r", token_file="t"))[0].command[1:]]  # the plan's command
+    cmd = roles(job, Placement("h", "c", "k", "r", token_file="t"))[0].command  # the plan's command
     first = procs(cmd, env, tmp_path / "first.log")
     _wait_status(port, env, first, lambda d: d["phase"] == "running" and d["step"] >= 2)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:

@@ -12,6 +12,9 @@
   e.g. it is still receiving the push) tries another server, then waits for one to catch up.
   A 400 is the request's own fault and raises at once; so does a 401 (the server does not hold
   this job's token: every request carries it as a bearer token, grpojob.auth).
+- A server that leaves the list while a request is in flight there (the trainer dropped it: it
+  died or hangs, e.g. stopped heartbeating) has that request abandoned within a second and sent
+  to another server, rather than waited for until `request_timeout`.
 - Timeouts: `request_timeout` per HTTP request, `timeout` for the whole call (then RolloutError
   with the last error of every server tried); with no server registered it waits up to
   `timeout` for one.
@@ -32,6 +35,7 @@ import aiohttp
 from grpojob.contracts.rollout import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.leader.rollout_client")
+LEFT_CHECK_SECONDS = 1.0  # how often a request in flight checks that its server is still listed
 
 
 async def _body(r: aiohttp.ClientResponse):
@@ -48,6 +52,10 @@ async def _body(r: aiohttp.ClientResponse):
 
 class RolloutError(RuntimeError):
     """Generation could not be done; the message says which servers were tried and why."""
+
+
+class ServerLeft(Exception):
+    """The server a request was in flight on left the server list."""
 
 
 class RolloutClient:
@@ -114,11 +122,8 @@ class RolloutClient:
             tried.add(url)
             self._inflight[url] = self._inflight.get(url, 0) + n
             try:
-                timeout = aiohttp.ClientTimeout(total=min(self.request_timeout, left))
-                async with session.post(url + "/generate", json=payload, timeout=timeout) as r:
-                    status = r.status
-                    body = await _body(r) if status != 401 else None
-            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as e:
+                status, body = await self._post(session, url, payload, min(self.request_timeout, left))
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, ServerLeft) as e:
                 errors[url] = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
                 self._cool_until[url] = time.monotonic() + self.cooldown
                 self._failed(url, errors[url])
@@ -143,6 +148,24 @@ class RolloutClient:
             if status != 409:
                 self._cool_until[url] = time.monotonic() + self.cooldown
                 self._failed(url, errors[url])
+
+    async def _post(self, session: aiohttp.ClientSession, url: str, payload: dict, seconds: float):
+        """POST /generate: (status, body); ServerLeft as soon as `url` is no longer listed."""
+        async def post():
+            async with session.post(url + "/generate", json=payload, timeout=aiohttp.ClientTimeout(total=seconds)) as r:
+                return r.status, (await _body(r) if r.status != 401 else None)
+
+        request = asyncio.ensure_future(post())
+        try:
+            while True:
+                done, _ = await asyncio.wait({request}, timeout=LEFT_CHECK_SECONDS)
+                if done:
+                    return request.result()
+                if url not in self.servers():
+                    raise ServerLeft("left the rollout servers (dropped by the trainer: dead or hung)")
+        finally:
+            if not request.done():
+                request.cancel()
 
     def _failed(self, url: str, error: str) -> None:
         if self._failing.get(url) != error:  # once per server and error, not once per request

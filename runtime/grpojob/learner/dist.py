@@ -75,17 +75,31 @@ def _device(local_rank: int) -> torch.device:
     return devices.default(local_rank)
 
 
-def shutdown(env: DistEnv, clean: bool = True) -> None:
-    """clean: every rank finished normally, so they leave together (destroying a gloo group while
-    a peer still has work in flight aborts the process: "terminate called without an active
-    exception"). After a failure no barrier: the peers may be stuck in another collective."""
-    if env.initialized and dist.is_initialized():
-        if clean:
-            try:
-                dist.barrier()
-            except Exception:  # noqa: BLE001 - a dead peer: nothing left to wait for
-                pass
-        dist.destroy_process_group()
+# How long a rank that finished waits at the end for its peers to finish too (shutdown).
+LEAVE_SECONDS = 20.0
+
+
+def shutdown(env: DistEnv, clean: bool = True, timeout: float = LEAVE_SECONDS) -> bool:
+    """Leave the process group; False when the peers did not all arrive within `timeout`.
+
+    clean: every rank finished normally, so they leave together: a barrier, then the group is
+    destroyed (destroying a gloo group while a peer still has work in flight aborts the process:
+    "terminate called without an active exception"). The barrier waits `timeout` seconds, not the
+    group's (up to 30 min): a peer that died or hangs would hold this rank that long. When it times
+    out, the group is not destroyed (a gloo worker thread is still in the barrier, and destroying
+    joins it): the caller ends the process (lifeline.exit_now). After a failure no barrier: the
+    peers may be stuck in another collective."""
+    if not (env.initialized and dist.is_initialized()):
+        return True
+    if clean and env.world > 1:
+        try:
+            dist.barrier(async_op=True).wait(datetime.timedelta(seconds=timeout))
+        except Exception as e:  # noqa: BLE001 - a dead or hung peer: nothing left to wait for
+            log.warning("leaving the process group without the peers (%s): not every rank arrived in %.0f s",
+                        e, timeout)
+            return False
+    dist.destroy_process_group()
+    return True
 
 
 def strategy(requested: str, env: DistEnv) -> str:

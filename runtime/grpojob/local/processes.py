@@ -91,6 +91,7 @@ class Child:
     # Where it leaves its termination message; default: next to its log file, or, with neither,
     # this process's own (a pod's /dev/termination-log, left as the kubelet made it).
     termination_path: Optional[Path] = None
+    log_start: int = 0  # the log's size when it was last started: what this start wrote comes after
 
     @property
     def termination_log(self) -> Optional[Path]:
@@ -112,6 +113,7 @@ class Child:
         if self.log_path is not None:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             log = open(self.log_path, "ab")
+            self.log_start = log.tell()
         self.proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
                                      stdin=subprocess.DEVNULL, start_new_session=True)
         if log is not None:
@@ -179,6 +181,25 @@ class Child:
         shown = [_readable(ln)[:2000] for ln in last]
         return "\n".join(shown[:-1] + _traceback_end(last[-1], shown[-1]))
 
+    def rank_failures(self) -> list[str]:
+        """torchrun's own word on the ranks that failed (its glog lines: "failed (exitcode: -9)
+        local_rank: 0"): a rank killed outright leaves no error of its own to show."""
+        if self.log_path is None:
+            return []
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(max(self.log_start, f.seek(0, os.SEEK_END) - 64 * 1024))
+                text = f.read().decode(errors="replace")
+        except OSError:
+            return []
+        out = []
+        for code, rank in _RANK_FAILED.findall(text):
+            code = int(code)
+            how = f"killed by signal {-code} ({signal.strsignal(-code)})" if code < 0 else f"exited with code {code}"
+            if f"local rank {rank} {how}" not in out:
+                out.append(f"local rank {rank} {how}")
+        return out
+
     def last_error(self) -> Optional[str]:
         """The last error the process logged, in one line (a JSON log line's message), or None."""
         lines = self._own_lines(256 * 1024)
@@ -194,6 +215,7 @@ class Child:
 
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # torchrun's own errors (a rank that died), glog style
 _GLOG = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d")  # any line of torchrun's own (glog style)
+_RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
 _LAUNCHER_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 
 

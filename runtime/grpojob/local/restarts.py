@@ -8,10 +8,13 @@ child (`grpojob run --max-restarts`): a laptop has nobody to page.
 """
 from __future__ import annotations
 
+import signal
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
+from grpojob.checkpoint import layout
 from grpojob.local.processes import Child
 
 
@@ -51,3 +54,33 @@ class Restarts:
         for c in out:
             del self.due[c.name]
         return out
+
+
+def what_happened(dead: Child) -> str:
+    """A child's exit in one line: its code (a signal by name) and the ranks killed outright
+    (torchrun's word: such a rank says nothing itself, and its peers fail on the broken
+    connection), then why: its termination message, else torchrun's word on its ranks, else its
+    last logged error."""
+    code = dead.poll()
+    said = f"{dead.name} exited with code {code}" + (f" ({signal.strsignal(-code)})" if code and code < 0 else "")
+    ranks = dead.rank_failures()
+    killed = [r for r in ranks if "killed by signal" in r]
+    if killed:
+        said += f" ({', '.join(killed)})"
+    why = dead.termination()
+    if why:
+        return said + f": {why[0]}: {why[1]}"
+    if ranks:  # torchrun's own report is no error of the child's
+        return said + (f": {', '.join(r for r in ranks if r not in killed)}" if ranks != killed else "")
+    err = dead.last_error()
+    return said + (f"; its last error: {err}" if err else "")
+
+
+def resumes_from(checkpoints: Path) -> str:
+    """What a restarted trainer will do, told before it does it: the step it resumes after (the
+    steps trained since are trained again), or starting over."""
+    found = layout.list_checkpoints(checkpoints)
+    if not found:
+        return "; it starts over (no checkpoint yet)"
+    step, newest = found[-1]
+    return f"; it resumes from {newest.name} (the steps after {step} are trained again)"

@@ -35,7 +35,7 @@ from grpojob.local import judges
 from grpojob.local.completion import TrainerCompletion
 from grpojob.local.processes import Child, free_port, stop_all, wait_any
 from grpojob.local.progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
-from grpojob.local.restarts import RestartPolicy, Restarts
+from grpojob.local.restarts import RestartPolicy, Restarts, resumes_from, what_happened
 
 log = logging.getLogger("grpojob.local")
 
@@ -235,17 +235,16 @@ class Run:
             return False
         if dead in self.trainers and code == 0:  # completed (or other trainer replicas are finishing)
             return all(t.poll() == 0 for t in self.trainers)
-        why = dead.termination()
-        said = f"{dead.name} exited with code {code}" + (f" ({signal.strsignal(-code)})" if code < 0 else "")
-        said += f": {why[0]}: {why[1]}" if why else (f"; its last error: {err}" if (err := dead.last_error()) else "")
+        why, said = dead.termination(), what_happened(dead)
         if why and why[0] in plugins.FAILURE_REASONS:  # it would fail the same way at every start
             raise RunError(f"{said} (log: {dead.log_path})")
         delay = self.restarts.schedule(dead)
         if delay is None:
             raise RunError(f"{said}\nit was restarted {self.restarts.policy.max_restarts} times in a row "
                            f"(--max-restarts); log: {dead.log_path}; last lines:\n" + _indent(dead.tail()))
+        resume = resumes_from(Path(self.job.spec.checkpoint.path)) if dead in self.trainers else ""
         self.progress.note(f"{said}\n  restarting it in {delay:.0f} s (restart {self.restarts.count[dead.name]} of "
-                           f"{self.restarts.policy.max_restarts}; log: {dead.log_path})")
+                           f"{self.restarts.policy.max_restarts}; log: {dead.log_path}){resume}")
         return False
 
     def _stop_completed(self) -> int:
