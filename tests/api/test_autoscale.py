@@ -190,34 +190,47 @@ def srv(step, total, servers, wait_share=0.8, idle=0.0):
 
 
 def test_a_scale_up_that_does_not_raise_the_step_rate_is_undone_and_backs_off_doubling():
-    d = decide(TRIAL, State(replicas=1), srv(1, 10.0, 1), now=10.0)
-    assert (d.reason, d.state.seconds, d.state.measured) == ("Waiting", 10.0, 1)
-    d = decide(TRIAL, d.state, srv(2, 8.0, 1), now=20.0)  # mean (10 + 8) / 2 = 9
+    d = decide(TRIAL, State(replicas=1), srv(1, 30.0, 1), now=0.0)  # the first step pays the start-up: left out
+    assert (d.reason, d.state.seconds, d.state.measured) == ("Waiting", 0.0, 0)
+    d = decide(TRIAL, d.state, srv(2, 10.0, 1, wait_share=0.1), now=5.0)
+    assert (d.reason, d.state.seconds, d.state.measured) == ("InBand", 10.0, 1)
+    d = decide(TRIAL, d.state, srv(3, 8.0, 1), now=10.0)  # mean (10 + 8) / 2 = 9
+    assert (d.reason, d.state.seconds) == ("Waiting", 9.0)
+    d = decide(TRIAL, d.state, srv(4, 9.0, 1), now=20.0)  # (9 + 9) / 2
     assert (d.replicas, d.reason) == (2, "ScaleUp")
     assert (d.state.trial_from, d.state.before, d.state.measured) == (1, 9.0, -1)
-    d = decide(TRIAL, d.state, srv(3, 12.0, 1), now=30.0)  # the new server has not joined: not measured
+    d = decide(TRIAL, d.state, srv(5, 12.0, 1), now=30.0)  # the new server has not joined: not measured
     assert (d.replicas, d.reason, d.state.measured) == (2, "Measuring", -1)
     assert d.message.endswith("no scale-up before the 1 -> 2 one is measured (0 of 2 steps)")
-    d = decide(TRIAL, d.state, srv(4, 12.0, 2), now=40.0)  # the whole pool's first step: left out
+    d = decide(TRIAL, d.state, srv(6, 12.0, 2), now=40.0)  # the whole pool's first step: left out
     assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 0, 0.0)
-    d = decide(TRIAL, d.state, srv(5, 11.0, 2), now=50.0)
+    d = decide(TRIAL, d.state, srv(7, 11.0, 2), now=50.0)
     assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 1, 11.0)
-    d = decide(TRIAL, d.state, srv(6, 9.0, 2), now=60.0)  # (11 + 9) / 2 = 10 s against 9 s: 9/10 - 1 = -10%
+    d = decide(TRIAL, d.state, srv(8, 9.0, 2), now=60.0)  # (11 + 9) / 2 = 10 s against 9 s: 9/10 - 1 = -10%
     assert (d.replicas, d.reason, d.changed) == (1, "ScaleUpNoGain", True)
     assert d.message.startswith("2 -> 1 rollout servers: 2 servers made a step 10.00 s against 9.00 s with 1 "
                                 "(-10% steps a second; scaleUp.minGain 10%): they slow each other down; "
-                                "no scale-up for 100 s (step 6")
-    assert d.state == State(replicas=1, last_step=6, last_change=60.0, measured=-1, backoff=100.0)
+                                "no scale-up for 100 s (step 8")
+    assert d.state == State(replicas=1, last_step=8, last_change=60.0, measured=-1, backoff=100.0)
     # the trainer still waits, but the back-off holds: no streak either
-    d = decide(TRIAL, d.state, srv(7, 10.0, 2), now=70.0)
+    d = decide(TRIAL, d.state, srv(9, 10.0, 2), now=70.0)
     assert (d.replicas, d.reason, d.state.streak) == (1, "BackingOff", 0)
     assert d.message.endswith("no scale-up for 90 s more (the last one did not pay)")
-    d = decide(TRIAL, d.state, srv(8, 10.0, 1), now=170.0)
-    d = decide(TRIAL, d.state, srv(9, 10.0, 1), now=180.0)
+    d = decide(TRIAL, d.state, srv(10, 10.0, 1), now=170.0)
+    d = decide(TRIAL, d.state, srv(11, 10.0, 1), now=180.0)
     assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
-    for step, total in ((10, 12.0), (11, 12.0), (12, 12.0)):
+    for step, total in ((12, 12.0), (13, 12.0), (14, 12.0)):
         d = decide(TRIAL, d.state, srv(step, total, 2), now=180.0 + step)
-    assert (d.replicas, d.reason, d.state.backoff, d.state.last_change) == (1, "ScaleUpNoGain", 200.0, 192.0)
+    assert (d.replicas, d.reason, d.state.backoff, d.state.last_change) == (1, "ScaleUpNoGain", 200.0, 194.0)
+
+
+def test_no_scale_up_before_a_step_time_to_compare_it_with():
+    spec = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"steps": 1})})
+    d = decide(spec, State(replicas=1), srv(1, 30.0, 1), now=0.0)
+    assert (d.replicas, d.reason, d.state.streak) == (1, "Measuring", 1)
+    assert d.message.endswith("scale up to 2 waits for a step time to compare it with")
+    d = decide(spec, d.state, srv(2, 10.0, 1), now=1.0)
+    assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
 
 
 def test_a_scale_up_that_pays_stays_and_the_back_off_starts_over():

@@ -3,8 +3,9 @@
 examples/autoscale.yaml: generation is the slow part of a synchronous step, so the trainer waits
 for groups over the target, the local scaler starts a second rollout server, and that server joins
 the weight-sync group and serves the current policy version while the run goes on. (Whether the
-wait share then falls depends on free cores: on a 2-core machine a second CPU engine competes with
-the first.)
+steps then get faster depends on free cores: on a 2-core machine a second CPU engine competes with
+the first, and the scale-up is undone, ScaleUpNoGain: benchmarks/autoscale.py's cpu part. Here
+scaleUp.minGain 0 keeps it, whatever the machine.)
 
 examples/plugins/paced/autoscale-paced.yaml: the paced engine (each completion holds its server
 for a set time, one request at a time, as a busy accelerator; no CPU burnt) makes generation slow
@@ -44,7 +45,8 @@ def test_a_slow_generation_scales_rollout_processes_up(workdir):  # noqa: F811
     run_dir = workdir / "run"
     proc = grpojob_run(run_dir, "training.steps=14", "rollout.autoscale.maxReplicas=2",
                        "rollout.autoscale.targetWaitFraction=0.2", "rollout.autoscale.scaleUp.steps=1",
-                       "rollout.autoscale.scaleUp.cooldownSeconds=0", cwd=workdir)
+                       "rollout.autoscale.scaleUp.cooldownSeconds=0", "rollout.autoscale.scaleUp.minGain=0",
+                       cwd=workdir)
     out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 0, out
     decisions = [json.loads(line) for line in (run_dir / DECISIONS_FILE).read_text().splitlines()]

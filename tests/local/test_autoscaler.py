@@ -109,17 +109,18 @@ def test_a_scale_up_that_gave_nothing_stops_the_new_server_and_says_so(tmp_path)
         write(tmp_path, *({**r, "rollouts": [{"replica": f"rollout-{i}"} for i in range(n)]} for r, n in rows))
         return scaler.poll()
 
-    assert [c.name for c in steps((row(1, 1.6, 0.0, 2.0), 1))[0]] == ["rollout-1"]
-    # rollout-1 joins at step 3 (left out); steps 4 take 2.5 s against 2 s before: the servers share the cores
-    assert steps((row(2, 1.6, 0.0, 2.0), 1), (row(3, 2.0, 0.0, 2.5), 2)) == ([], [])
-    started, stopped = steps((row(4, 2.0, 0.0, 2.5), 2))
+    assert steps((row(1, 4.0, 0.0, 5.0), 1)) == ([], [])  # the first step (start-up) is no step time to compare
+    assert [c.name for c in steps((row(2, 1.6, 0.0, 2.0), 1))[0]] == ["rollout-1"]
+    # rollout-1 joins at step 4 (left out); step 5 takes 2.5 s against 2 s before: the servers share the cores
+    assert steps((row(3, 1.6, 0.0, 2.0), 1), (row(4, 2.0, 0.0, 2.5), 2)) == ([], [])
+    started, stopped = steps((row(5, 2.0, 0.0, 2.5), 2))
     assert started == [] and [c.name for c in stopped] == ["rollout-1"] and events[-1] == ("SIGTERM", "rollout-1")
     assert notes[-1].startswith("autoscale: ScaleUpNoGain: 2 -> 1 rollout servers: 2 servers made a step 2.50 s "
                                 "against 2.00 s with 1 (-20% steps a second; scaleUp.minGain 10%)")
     now[0] = 150.0  # the trainer waits as much as ever, but within the back-off: no server
-    assert steps((row(5, 1.6, 0.0, 2.0), 1), (row(6, 1.6, 0.0, 2.0), 1)) == ([], [])
+    assert steps((row(6, 1.6, 0.0, 2.0), 1), (row(7, 1.6, 0.0, 2.0), 1)) == ([], [])
     now[0] = 170.0
-    assert [c.name for c in steps((row(7, 1.6, 0.0, 2.0), 1))[0]] == ["rollout-2"]  # then it tries again
+    assert [c.name for c in steps((row(8, 1.6, 0.0, 2.0), 1))[0]] == ["rollout-2"]  # then it tries again
 
 
 def test_a_resumed_run_reads_only_new_steps(tmp_path):

@@ -80,9 +80,11 @@ def test_generation():
 
 def test_autoscale():
     out = run("autoscale", "--steps", "3", "--warmup", "1", "--repeat", "1", "--pace", "0.05", "--train-seconds", "0.1",
-              "--drain-step", "1", "--device", "cpu")
+              "--drain-step", "1", "--device", "cpu", "--cpu-steps", "2")
     figures(rf"wait share: fixed {NUMBER}, autoscale {NUMBER}: {NUMBER}x", out)
     figures(rf"step time: fixed {NUMBER}s, autoscale {NUMBER}s: {NUMBER}x", out)
+    figures(rf"cpu \(autoscale.yaml, 2 steps, \d+ cores\): wall fixed {NUMBER}s, autoscale {NUMBER}s: {NUMBER}x; "
+            rf"ScaleUpNoGain (\d+)", out)
     assert re.search(r"^drain: (\d+ requests in flight|rollout-1 had nothing in flight)", out, re.M), out[-2000:]
 
 

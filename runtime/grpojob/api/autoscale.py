@@ -26,7 +26,8 @@ Each change moves at most maxChange replicas, and never outside [minReplicas, ma
 
 A scale-up is a trial: the formula assumes the servers get devices (or cores) of their own, which a
 CPU job on a few shared cores does not, and there more servers only slow each other down. So the
-step time before the change (a running mean, halving the weight of older steps) is compared with
+step time before the change (a running mean, halving the weight of older steps; the job's first
+step, which pays the start-up, left out, and none taken before one is measured) is compared with
 the mean of the first scaleUp.steps steps served by the whole new pool (the first such step is left
 out: its groups were partly generated before). Unless the step got faster by scaleUp.minGain (the
 steps a second rose by that share), the servers are scaled back at once (ScaleUpNoGain, whatever
@@ -235,6 +236,9 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
     if streak < rule.steps:
         return Decision(r, "Waiting", f"{s.words()}: scale {direction} to {proposal} asked for {streak} of "
                         f"{rule.steps} steps", counted)
+    if direction == UP and state.measured < 1:  # a trial needs the step time before it
+        return Decision(r, "Measuring", f"{s.words()}: scale up to {proposal} waits for a step time to compare "
+                        "it with", counted)
     if state.last_change is not None and now - state.last_change < rule.cooldown_seconds:
         left = rule.cooldown_seconds - (now - state.last_change)
         return Decision(r, "CoolingDown", f"{s.words()}: scale {direction} to {proposal} waits {left:.0f} s more "
@@ -243,17 +247,18 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
            if direction == UP else f"rollout servers idle over {spec.target_idle_fraction:.0%} of the step")
     changed = State(replicas=proposal, last_step=s.step, last_change=now, measured=-1, backoff=state.backoff)
     if direction == UP:  # on trial until its steps are measured
-        changed = replace(changed, trial_from=r, before=state.seconds or s.step_seconds)
+        changed = replace(changed, trial_from=r, before=state.seconds)
     return Decision(proposal, "ScaleUp" if direction == UP else "ScaleDown",
                     f"{r} -> {proposal} rollout servers: {why} for {streak} steps ({s.words()})", changed)
 
 
 def measure(state: State, s: Signals) -> State:
     """The step time's running mean at this count, from steps the whole pool served (a step with
-    fewer servers than wanted, or the first whole one after a change, is left out)."""
+    fewer servers than wanted, the first whole one after a change, and the job's first step, are
+    left out)."""
     if s.servers is not None and s.servers < state.replicas:
         return state
-    if state.measured < 0:
+    if state.measured < 0 or state.last_step < 0:  # the first step ever also pays the start-up: left out
         return replace(state, measured=0)
     seconds = s.step_seconds if state.measured == 0 else (state.seconds + s.step_seconds) / 2
     return replace(state, seconds=seconds, measured=state.measured + 1)
