@@ -251,6 +251,9 @@ def test_a_gain_under_the_margin_is_none_and_a_margin_of_zero_keeps_any_gain():
         spec = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"min_gain": margin})})
         d = decide(spec, before, srv(4, 5.0, 2, wait_share=0.1), now=0.0)  # 5.25/5 - 1 = +5%
         assert d.reason == reason, margin
+    never = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"min_gain": -1.0})})
+    d = decide(never, before, srv(4, 20.0, 2, wait_share=0.1), now=0.0)  # 5.25/12.5 - 1 = -58%: kept all the same
+    assert (d.replicas, d.reason, d.state.trial_from) == (2, "InBand", 0)
 
 
 def test_a_scale_down_is_not_held_by_a_trial():

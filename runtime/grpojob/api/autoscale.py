@@ -58,7 +58,7 @@ class ScaleRule(Model):
 
 class ScaleUpRule(ScaleRule):
     """scaleUp: a ScaleRule whose changes must pay for themselves."""
-    min_gain: float = field(0.1, ge=0, description="Least gain in steps/s, or undone.")
+    min_gain: float = field(0.1, ge=-1, description="Least steps/s gain kept (-1: any).")
     backoff_seconds: int = field(300, ge=0, le=86400, description="No scale-up this long after (doubling).")
 
 
