@@ -14,10 +14,17 @@ burnt: on a 2-core machine more CPU servers would only share the same cores), an
 Prints, for each setting (fixed, autoscale; --repeat rounds taking turns, the median round
 counting), over the steps after --warmup: the trainer's mean wait share (metrics.jsonl
 wait_fraction), mean step time, the servers at the end and the autoscaler's changes; then the
-ratios autoscale / fixed. Last, `drain`: a job at 2 servers whose second server gets SIGTERM while
-it generates; its log says how many requests it had in flight, how many it finished (and their
-completion tokens) and how many were cut off: what a scale-down without the drain threw away and
-generated again elsewhere.
+ratios autoscale / fixed.
+
+Then `cpu`: examples/autoscale.yaml as written (real hf generation on this machine's CPU cores, no
+pacing) for --cpu-steps steps, fixed at 1 server and autoscaled (1..3), side by side: the whole
+run's wall time of each, their ratio, and the autoscaler's changes. On a few shared cores more
+servers do not make a step faster, so a scale-up must be undone (ScaleUpNoGain) and the autoscaled
+run take about the fixed run's time.
+
+Last, `drain`: a job at 2 servers whose second server gets SIGTERM while it generates; its log says
+how many requests it had in flight, how many it finished (and their completion tokens) and how many
+were cut off: what a scale-down without the drain threw away and generated again elsewhere.
 """
 from __future__ import annotations
 
@@ -37,19 +44,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACED = ROOT / "examples" / "plugins" / "paced"
 EXAMPLE = PACED / "autoscale-paced.yaml"
+CPU_EXAMPLE = ROOT / "examples" / "autoscale.yaml"
 DRAINED = re.compile(r"draining (\d+) requests in flight.*|drained in ([\d.]+) s: (\d+) requests finished "
                      r"\((\d+) completion tokens\), (\d+) cut off")
 
 
-def run_one(workdir: Path, name: str, sets: list[str], args, on_step=None) -> Path:
+def run_one(workdir: Path, name: str, sets: list[str], args, on_step=None, example: Path = EXAMPLE) -> Path:
     from grpojob.local.runner import Run, prepare
 
-    sets = [f"training.steps={args.steps}", f"code.localPath={PACED}", f"model.path={workdir / 'model'}",
-            f"trainer.args.secondsPerStep={args.train_seconds}",
-            'rollout.engineArgs={"pace": [{"fromVersion": 0, "secondsPerCompletion": %s}]}' % args.pace, *sets]
+    if example == EXAMPLE:
+        sets = [f"training.steps={args.steps}", f"code.localPath={PACED}", f"trainer.args.secondsPerStep="
+                f"{args.train_seconds}", 'rollout.engineArgs={"pace": [{"fromVersion": 0, "secondsPerCompletion": '
+                '%s}]}' % args.pace, *sets]
+    sets = [f"model.path={workdir / 'model'}", *sets]
     run_dir = workdir / name
     shutil.rmtree(run_dir, ignore_errors=True)
-    job, run_dir = prepare(str(EXAMPLE), sets, str(run_dir), None, open(os.devnull, "w"))
+    job, run_dir = prepare(str(example), sets, str(run_dir), None, open(os.devnull, "w"))
     run = Run(job, run_dir, None, progress=False, out=open(os.devnull, "w"))
     stop = threading.Event()
 
@@ -100,6 +110,24 @@ def summary(run_dir: Path, warmup: int) -> dict:
             "reward": records[-1]["reward_mean"]}
 
 
+def cpu_bound(workdir: Path, args) -> dict:
+    """examples/autoscale.yaml as written, fixed vs autoscaled, --repeat rounds taking turns: wall times."""
+    settings = {"fixed": ["rollout.autoscale=null", "rollout.replicas=1"], "autoscale": []}
+    rounds: dict[str, list[dict]] = {s: [] for s in settings}
+    for i in range(args.repeat):
+        for name, sets in settings.items():
+            began = time.monotonic()
+            run_dir = run_one(workdir, f"cpu-{name}", [f"training.steps={args.cpu_steps}", *sets], args,
+                              example=CPU_EXAMPLE)
+            r = {"wall": time.monotonic() - began, **summary(run_dir, args.warmup)}
+            log = run_dir / "autoscale.jsonl"
+            r["no_gain"] = log.read_text().count('"ScaleUpNoGain"') if log.exists() else 0
+            rounds[name].append(r)
+            print(f"round {i + 1} cpu {name}: wall {r['wall']:.1f}s  wait share {r['wait']:.3f}  step {r['step']:.2f}s"
+                  f"  (changes: {r['changes']}; reward {r['reward']:.3f})", flush=True)
+    return {s: sorted(rs, key=lambda r: r["wall"])[len(rs) // 2] for s, rs in rounds.items()}
+
+
 def drain(workdir: Path, args) -> str:
     """Two fixed servers; rollout-1 gets SIGTERM once step --drain-step is recorded (generating the next)."""
     def on_step(run, steps):
@@ -129,6 +157,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="rounds; the median round of each setting counts")
     p.add_argument("--drain-step", type=int, default=3, help="the drain part stops a server after this step")
     p.add_argument("--no-drain", action="store_true", help="skip the drain part")
+    p.add_argument("--cpu-steps", type=int, default=40, help="steps of the cpu part (examples/autoscale.yaml)")
+    p.add_argument("--parts", default="paced,cpu", help="which of paced, cpu to run (the drain part: --no-drain)")
     p.add_argument("--max-seconds", type=float, default=150.0, help="stop a run after this long (0: never)")
     args = p.parse_args()
     os.environ["GRPOJOB_DEVICE"] = args.device
@@ -136,8 +166,10 @@ def main() -> None:
                 "autoscale": ["rollout.replicas=1", "rollout.autoscale.minReplicas=1",
                               f"rollout.autoscale.maxReplicas={args.max_replicas}"]}
     rounds: dict[str, list[dict]] = {s: [] for s in settings}
+    parts = set(args.parts.split(","))
+    cpu = None
     with tempfile.TemporaryDirectory(prefix="grpojob-autoscale-") as tmp:
-        for i in range(args.repeat):
+        for i in range(args.repeat if "paced" in parts else 0):
             for name, sets in settings.items():
                 r = summary(run_one(Path(tmp), name, sets, args), args.warmup)
                 rounds[name].append(r)
@@ -145,15 +177,23 @@ def main() -> None:
                       f"{r['train']:.2f}s  (steps {r['steps']}, "
                       f"{r['servers']} servers at the end; changes: {r['changes']}; reward {r['reward']:.3f})",
                       flush=True)
+        if "cpu" in parts:
+            cpu = cpu_bound(Path(tmp), args)
         drained = None if args.no_drain else drain(Path(tmp), args)
-    res = {s: sorted(rs, key=lambda r: r["step"])[len(rs) // 2] for s, rs in rounds.items()}
-    fixed, auto = res["fixed"], res["autoscale"]
-    print(f"generation {32 * args.pace:.1f} s a step on one server (32 completions x {args.pace} s), training "
-          f"+{args.train_seconds} s a step; device {args.device}")
-    print(f"wait share: fixed {fixed['wait']:.3f}, autoscale {auto['wait']:.3f}: "
-          f"{auto['wait'] / fixed['wait']:.2f}x (autoscale / fixed)")
-    print(f"step time: fixed {fixed['step']:.2f}s, autoscale {auto['step']:.2f}s: {auto['step'] / fixed['step']:.2f}x "
-          f"(steps/s {fixed['step'] / auto['step']:.2f}x)")
+    if "paced" in parts:
+        res = {s: sorted(rs, key=lambda r: r["step"])[len(rs) // 2] for s, rs in rounds.items()}
+        fixed, auto = res["fixed"], res["autoscale"]
+        print(f"generation {32 * args.pace:.1f} s a step on one server (32 completions x {args.pace} s), training "
+              f"+{args.train_seconds} s a step; device {args.device}")
+        print(f"wait share: fixed {fixed['wait']:.3f}, autoscale {auto['wait']:.3f}: "
+              f"{auto['wait'] / fixed['wait']:.2f}x (autoscale / fixed)")
+        print(f"step time: fixed {fixed['step']:.2f}s, autoscale {auto['step']:.2f}s: "
+              f"{auto['step'] / fixed['step']:.2f}x (steps/s {fixed['step'] / auto['step']:.2f}x)")
+    if cpu:
+        fixed, auto = cpu["fixed"], cpu["autoscale"]
+        print(f"cpu ({CPU_EXAMPLE.name}, {args.cpu_steps} steps, {os.cpu_count()} cores): wall fixed {fixed['wall']:.1f}s, "
+              f"autoscale {auto['wall']:.1f}s: {auto['wall'] / fixed['wall']:.2f}x; ScaleUpNoGain {auto['no_gain']}; "
+              f"changes: {auto['changes']}")
     if drained:
         print(f"drain: {drained}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpojob.api import check
-from grpojob.api.autoscale import DOWN, HOLD, UP, AutoscaleSpec, ScaleRule, Signals, State, decide, want
+from grpojob.api.autoscale import DOWN, HOLD, UP, AutoscaleSpec, ScaleRule, ScaleUpRule, Signals, State, decide, want
 
 SPEC = AutoscaleSpec(min_replicas=1, max_replicas=8, target_wait_fraction=0.2, target_idle_fraction=0.5,
                      scale_up=ScaleRule(steps=2, cooldown_seconds=60, max_change=4),
@@ -103,20 +103,26 @@ def sig(step, wait, idle=0.0, total=10.0):
 
 
 def test_scale_up_needs_its_steps_takes_the_smallest_ask_then_cools_down():
+    spec = SPEC.model_copy(update={"scale_up": SPEC.scale_up.model_copy(update={"min_gain": 0.0})})  # any gain
     st = State(replicas=1)
-    d = decide(SPEC, st, sig(1, 8.0), now=1000.0)
+    d = decide(spec, st, sig(1, 8.0), now=1000.0)
     assert (d.replicas, d.reason, d.state.streak, d.state.proposal) == (1, "Waiting", 1, 5)
-    d = decide(SPEC, d.state, sig(1, 8.0), now=1010.0)  # the same step again: counts nothing
+    d = decide(spec, d.state, sig(1, 8.0), now=1010.0)  # the same step again: counts nothing
     assert (d.reason, d.state.streak) == ("NoNewStep", 1)
-    d = decide(SPEC, d.state, sig(2, 5.0), now=1020.0)  # 1*5*0.8/(0.2*5) = 4 < 5: the smaller ask
+    d = decide(spec, d.state, sig(2, 5.0), now=1020.0)  # 1*5*0.8/(0.2*5) = 4 < 5: the smaller ask
     assert (d.replicas, d.reason, d.changed) == (4, "ScaleUp", True)
     assert d.message.startswith("1 -> 4 rollout servers: the trainer waits for groups over 20% of its step for 2 steps")
-    assert d.state == State(replicas=4, last_step=2, last_change=1020.0)
-    # still waiting: two more steps ask, but within scaleUp.cooldownSeconds (60) of the change
-    d = decide(SPEC, d.state, sig(3, 5.0), now=1030.0)
-    d = decide(SPEC, d.state, sig(4, 5.0), now=1040.0)
-    assert (d.replicas, d.reason) == (4, "CoolingDown") and "waits 40 s more" in d.message
-    d = decide(SPEC, d.state, sig(5, 5.0), now=1081.0)  # 4*5*0.8/(0.2*5) = 16, capped at 4 + 4 = 8
+    assert d.state == State(replicas=4, last_step=2, last_change=1020.0, measured=-1, trial_from=1, before=10.0)
+    # still waiting: no scale-up while the change is measured (step 3 left out, steps 4 and 5 measured:
+    # 10 s a step as before, which minGain 0 lets pass), then two steps ask, within scaleUp.cooldownSeconds
+    for step in (3, 4):
+        d = decide(spec, d.state, sig(step, 5.0), now=1020.0 + step)
+        assert (d.replicas, d.reason) == (4, "Measuring")
+    d = decide(spec, d.state, sig(5, 5.0), now=1025.0)
+    assert (d.replicas, d.reason, d.state.trial_from) == (4, "Waiting", 0)
+    d = decide(spec, d.state, sig(6, 5.0), now=1030.0)
+    assert (d.replicas, d.reason) == (4, "CoolingDown") and "waits 50 s more" in d.message
+    d = decide(spec, d.state, sig(7, 5.0), now=1081.0)  # 4*5*0.8/(0.2*5) = 16, capped at 4 + 4 = 8
     assert (d.replicas, d.reason) == (8, "ScaleUp")
 
 
@@ -171,3 +177,92 @@ def test_at_max_replicas_a_wait_asks_for_nothing():
     d = decide(spec, st, sig(3, 8.0), now=0.0)
     assert (d.replicas, d.reason, d.changed, d.state.streak) == (2, "AtLimit", False, 0)
     assert d.message.endswith("the trainer waits over 20%, and 2 is maxReplicas")
+
+
+# A scale-up on trial: the step time before (a running mean: each step halves the older ones' weight)
+# against the mean of the first scaleUp.steps steps the whole new pool served (its first one left out).
+TRIAL = SPEC.model_copy(update={"scale_up": ScaleUpRule(steps=2, cooldown_seconds=0, max_change=1, min_gain=0.1,
+                                                        backoff_seconds=100)})
+
+
+def srv(step, total, servers, wait_share=0.8, idle=0.0):
+    return Signals(step=step, wait_seconds=wait_share * total, step_seconds=total, idle_fraction=idle, servers=servers)
+
+
+def test_a_scale_up_that_does_not_raise_the_step_rate_is_undone_and_backs_off_doubling():
+    d = decide(TRIAL, State(replicas=1), srv(1, 30.0, 1), now=0.0)  # the first step pays the start-up: left out
+    assert (d.reason, d.state.seconds, d.state.measured) == ("Waiting", 0.0, 0)
+    d = decide(TRIAL, d.state, srv(2, 10.0, 1, wait_share=0.1), now=5.0)
+    assert (d.reason, d.state.seconds, d.state.measured) == ("InBand", 10.0, 1)
+    d = decide(TRIAL, d.state, srv(3, 8.0, 1), now=10.0)  # mean (10 + 8) / 2 = 9
+    assert (d.reason, d.state.seconds) == ("Waiting", 9.0)
+    d = decide(TRIAL, d.state, srv(4, 9.0, 1), now=20.0)  # (9 + 9) / 2
+    assert (d.replicas, d.reason) == (2, "ScaleUp")
+    assert (d.state.trial_from, d.state.before, d.state.measured) == (1, 9.0, -1)
+    d = decide(TRIAL, d.state, srv(5, 12.0, 1), now=30.0)  # the new server has not joined: not measured
+    assert (d.replicas, d.reason, d.state.measured) == (2, "Measuring", -1)
+    assert d.message.endswith("no scale-up before the 1 -> 2 one is measured (0 of 2 steps)")
+    d = decide(TRIAL, d.state, srv(6, 12.0, 2), now=40.0)  # the whole pool's first step: left out
+    assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 0, 0.0)
+    d = decide(TRIAL, d.state, srv(7, 11.0, 2), now=50.0)
+    assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 1, 11.0)
+    d = decide(TRIAL, d.state, srv(8, 9.0, 2), now=60.0)  # (11 + 9) / 2 = 10 s against 9 s: 9/10 - 1 = -10%
+    assert (d.replicas, d.reason, d.changed) == (1, "ScaleUpNoGain", True)
+    assert d.message.startswith("2 -> 1 rollout servers: 2 servers made a step 10.00 s against 9.00 s with 1 "
+                                "(-10% steps a second; scaleUp.minGain 10%): they slow each other down; "
+                                "no scale-up for 100 s (step 8")
+    assert d.state == State(replicas=1, last_step=8, last_change=60.0, measured=-1, backoff=100.0)
+    # the trainer still waits, but the back-off holds: no streak either
+    d = decide(TRIAL, d.state, srv(9, 10.0, 2), now=70.0)
+    assert (d.replicas, d.reason, d.state.streak) == (1, "BackingOff", 0)
+    assert d.message.endswith("no scale-up for 90 s more (the last one did not pay)")
+    d = decide(TRIAL, d.state, srv(10, 10.0, 1), now=170.0)
+    d = decide(TRIAL, d.state, srv(11, 10.0, 1), now=180.0)
+    assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
+    for step, total in ((12, 12.0), (13, 12.0), (14, 12.0)):
+        d = decide(TRIAL, d.state, srv(step, total, 2), now=180.0 + step)
+    assert (d.replicas, d.reason, d.state.backoff, d.state.last_change) == (1, "ScaleUpNoGain", 200.0, 194.0)
+
+
+def test_no_scale_up_before_a_step_time_to_compare_it_with():
+    spec = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"steps": 1})})
+    d = decide(spec, State(replicas=1), srv(1, 30.0, 1), now=0.0)
+    assert (d.replicas, d.reason, d.state.streak) == (1, "Measuring", 1)
+    assert d.message.endswith("scale up to 2 waits for a step time to compare it with")
+    d = decide(spec, d.state, srv(2, 10.0, 1), now=1.0)
+    assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
+
+
+def test_a_scale_up_that_pays_stays_and_the_back_off_starts_over():
+    st = State(replicas=1, last_step=1, seconds=10.0, measured=3, backoff=200.0, last_change=-150.0)
+    d = decide(TRIAL, st, srv(2, 10.0, 1), now=100.0)
+    d = decide(TRIAL, d.state, srv(3, 10.0, 1), now=110.0)
+    assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
+    d = decide(TRIAL, d.state, srv(4, 9.0, None), now=120.0)  # servers not reported: every step after the first
+    d = decide(TRIAL, d.state, srv(5, 8.0, None, wait_share=0.1), now=130.0)
+    d = decide(TRIAL, d.state, srv(6, 9.0, None, wait_share=0.1), now=140.0)  # 8.5 s: 10/8.5 - 1 = +18%
+    assert (d.replicas, d.reason, d.state.trial_from, d.state.backoff) == (2, "InBand", 0, 0.0)
+    assert d.state.seconds == 8.5
+
+
+def test_a_gain_under_the_margin_is_none_and_a_margin_of_zero_keeps_any_gain():
+    before = State(replicas=2, last_step=3, seconds=5.0, measured=1, trial_from=1, before=5.25)
+    for margin, reason in ((0.1, "ScaleUpNoGain"), (0.0, "InBand")):
+        spec = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"min_gain": margin})})
+        d = decide(spec, before, srv(4, 5.0, 2, wait_share=0.1), now=0.0)  # 5.25/5 - 1 = +5%
+        assert d.reason == reason, margin
+    never = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"min_gain": -1.0})})
+    d = decide(never, before, srv(4, 20.0, 2, wait_share=0.1), now=0.0)  # 5.25/12.5 - 1 = -58%: kept all the same
+    assert (d.replicas, d.reason, d.state.trial_from) == (2, "InBand", 0)
+
+
+def test_a_scale_down_is_not_held_by_a_trial():
+    spec = TRIAL.model_copy(update={"scale_down": ScaleRule(steps=1, cooldown_seconds=0, max_change=1)})
+    st = State(replicas=3, last_step=4, measured=-1, trial_from=1, before=10.0)
+    d = decide(spec, st, srv(5, 4.0, 3, wait_share=0.0, idle=0.9), now=0.0)
+    assert (d.replicas, d.reason, d.state.trial_from) == (2, "ScaleDown", 0)
+
+
+def test_a_plain_scale_rule_still_sets_scale_up():
+    a = AutoscaleSpec(max_replicas=2, scale_up=ScaleRule(steps=3))
+    assert (a.scale_up.steps, a.scale_up.min_gain, a.scale_up.backoff_seconds) == (3, 0.1, 300)

@@ -73,26 +73,54 @@ def test_up_after_two_steps_then_cooldown_then_down(tmp_path):
     assert new.env[ENV_ROLLOUT_PORT] != "1", "a port of its own"
     assert notes[0].startswith("autoscale: ScaleUp: 1 -> 2 rollout servers: the trainer waits for groups over 20%")
 
-    write(tmp_path, row(3, 8.0, 0.0), row(4, 8.0, 0.0))  # within scaleUp.cooldownSeconds 30
+    # 2 servers: 6 s a step, not 10 (step 3 left out: partly generated before); the trainer still waits
+    write(tmp_path, row(3, 4.8, 0.0, 6.0), row(4, 4.8, 0.0, 6.0))  # within scaleUp.cooldownSeconds 30
     now[0] = 110.0
     assert scaler.poll() == ([], []) and scaler.state.replicas == 2
     now[0] = 131.0
-    write(tmp_path, row(5, 8.0, 0.0))
+    write(tmp_path, row(5, 4.8, 0.0, 6.0), row(6, 4.8, 0.0, 6.0))  # it paid (+67% steps a second): on
     assert [c.name for c in scaler.poll()[0]] == ["rollout-2"]
 
-    write(tmp_path, row(6, 0.0, 0.9))  # idle: one step, no cool-down, one at a time: the newest goes
+    write(tmp_path, row(7, 0.0, 0.9))  # idle: one step, no cool-down, one at a time: the newest goes
     started, stopped = scaler.poll()
     assert started == [] and [c.name for c in stopped] == ["rollout-2"] and events[-1] == ("SIGTERM", "rollout-2")
-    write(tmp_path, row(7, 0.0, 0.9), row(8, 0.0, 0.9))
+    write(tmp_path, row(8, 0.0, 0.9), row(9, 0.0, 0.9))
     assert [c.name for c in scaler.poll()[1]] == ["rollout-1"]  # then 1: minReplicas, and it stays
     assert [c.name for c in scaler.servers] == ["rollout-0"]
-    write(tmp_path, row(9, 0.0, 0.9))
+    write(tmp_path, row(10, 0.0, 0.9))
     assert scaler.poll() == ([], [])
 
     log = [json.loads(line) for line in (tmp_path / DECISIONS_FILE).read_text().splitlines()]
     assert [(d["step"], d["reason"], d["replicas"], d["started"], d["stopped"]) for d in log] == [
-        (2, "ScaleUp", 2, ["rollout-1"], []), (5, "ScaleUp", 3, ["rollout-2"], []),
-        (6, "ScaleDown", 2, [], ["rollout-2"]), (7, "ScaleDown", 1, [], ["rollout-1"])]
+        (2, "ScaleUp", 2, ["rollout-1"], []), (6, "ScaleUp", 3, ["rollout-2"], []),
+        (7, "ScaleDown", 2, [], ["rollout-2"]), (8, "ScaleDown", 1, [], ["rollout-1"])]
+
+
+def test_a_scale_up_that_gave_nothing_stops_the_new_server_and_says_so(tmp_path):
+    events: list = []
+    notes: list[str] = []
+    now = [100.0]
+    spec = AutoscaleSpec(min_replicas=1, max_replicas=3, scale_up={"steps": 1, "cooldownSeconds": 0, "maxChange": 1,
+                                                                   "minGain": 0.1, "backoffSeconds": 60})
+    scaler = LocalAutoscaler(spec, tmp_path, [server(events, 0, tmp_path)], note=notes.append, clock=lambda: now[0],
+                             make=lambda template, index: server(events, index, tmp_path))
+
+    def steps(*rows):
+        write(tmp_path, *({**r, "rollouts": [{"replica": f"rollout-{i}"} for i in range(n)]} for r, n in rows))
+        return scaler.poll()
+
+    assert steps((row(1, 4.0, 0.0, 5.0), 1)) == ([], [])  # the first step (start-up) is no step time to compare
+    assert [c.name for c in steps((row(2, 1.6, 0.0, 2.0), 1))[0]] == ["rollout-1"]
+    # rollout-1 joins at step 4 (left out); step 5 takes 2.5 s against 2 s before: the servers share the cores
+    assert steps((row(3, 1.6, 0.0, 2.0), 1), (row(4, 2.0, 0.0, 2.5), 2)) == ([], [])
+    started, stopped = steps((row(5, 2.0, 0.0, 2.5), 2))
+    assert started == [] and [c.name for c in stopped] == ["rollout-1"] and events[-1] == ("SIGTERM", "rollout-1")
+    assert notes[-1].startswith("autoscale: ScaleUpNoGain: 2 -> 1 rollout servers: 2 servers made a step 2.50 s "
+                                "against 2.00 s with 1 (-20% steps a second; scaleUp.minGain 10%)")
+    now[0] = 150.0  # the trainer waits as much as ever, but within the back-off: no server
+    assert steps((row(6, 1.6, 0.0, 2.0), 1), (row(7, 1.6, 0.0, 2.0), 1)) == ([], [])
+    now[0] = 170.0
+    assert [c.name for c in steps((row(8, 1.6, 0.0, 2.0), 1))[0]] == ["rollout-2"]  # then it tries again
 
 
 def test_a_resumed_run_reads_only_new_steps(tmp_path):

@@ -226,3 +226,63 @@ def test_unreadable_status_starts_afresh_and_conditions_keep_their_transition_ti
     t = cond(d.status, "TrainerReady").last_transition_time
     later = step(job(), d.status, now=T0 + timedelta(hours=1), tp=pods("trainer", 2), rp=pods("rollout", 2))
     assert cond(later.status, "TrainerReady").last_transition_time == t
+
+
+def test_after_the_end_the_autoscale_status_says_the_job_finished_with_its_last_figures():
+    from grpojob.api.status import PipelineStatus
+    auto = {"replicas": 1, "autoscale": {"maxReplicas": 3, "scaleUp": {"steps": 1, "cooldownSeconds": 0}}}
+    j = job(rollout=auto)
+    d = running_status(j)
+    for n_ in (19, 20):  # (step 19, the first one seen, is no step time to compare with: left out)
+        at = TrainerStatus(phase="running", step=n_, total_steps=20, pipeline=PipelineStatus(
+            step=n_, wait_seconds=9.24, step_seconds=10.0, rollout_idle_fraction=0.05))
+        d = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=at)
+    assert (d.status.autoscale.reason, d.status.autoscale.replicas) == ("ScaleUp", 3)
+    # the trainer stops stepping (restarting, say): no longer "has not reported yet"
+    pause = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 3), trainer=TrainerStatus(phase="starting"))
+    assert pause.status.autoscale.reason == "NoSignal"
+    assert pause.status.autoscale.message == ("no step reported now (the trainer says starting); "
+                                              "the last counted was step 20")
+    done = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 3),
+                trainer=TrainerStatus(phase="completed", step=20, total_steps=20))
+    a = done.status.autoscale
+    assert done.status.phase == "Succeeded"
+    assert (a.reason, a.replicas, a.last_step, a.wait_fraction, a.idle_fraction) == ("Finished", 3, 20, 0.924, 0.05)
+    assert a.message == ("the job Succeeded; autoscaling ended at 3 rollout servers, last counted step 20, "
+                         "trainer waited 92% of it for groups, servers idle 5%")
+    # later looks keep it (the job stays finished)
+    assert step(j, done.status, now=T0 + timedelta(seconds=60)).status.autoscale == a
+    # a job that fails says so too
+    j0 = job(rollout=auto, runPolicy={"activeDeadlineSeconds": 1})
+    failed = step(j0, d.status, now=T0 + timedelta(seconds=5), tp=pods("trainer", 2), rp=pods("rollout", 3),
+                  trainer=TRAINING)
+    assert failed.status.phase == "Failed" and failed.status.autoscale.reason == "Finished"
+    assert failed.status.autoscale.message.startswith("the job Failed; autoscaling ended at 3 rollout servers")
+
+
+def test_a_scale_up_that_gave_nothing_is_undone_with_a_scale_up_no_gain_event():
+    from grpojob.api.status import PipelineStatus, RolloutLag
+    from grpojob_operator.status import autoscaling
+    j = job(rollout={"replicas": 1, "autoscale": {"maxReplicas": 3, "scaleUp": {
+        "steps": 1, "cooldownSeconds": 0, "maxChange": 1, "minGain": 0.1, "backoffSeconds": 120}}})
+
+    def trainer(step, seconds, servers):
+        return TrainerStatus(phase="running", step=step, total_steps=20, rollouts=[
+            RolloutLag(replica=f"j-rollout-{i}") for i in range(servers)], pipeline=PipelineStatus(
+                step=step, wait_seconds=0.8 * seconds, step_seconds=seconds))
+    st, events = autoscaling.step(j, None, trainer(1, 5.0, 1), T0)  # the first step: no step time to compare
+    assert (st.replicas, st.reason) == (1, "Measuring")
+    st, events = autoscaling.step(j, st, trainer(2, 2.0, 1), T0)
+    assert (st.replicas, st.reason, st.trial_from, st.before_seconds) == (2, "ScaleUp", 1, 2.0)
+    # its state lives in the status: each look starts from the last one's status (an operator restart too)
+    for step_, seconds, servers in ((3, 2.0, 1), (4, 2.5, 2), (5, 2.6, 2)):
+        st, events = autoscaling.step(j, st, trainer(step_, seconds, servers), T0 + timedelta(seconds=10 * step_))
+    assert (st.replicas, st.reason, st.backoff_seconds, st.trial_from) == (1, "ScaleUpNoGain", 120.0, 0)
+    (event,) = events
+    assert (event.type, event.reason) == ("Warning", "ScaleUpNoGain")
+    assert event.message.startswith("2 -> 1 rollout servers: 2 servers made a step 2.60 s against 2.00 s with 1 "
+                                    "(-23% steps a second; scaleUp.minGain 10%): they slow each other down; "
+                                    "no scale-up for 120 s")
+    st, events = autoscaling.step(j, st, trainer(6, 2.0, 1), T0 + timedelta(seconds=60))
+    assert (st.replicas, st.reason, events) == (1, "BackingOff", [])
+    assert autoscaling.rollout_replicas(j, st) == 1

@@ -17,9 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 NUMBER = r"(\d+(?:\.\d+)?)"
 
 
-def run(name: str, *args: str) -> str:
+def run(name: str, *args: str, timeout: float = 300) -> str:
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / f"{name}.py"), *args], cwd=ROOT,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-4000:]
     return proc.stdout
 
@@ -88,9 +88,11 @@ def test_generation():
 
 def test_autoscale():
     out = run("autoscale", "--steps", "3", "--warmup", "1", "--repeat", "1", "--pace", "0.05", "--train-seconds", "0.1",
-              "--drain-step", "1", "--device", "cpu")
+              "--drain-step", "1", "--device", "cpu", "--cpu-steps", "2", timeout=480)  # five runs
     figures(rf"wait share: fixed {NUMBER}, autoscale {NUMBER}: {NUMBER}x", out)
     figures(rf"step time: fixed {NUMBER}s, autoscale {NUMBER}s: {NUMBER}x", out)
+    figures(rf"cpu \(autoscale.yaml, 2 steps, \d+ cores\): wall fixed {NUMBER}s, autoscale {NUMBER}s: {NUMBER}x; ", out)
+    assert re.search(r"^cpu .*x; ScaleUpNoGain \d+; changes: ", out, re.M), out[-2000:]  # a count: 0 is one
     assert re.search(r"^drain: (\d+ requests in flight|rollout-1 had nothing in flight)", out, re.M), out[-2000:]
 
 

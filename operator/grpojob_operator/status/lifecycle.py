@@ -65,6 +65,8 @@ def decide(job: Optional[GRPOJob], prev: GRPOJobStatus, obs: Observation, *,
     running_reason = ""  # why the job is not Running, when _phase says
 
     def finish(scale: Scale, **kw) -> Decision:
+        if st.phase in TERMINAL:
+            st.autoscale = autoscaling.ended(st.autoscale, st.phase)
         readiness(conds, st, obs, scale, job)
         conds.set("Running", st.phase == "Running", running_reason or st.phase)
         conds.write()

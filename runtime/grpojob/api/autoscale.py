@@ -23,6 +23,16 @@ the streak, a scale-up takes the smallest size it asked for and a scale-down the
 HPA's stabilisation window). Cool-down: no scale-up within
 scaleUp.cooldownSeconds, no scale-down within scaleDown.cooldownSeconds, of the last change.
 Each change moves at most maxChange replicas, and never outside [minReplicas, maxReplicas].
+
+A scale-up is a trial: the formula assumes the servers get devices (or cores) of their own, which a
+CPU job on a few shared cores does not, and there more servers only slow each other down. So the
+step time before the change (a running mean, halving the weight of older steps; the job's first
+step, which pays the start-up, left out, and none taken before one is measured) is compared with
+the mean of the first scaleUp.steps steps served by the whole new pool (the first such step is left
+out: its groups were partly generated before). Unless the step got faster by scaleUp.minGain (the
+steps a second rose by that share), the servers are scaled back at once (ScaleUpNoGain, whatever
+the idle share) and no scale-up is taken within scaleUp.backoffSeconds of a change (doubled at each
+failed trial in a row) until a trial pays. Scale-downs are not held by a trial or a back-off.
 """
 from __future__ import annotations
 
@@ -30,18 +40,26 @@ import math
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from pydantic import field_validator
+
 from grpojob.api.base import Model, field
 
 UP, DOWN, HOLD = "up", "down", "hold"
+NO_GAIN = "ScaleUpNoGain"
 
 
 class ScaleRule(Model):
     """One direction of the autoscaler (the HPA's behavior.scaleUp/scaleDown)."""
-    steps: int = field(2, ge=1, le=1000, description="Consecutive trainer steps asking for this direction "
-                       "before it is taken.")
-    cooldown_seconds: int = field(60, ge=0, le=86400, description="Seconds after the last change "
-                                  "before this direction may act.")
-    max_change: int = field(2, ge=1, le=1000, description="Most replicas added or removed per change.")
+    steps: int = field(2, ge=1, le=1000, description="Trainer steps in a row asking for it.")
+    cooldown_seconds: int = field(60, ge=0, le=86400, description="Seconds after the last change before it "
+                                  "may act.")
+    max_change: int = field(2, ge=1, le=1000, description="Most replicas per change.")
+
+
+class ScaleUpRule(ScaleRule):
+    """scaleUp: a ScaleRule whose changes must pay for themselves."""
+    min_gain: float = field(0.1, ge=-1, description="Least steps/s gain kept (-1: any).")
+    backoff_seconds: int = field(300, ge=0, le=86400, description="No scale-up this long after (doubling).")
 
 
 class AutoscaleSpec(Model):
@@ -52,14 +70,18 @@ class AutoscaleSpec(Model):
 
     min_replicas: int = field(1, ge=1, le=1000, description="Fewest rollout servers.")
     max_replicas: int = field(ge=1, le=1000, description="Most rollout servers.")
-    target_wait_fraction: float = field(0.2, gt=0, lt=1, description="Scale up while the trainer waits for "
-                                        "groups over this share of its step.")
+    target_wait_fraction: float = field(0.2, gt=0, lt=1, description="Scale up while the trainer waits "
+                                        "over this share of its step.")
     target_idle_fraction: float = field(0.5, gt=0, lt=1, description="Scale down while the servers idle over "
-                                        "this share of the step (not below what keeps the wait under target).")
-    scale_up: ScaleRule = field(default_factory=ScaleRule, description="When and how far to scale up.")
+                                        "this share of the step.")
+    scale_up: ScaleUpRule = field(default_factory=ScaleUpRule, description="When and how far to scale up.")
     scale_down: ScaleRule = field(default_factory=lambda: ScaleRule(steps=5, cooldown_seconds=300, max_change=1),
-                                  description="When and how far to scale down (default: 5 steps, "
-                                  "300 s, 1).")
+                                  description="When and how far to scale down.")
+
+    @field_validator("scale_up", mode="before")
+    @classmethod
+    def _a_plain_rule(cls, v):  # a ScaleRule built before scaleUp had its own fields still does
+        return v.model_dump() if type(v) is ScaleRule else v
 
 
 def problems(spec) -> list[tuple[str, str]]:
@@ -94,6 +116,7 @@ class Signals:
     idle_fraction: Optional[float] = None  # share of the step no group was being generated
     groups_in_flight: Optional[int] = None  # reported alongside, not decided on
     policy_lag: Optional[float] = None  # reported alongside, not decided on
+    servers: Optional[int] = None  # rollout servers in the trainer's weight-sync group (None: not known)
 
     @property
     def wait_fraction(self) -> Optional[float]:
@@ -124,18 +147,24 @@ class State:
     streak: int = 0  # consecutive steps asking for `direction`
     proposal: int = 0  # replicas the streak asks for (up: the smallest asked, down: the largest)
     last_change: Optional[float] = None  # time (seconds) of the last change of replicas
+    seconds: float = 0.0  # running mean step time at this count (0: none measured yet)
+    measured: int = 0  # steps in it; -1: the next step of the whole pool is left out (just changed)
+    trial_from: int = 0  # replicas before the scale-up on trial (0: none)
+    before: float = 0.0  # the mean step time before it
+    backoff: float = 0.0  # no scale-up within this many seconds of a change, until a trial pays (0: none)
 
 
 @dataclass(frozen=True)
 class Decision:
     replicas: int
-    reason: str  # Bounds, ScaleUp, ScaleDown, InBand, AtLimit, Waiting, CoolingDown, NoNewStep, NoSignal
+    reason: str  # Bounds, ScaleUp, ScaleDown, ScaleUpNoGain, InBand, AtLimit, Waiting, CoolingDown, Measuring,
+    #              BackingOff, NoNewStep, NoSignal
     message: str
     state: State
 
     @property
     def changed(self) -> bool:
-        return self.reason in ("Bounds", "ScaleUp", "ScaleDown")
+        return self.reason in ("Bounds", "ScaleUp", "ScaleDown", NO_GAIN)
 
 
 def replicas_for_wait(replicas: int, wait: float, step: float, target: float) -> float:
@@ -173,15 +202,30 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
     if bounded != r:  # the bounds were edited (or a first look): obey them at once
         return Decision(bounded, "Bounds", f"{r} replicas are outside minReplicas..maxReplicas "
                         f"({spec.min_replicas}..{spec.max_replicas})",
-                        replace(state, replicas=bounded, direction=HOLD, streak=0, proposal=0, last_change=now))
+                        replace(state, replicas=bounded, direction=HOLD, streak=0, proposal=0, last_change=now,
+                                seconds=0.0, measured=-1, trial_from=0))
     if s is None or s.wait_fraction is None:
         return Decision(r, "NoSignal", "the trainer has not reported a step's wait yet", state)
     if s.step == state.last_step:  # (a step below it is a trainer resumed from an earlier checkpoint: new)
         return Decision(r, "NoNewStep", f"no step since step {state.last_step}", state)
+    state = measure(state, s)
+    if state.trial_from and state.measured >= spec.scale_up.steps:
+        gain = state.before / state.seconds - 1
+        if gain < spec.scale_up.min_gain:
+            return no_gain(spec, state, s, gain, now)
+        state = replace(state, trial_from=0, backoff=0.0)  # it paid: the next failed trial backs off from the start
     direction, asked = want(spec, r, s)
     if direction == UP and asked <= r:  # at maxReplicas: asks for nothing it can have
         return Decision(r, "AtLimit", f"{s.words()}: the trainer waits over {spec.target_wait_fraction:.0%}, and "
                         f"{r} is maxReplicas", replace(state, last_step=s.step, direction=HOLD, streak=0, proposal=0))
+    held = state.backoff and state.last_change is not None and now < state.last_change + state.backoff
+    if direction == UP and (state.trial_from or held):
+        calm = replace(state, last_step=s.step, direction=HOLD, streak=0, proposal=0)
+        if state.trial_from:
+            return Decision(r, "Measuring", f"{s.words()}: no scale-up before the {state.trial_from} -> {r} one is "
+                            f"measured ({max(0, state.measured)} of {spec.scale_up.steps} steps)", calm)
+        return Decision(r, "BackingOff", f"{s.words()}: no scale-up for {state.last_change + state.backoff - now:.0f} s "
+                        f"more (the last one did not pay)", calm)
     if direction == HOLD:
         return Decision(r, "InBand", s.words(), replace(state, last_step=s.step, direction=HOLD, streak=0, proposal=0))
     same = direction == state.direction
@@ -192,15 +236,43 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
     if streak < rule.steps:
         return Decision(r, "Waiting", f"{s.words()}: scale {direction} to {proposal} asked for {streak} of "
                         f"{rule.steps} steps", counted)
+    if direction == UP and state.measured < 1:  # a trial needs the step time before it
+        return Decision(r, "Measuring", f"{s.words()}: scale up to {proposal} waits for a step time to compare "
+                        "it with", counted)
     if state.last_change is not None and now - state.last_change < rule.cooldown_seconds:
         left = rule.cooldown_seconds - (now - state.last_change)
         return Decision(r, "CoolingDown", f"{s.words()}: scale {direction} to {proposal} waits {left:.0f} s more "
                         f"(scale{direction.capitalize()}.cooldownSeconds {rule.cooldown_seconds})", counted)
     why = (f"the trainer waits for groups over {spec.target_wait_fraction:.0%} of its step"
            if direction == UP else f"rollout servers idle over {spec.target_idle_fraction:.0%} of the step")
+    changed = State(replicas=proposal, last_step=s.step, last_change=now, measured=-1, backoff=state.backoff)
+    if direction == UP:  # on trial until its steps are measured
+        changed = replace(changed, trial_from=r, before=state.seconds)
     return Decision(proposal, "ScaleUp" if direction == UP else "ScaleDown",
-                    f"{r} -> {proposal} rollout servers: {why} for {streak} steps ({s.words()})",
-                    State(replicas=proposal, last_step=s.step, last_change=now))
+                    f"{r} -> {proposal} rollout servers: {why} for {streak} steps ({s.words()})", changed)
+
+
+def measure(state: State, s: Signals) -> State:
+    """The step time's running mean at this count, from steps the whole pool served (a step with
+    fewer servers than wanted, the first whole one after a change, and the job's first step, are
+    left out)."""
+    if s.servers is not None and s.servers < state.replicas:
+        return state
+    if state.measured < 0 or state.last_step < 0:  # the first step ever also pays the start-up: left out
+        return replace(state, measured=0)
+    seconds = s.step_seconds if state.measured == 0 else (state.seconds + s.step_seconds) / 2
+    return replace(state, seconds=seconds, measured=state.measured + 1)
+
+
+def no_gain(spec: AutoscaleSpec, state: State, s: Signals, gain: float, now: float) -> Decision:
+    """Undo the scale-up on trial, and hold off the next ones (doubling)."""
+    r, back = state.replicas, state.trial_from
+    backoff = min(86400.0, 2 * state.backoff) if state.backoff else float(spec.scale_up.backoff_seconds)
+    return Decision(back, NO_GAIN, f"{r} -> {back} rollout servers: {r} servers made a step {state.seconds:.2f} s "
+                    f"against {state.before:.2f} s with {back} ({gain:+.0%} steps a second; scaleUp.minGain "
+                    f"{spec.scale_up.min_gain:.0%}): they slow each other down; no scale-up for {backoff:.0f} s "
+                    f"({s.words()})",
+                    State(replicas=back, last_step=s.step, last_change=now, measured=-1, backoff=backoff))
 
 
 def _ceil(x: float) -> int:

@@ -78,8 +78,7 @@ class PipelineStatus(Model):
 class AutoscaleStatus(Model):
     """spec.rollout.autoscale's last decision and signal."""
     replicas: int = field(description="Rollout servers wanted.")
-    reason: str = field("", description="ScaleUp, ScaleDown, Bounds, InBand, AtLimit, Waiting, "
-                        "CoolingDown, NoNewStep or NoSignal.")
+    reason: str = field("", description="Why (docs/services.md).")
     message: str = field("", description="The decision in words.")
     last_scale_time: Optional[str] = field(None, description="Time of the last change.")
     last_step: int = field(-1, description="Last step counted.")
@@ -88,6 +87,11 @@ class AutoscaleStatus(Model):
     proposal: int = field(0, description="Replicas it asks for.")
     wait_fraction: Optional[float] = field(None, description="The trainer's wait share.")
     idle_fraction: Optional[float] = field(None, description="The servers' idle share.")
+    step_seconds: Optional[float] = field(None, description="Mean step s.")
+    measured: Optional[int] = field(None, description="Its steps.")
+    trial_from: Optional[int] = field(None, description="Replicas before.")
+    before_seconds: Optional[float] = field(None, description="Step s before.")
+    backoff_seconds: Optional[float] = field(None, description="Back-off s.")
 
 
 class ReplicaStatus(Model):

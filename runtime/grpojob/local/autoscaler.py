@@ -41,7 +41,8 @@ def signals(record: dict[str, Any]) -> Optional[Signals]:
         return None
     return Signals(step=int(record["step"]), wait_seconds=record.get("wait_seconds"),
                    step_seconds=record.get("step_seconds"), idle_fraction=record.get("rollout_idle_fraction"),
-                   groups_in_flight=record.get("groups_in_flight"), policy_lag=record.get("policy_staleness"))
+                   groups_in_flight=record.get("groups_in_flight"), policy_lag=record.get("policy_staleness"),
+                   servers=len(record.get("rollouts") or []) or None)
 
 
 class LocalAutoscaler:

@@ -31,7 +31,7 @@ from grpojob.plan import (CONFIG_FILE, ENV_JUDGE_PORT, ENV_OPENAI_API_KEY, ENV_R
                     REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, render_config, roles,
                     trajectory_url)
 from grpojob.local.autoscaler import LocalAutoscaler
-from grpojob.local import judges
+from grpojob.local import image_models, judges
 from grpojob.local.completion import TrainerCompletion
 from grpojob.local.processes import Child, free_port, stop_all, wait_any
 from grpojob.local.progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
@@ -43,7 +43,7 @@ SITE_DIR = "site"  # spec.code.pip, installed in the run directory
 # {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ..., "trajectories": ...}: /metrics, and with the
 # run's token /status and the trajectory API (environments started by hand register there)
 ENDPOINTS_FILE = "endpoints.json"
-BUILD_TINY = "grpojob.io/build-tiny-model"  # annotation: build a tiny random model if model.path is missing
+BUILD_TINY = image_models.BUILD_TINY  # annotation: build a tiny random model if model.path is missing
 EXIT_INTERRUPTED = 130
 
 
@@ -56,6 +56,7 @@ def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
     s3:// or hf:// ..., stays as it is); checkpoints always live in the run directory (the
     cluster's absolute mount path means nothing here)."""
     spec = doc["spec"]
+    image_models.settle(doc)  # the runtime image's models, absent here: built under .cache/image-models
     for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path"), ("code", "localPath")):
         value = (spec.get(section) or {}).get(key)
         if value and not (isinstance(value, str) and is_url(value)):
