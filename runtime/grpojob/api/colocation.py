@@ -19,13 +19,9 @@ SEPARATE, COLOCATED = "separate", "colocated"
 Placement = Literal["separate", "colocated"]
 DESCRIPTION = (
     "separate: rollout servers run in pods of their own (rollout.replicas), weights are pushed to them. "
-    "colocated: one engine runs next to the trainer and shares its device(s): a second container of the "
-    "single trainer pod on a cluster (with GPUs in trainer.resources, a second process of the trainer's "
-    "container, which then also runs the engine), a second process locally; no rollout Deployment or Service. "
-    "Generation and training take turns (the engine sleeps while the trainer trains, then wakes to "
-    "generate; algorithm.maxStaleness still bounds the lag, but nothing overlaps on the device), and "
-    "weights reach the engine with no network copy (weightSync.backend auto: shared memory on CPU, "
-    "CUDA IPC on GPU). Needs trainer.replicas 1 and rollout.replicas 1.")
+    "colocated: one engine runs next to the trainer and shares its device(s) (a second container or "
+    "process of the single trainer pod; a second process locally); generation and training take turns, "
+    "weights pass with no network copy. Needs trainer.replicas 1 and rollout.replicas 1 (docs/colocated.md).")
 # Paths that hand buffers over inside one host: what a colocated push may take.
 COLOCATED_SYNC = ("auto", "shm", "cuda-ipc")
 # The API server refuses the plainest contradictions at `kubectl apply` (the model validator, which
