@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import json
 import sys
 from pathlib import Path
@@ -24,9 +25,12 @@ MODULES = ("grpojob", "grpojob.plugins", "grpojob.plugins.dist", "grpojob.plugin
 
 def _signature(obj: Any) -> str:
     try:
-        return str(inspect.signature(obj))
+        text = str(inspect.signature(obj))
     except (TypeError, ValueError):
         return "(...)"
+    # inspect prints a typing form bare or as `typing.X` depending on how pydantic last built the
+    # model's signature (it differed within one CI process): the name is what a user relies on.
+    return re.sub(r"\btyping\.", "", text)
 
 
 def describe(obj: Any) -> Any:
