@@ -2,7 +2,10 @@
 its trainer, rollout and judge pods as the operator renders them, each pod's command run under its
 pod's security (read-only root, uid 10001, no capabilities; tests/helpers/pod_sandbox.py acts out
 the container runtime, no cluster here). The judge pod serves the toy task's tiny reward model
-from the model claim; the policy learns from its scores alone (examples/tiny-judge.yaml's job)."""
+from the model claim; the trainer trains on its scores alone (examples/tiny-judge.yaml's job). That
+the policy learns from them is tests/judge/test_learning.py's run of the same processes under
+`grpojob run` (40 steps): here a few steps show the pods' wiring, so the suite does not train the
+same job twice (CI time)."""
 from __future__ import annotations
 
 import copy
@@ -30,7 +33,7 @@ from .test_pod_sandbox import stop
 ok, why = pod_sandbox.available()
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
 
-STEPS = 40
+STEPS = 5
 SECRETS = {n.token_name("t"): {auth.TOKEN_KEY: auth.generate()}}
 TOKEN = SECRETS[n.token_name("t")][auth.TOKEN_KEY]
 
@@ -70,7 +73,7 @@ def scrape(port: int) -> dict[str, float]:
     return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
 
 
-def test_the_judge_pod_alone_teaches_the_policy(models, tmp_path):
+def test_the_judge_pod_alone_scores_what_the_policy_trains_on(models, tmp_path):
     ports = {"judge": free_port(), "trainer": free_port(), "rollout": free_port()}
     kids = {children.key(o): o for o in children.build(parse(manifest(ports["judge"], ports["trainer"],
                                                                       ports["rollout"])), namespace="ml")}
@@ -115,10 +118,6 @@ def test_the_judge_pod_alone_teaches_the_policy(models, tmp_path):
     records = read_records(tmp_path / "trainer" / "volumes" / "grpojob-run" / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert all(set(r["rewards"]) == {"words"} for r in records)  # the judge's score, no other reward
-    rewards = [r["reward_mean"] for r in records]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    print(f"judge reward in the sandbox: steps 1-3 {first:.3f} -> steps {STEPS - 2}-{STEPS} {last:.3f}: "
-          f"{[round(r, 3) for r in rewards]}")
-    assert last >= first + 0.3, f"reward {first:.3f} -> {last:.3f}: {[round(r, 3) for r in rewards]}"
+    assert any(r["trained_tokens"] > 0 for r in records)  # the judge's scores told completions apart
     # Every completion trained on was scored by the judge pod: groups of 8, 16 a step, at least.
     assert judged["grpojob_judge_scored_total"] >= STEPS * 16 * 8
