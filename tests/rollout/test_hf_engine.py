@@ -64,6 +64,7 @@ async def _load(engine, model, version):
 
 async def test_concurrent_requests_equal_transformers_greedy(tiny_dir, tokenizer, models, monkeypatch):
     monkeypatch.setattr(hf_generate, "PREFILL_TOKENS", 8)  # prompts prefilled in several packed chunks
+    monkeypatch.setattr(hf_generate, "PREFILL_TOKENS_CPU", 8)
     engine = await _engine(tiny_dir, max_batch=3)  # fewer slots than rows: rows wait, join, leave
     try:
         prompts = [tokenizer.encode(p) for p in PROMPTS]

@@ -26,6 +26,7 @@ def _random_model(config_cls, model_cls, **dims):
 
 def test_generate_equals_transformers_greedy_batched(tiny_dir, tokenizer, monkeypatch):
     monkeypatch.setattr(hf_generate, "PREFILL_TOKENS", 8)  # prompts prefilled in several packed chunks
+    monkeypatch.setattr(hf_generate, "PREFILL_TOKENS_CPU", 8)
     reference = load_model(tiny_dir)
     prompts = [tokenizer.encode(p) for p in PROMPTS]
     assert len({len(p) for p in prompts}) > 1
