@@ -82,6 +82,23 @@ def test_pushed_weights_give_the_trainers_greedy_tokens(vllm_server, tied_tokeni
     assert srv.status("/readyz")[0] == 200
 
 
+def test_a_vllm_worker_receives_deltas(vllm_server, tied_tokenizer):
+    """Pushes that change a few rows go as deltas (sync.delta) and vLLM's worker applies them in
+    place: greedy tokens and log-probs are the trainer's again."""
+    pub, srv = vllm_server["pub"], vllm_server["srv"]
+    model = perturb(load_model(vllm_server["model_dir"]), seed=31, scale=1.0)
+    pub.push(model.state_dict().items(), version=31)  # everything changed: every bucket whole
+    sent = []
+    for version in (32, 33):  # the push after an all-whole one samples whether deltas pay; then they go
+        with torch.no_grad():
+            model.model.layers[0].mlp.down_proj.weight[version - 32::4] += 0.5
+        sent.append(pub.push(model.state_dict().items(), version=version)["delta"])
+    assert sent[-1]["delta_buckets"] > 0 and sent[-1]["sent_bytes"] < sent[-1]["dense_bytes"] / 2, sent
+    _check_greedy(srv, model, tied_tokenizer, version=33)
+    # the module's tests after this one rebuild the served weights as perturb(seed=20 + version)
+    pub.push(perturb(load_model(vllm_server["model_dir"]), seed=54, scale=1.0).state_dict().items(), version=34)
+
+
 def test_sampled_logprobs_follow_the_contract(vllm_server, tied_tokenizer):
     """log softmax(logits / T) of each sampled token under the weights that sampled it."""
     srv = vllm_server["srv"]
