@@ -89,7 +89,9 @@ _RULES = (
            "datasetgenerationerror", "couldn't cast", "unicodedecodeerror", "parquet file size is 0",
            # streamed jsonl that is not JSON: `datasets` retries it as one JSON document, opened with an
            # encoding obstore's adapter does not take
-           "configuration key: 'encoding' is not valid"),
+           "configuration key: 'encoding' is not valid",
+           # datasets 4.x reads a JSON file that pyarrow refused through pandas' ujson decoder
+           "unexpected character found when decoding"),
           "cannot read '{path}'", "its content does not parse as {fmt}",
           "set {where}.format to the file's format (jsonl, json, csv, parquet), or fix the file"),
 )
