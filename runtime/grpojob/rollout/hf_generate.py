@@ -104,6 +104,10 @@ class Decoder:
     def free(self) -> int:
         return self.cache.slots - len(self.rows)
 
+    def _budget(self) -> int:
+        """Prompt tokens per prefill pass on this decoder's device (read at call: tests lower it)."""
+        return PREFILL_TOKENS_CPU if self.device.type == "cpu" else PREFILL_TOKENS
+
     # ---- model calls -------------------------------------------------------------------------
     def _prefill(self, seqs: list[list[int]], slots: list[int]) -> Tensor:
         """Write the KV of each token sequence into its slot (positions from 0); returns the
@@ -156,8 +160,7 @@ class Decoder:
             at += len(g)
         if at > self.cache.slots:
             raise ValueError(f"{at - first} rows do not fit the {self.free} free slots")
-        budget = PREFILL_TOKENS_CPU if self.device.type == "cpu" else PREFILL_TOKENS
-        hidden = torch.cat([self._prefill(seqs[i:j], slots[i:j]) for i, j in _chunks([len(q) for q in seqs], budget)])
+        hidden = torch.cat([self._prefill(seqs[i:j], slots[i:j]) for i, j in _chunks([len(q) for q in seqs], self._budget())])
         for g, s in zip(groups, slots):
             if len(g) > 1:
                 self.cache.copy(s, range(s + 1, s + len(g)), len(g[0].prompt))
@@ -184,7 +187,7 @@ class Decoder:
         """Rebuild every active row's KV with the weights loaded now (after a weight swap): the
         prompt and the tokens so far except the last, which the next step feeds."""
         seqs = [r.prompt + r.tokens[:-1] for r in self.rows]
-        for i, j in _chunks([len(q) for q in seqs]):
+        for i, j in _chunks([len(q) for q in seqs], self._budget()):
             self._prefill(seqs[i:j], list(range(i, j)))
 
     def release(self) -> int:
@@ -229,7 +232,7 @@ class Decoder:
         return done
 
 
-def _chunks(lengths: list[int], budget: int = PREFILL_TOKENS) -> list[tuple[int, int]]:
+def _chunks(lengths: list[int], budget: int) -> list[tuple[int, int]]:
     """Consecutive [i, j) runs of sequences totalling at most `budget` tokens (or one sequence)."""
     out, start, size = [], 0, 0
     for k, n in enumerate(lengths):
