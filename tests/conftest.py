@@ -1,4 +1,5 @@
-"""Fixtures every layer shares: the tiny models, built once per test session (nothing from a hub).
+"""Fixtures every layer shares: the tiny models, built once per test session (nothing from a hub), through
+the per-user cache that `grpojob run` uses too (grpojob.tiny_cache: workers and later runs copy them).
 
 Every test runs on the CPU unless it is marked `gpu`: GRPOJOB_DEVICE=cpu is set for this process
 and the processes it starts, so a machine with a GPU runs the same tests the same way. A `gpu`
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from grpojob import tiny_cache
 from grpojob.devices import ENV_DEVICE
 
 os.environ[ENV_DEVICE] = "cpu"
@@ -43,13 +45,13 @@ def _pin_device(request, monkeypatch):
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory) -> Path:
     from grpojob.tiny import build
-    return build(tmp_path_factory.mktemp("models") / "tiny")
+    return tiny_cache.build(build, tmp_path_factory.mktemp("models") / "tiny")[0]
 
 
 @pytest.fixture(scope="session")
 def tiny_tied_dir(tmp_path_factory) -> Path:
     from grpojob.tiny import build
-    return build(tmp_path_factory.mktemp("models") / "tiny-tied", tie_embeddings=True)
+    return tiny_cache.build(build, tmp_path_factory.mktemp("models") / "tiny-tied", tie_embeddings=True)[0]
 
 
 @pytest.fixture(scope="session")
@@ -58,7 +60,7 @@ def tiny_sharp_dir(tmp_path_factory) -> Path:
     grpojob.io/build-tiny-model: "lora" of examples/tiny-lora.yaml): its output layer spans a
     pretrained model's logit range, which an adapter on the decoder needs (grpojob.tiny)."""
     from grpojob.tiny import LORA_OUTPUT_SCALE, build
-    return build(tmp_path_factory.mktemp("models") / "tiny-lora", output_scale=LORA_OUTPUT_SCALE)
+    return tiny_cache.build(build, tmp_path_factory.mktemp("models") / "tiny-lora", output_scale=LORA_OUTPUT_SCALE)[0]
 
 
 @pytest.fixture(scope="session")

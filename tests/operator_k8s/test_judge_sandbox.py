@@ -41,11 +41,12 @@ TOKEN = SECRETS[n.token_name("t")][auth.TOKEN_KEY]
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, tiny_dir) -> Path:
     """The model claim: the policy and the judge's reward model, readable by the runtime user."""
+    from grpojob import tiny_cache
     from grpojob.judge.tiny import build
 
     out = tmp_path_factory.mktemp("claims") / "models"
     shutil.copytree(tiny_dir, out / "tiny")
-    build(out / "reward-model")
+    tiny_cache.build(build, out / "reward-model")
     for p in [out, *out.rglob("*")]:
         p.chmod(0o755 if p.is_dir() else 0o644)
     return out

@@ -40,9 +40,10 @@ def ensure_models(job: GRPOJob, out) -> None:
             raise InvalidSpec([FieldError(f"spec.judges[{i}].model", f"'{j.model}' has no model (config.json); set "
                                           f"annotation {BUILD_TINY_REWARD_MODEL}: \"true\" to build the toy task's "
                                           "tiny reward model there")])
+        from grpojob import tiny_cache
         from grpojob.judge.tiny import build as build_reward_model, build_generative
 
         what = "tiny chat judge (its rubric: grpojob.judge.tiny)" if j.kind == "generative" else "tiny reward model"
         print(f"judge {j.name}: model {j.model} not found: training the toy task's {what} there "
               f"(annotation {BUILD_TINY_REWARD_MODEL})", file=out)
-        (build_generative if j.kind == "generative" else build_reward_model)(j.model)
+        tiny_cache.build(build_generative if j.kind == "generative" else build_reward_model, j.model)

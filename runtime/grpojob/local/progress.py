@@ -140,13 +140,11 @@ class Progress:
 def plot(records: list[dict[str, Any]], path: Path, evaluations: Optional[list[dict[str, Any]]] = None) -> None:
     """The training reward (and KL) by step; beside it the evaluation's mean reward on the held-out
     prompts at the steps it evaluated."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global state, so a thread may draw it
 
     steps = [r.get("step") for r in records]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     ax.plot(steps, [r.get("reward_mean") for r in records], label="training reward", color="tab:blue")
     evaluated = sorted((e["step"], e["reward_mean"]) for e in evaluations or () if e.get("reward_mean") is not None)
     if evaluated:
@@ -166,4 +164,3 @@ def plot(records: list[dict[str, Any]], path: Path, evaluations: Optional[list[d
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -18,72 +18,30 @@ import os
 import shutil
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from grpojob import auth
-from grpojob.code import InstallError, install, use_locally
-from grpojob.api import FieldError, GRPOJob, InvalidSpec, check, load_manifest, plugins
-from grpojob.api.validate import check_plugins
-from grpojob.api.data_url import is_url
+from grpojob.api import GRPOJob, InvalidSpec, plugins
 from grpojob.plan import (CONFIG_FILE, ENV_JUDGE_PORT, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
-                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, render_config, roles,
+                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, roles,
                     trajectory_url)
 from grpojob.local.autoscaler import LocalAutoscaler
-from grpojob.local import image_models, judges
+from grpojob.local import judges
 from grpojob.local.completion import TrainerCompletion
 from grpojob.local.processes import Child, free_port, stop_all, wait_any
+from grpojob.local.prepare import BUILD_TINY, SITE_DIR, RunError, prepare, token_path  # noqa: F401 (public here)
 from grpojob.local.progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
 from grpojob.local.restarts import RestartPolicy, Restarts, resumes_from, what_happened
 
 log = logging.getLogger("grpojob.local")
 
-SITE_DIR = "site"  # spec.code.pip, installed in the run directory
 # {"trainer-0": "http://127.0.0.1:PORT", "rollout-0": ..., "trajectories": ...}: /metrics, and with the
 # run's token /status and the trajectory API (environments started by hand register there)
 ENDPOINTS_FILE = "endpoints.json"
-BUILD_TINY = image_models.BUILD_TINY  # annotation: build a tiny random model if model.path is missing
 EXIT_INTERRUPTED = 130
-
-
-class RunError(RuntimeError):
-    pass
-
-
-def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
-    """Relative model/dataset paths are relative to where `grpojob run` is started (a dataset URL,
-    s3:// or hf:// ..., stays as it is); checkpoints always live in the run directory (the
-    cluster's absolute mount path means nothing here)."""
-    spec = doc["spec"]
-    image_models.settle(doc)  # the runtime image's models, absent here: built under .cache/image-models
-    for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path"), ("code", "localPath")):
-        value = (spec.get(section) or {}).get(key)
-        if value and not (isinstance(value, str) and is_url(value)):
-            spec[section][key] = str(Path(value).expanduser().resolve())
-    held_out = spec.get("evaluation") or {}  # spec.evaluation.dataset.path too
-    held_out = held_out.get("dataset") if isinstance(held_out, dict) else None
-    if isinstance(held_out, dict) and held_out.get("path") and not is_url(str(held_out["path"])):
-        held_out["path"] = str(Path(held_out["path"]).expanduser().resolve())
-    judges.resolve_paths(spec)
-    ckpt = spec.setdefault("checkpoint", {})
-    ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))
-
-
-def _ensure_model(job: GRPOJob, out) -> None:
-    path = Path(job.spec.model.path)
-    if (path / "config.json").exists():
-        return
-    annotations = (job.metadata.model_extra or {}).get("annotations") or {}
-    flag = str(annotations.get(BUILD_TINY, "")).lower()
-    # tools: with tool-call tokens (grpojob.tiny.TOOL_TOKENS); lora: a pretrained model's logit range
-    if flag not in ("true", "tools", "lora"):
-        raise RunError(f"spec.model.path: '{path}' has no model (config.json); "
-                       f"set annotation {BUILD_TINY}: \"true\" to build a tiny random one there")
-    from grpojob.tiny import LORA_OUTPUT_SCALE, build
-
-    print(f"model {path} not found: building a tiny random model there (annotation {BUILD_TINY})", file=out)
-    build(path, tools=flag == "tools", output_scale=LORA_OUTPUT_SCALE if flag == "lora" else 1.0)
 
 
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
@@ -121,11 +79,6 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
             out.append(Child(f"{role.name}-{i}", [exe, *role.command[1:]], env,
                              run_dir / "logs" / f"{role.name}-{i}.log"))
     return out
-
-
-def token_path(run_dir: Path) -> Path:
-    """The job's token of a local run (grpojob.auth): what its processes and a client present."""
-    return run_dir / auth.TOKEN_KEY
 
 
 def _endpoints(children: list[Child]) -> dict[str, str]:
@@ -170,6 +123,7 @@ class Run:
         auto = job.spec.rollout.autoscale  # refused with placement colocated
         self.scaler = LocalAutoscaler(auto, run_dir, [c for c in self.children if c.name.startswith("rollout-")],
                                       note=self.progress.note) if auto else None
+        self._plotter: Optional[threading.Thread] = None
 
     def _on_signal(self, signum, _frame) -> None:
         if self.interrupted is not None:  # second Ctrl-C: no more patience
@@ -190,11 +144,12 @@ class Run:
                 c.start()
             return self._watch()
         finally:
-            stop_all(self.children, grace=5, now=lambda c: c.name.startswith("rollout-"))  # SIGINT: no drain
+            self._start_plot()  # drawn while the children stop
+            stop_all(self.children, grace=5, now=_now)
             for s, h in old.items():
                 signal.signal(s, h)
             self.progress.close()
-            self._finish()
+            self._plotter.join()
 
     def _watch(self) -> int:
         live = list(self.children)
@@ -252,7 +207,13 @@ class Run:
         """Training completed: the trainer stays up until asked to stop (as in a pod, where the
         operator scales it down); ask it (it exits at once, nothing left to save), SIGTERM if it
         does not answer."""
-        if self.completion.release():
+        released = self.completion.release()
+        # nothing else is needed now: the other processes and the plot go on while the trainer exits
+        for c in self.children:
+            if c not in self.trainers:
+                c.signal(signal.SIGINT if _now(c) else signal.SIGTERM)
+        self._start_plot()
+        if released:
             _wait_exit(self.trainers, 30)
         for t in self.trainers:  # those still running
             t.signal(signal.SIGTERM)
@@ -281,40 +242,20 @@ class Run:
         print(f"stopped: {where}; run the same command again to resume", file=self.out)
         return EXIT_INTERRUPTED
 
-    def _finish(self) -> None:
+    def _start_plot(self) -> None:
+        if self._plotter is None:
+            self._plotter = threading.Thread(target=self._plot, name="plot", daemon=True)
+            self._plotter.start()
+
+    def _plot(self) -> None:
         records = read_records(self.run_dir / "metrics.jsonl")
         if records:
             plot(records, self.run_dir / "reward.png", read_evaluations(self.run_dir / "metrics.jsonl"))
 
 
-def _check_weight_sync(job: GRPOJob) -> None:
-    """Refuse, before any process starts, a weightSync.backend that cannot work on this machine."""
-    backend = job.spec.weight_sync.backend
-    if backend not in ("nccl", "cuda-ipc"):
-        return
-    from grpojob.sync import placement
-
-    reason = placement.check_local_run(backend, placement.visible_gpus())
-    if reason:
-        raise InvalidSpec([FieldError(placement.BACKEND_FIELD, reason)])
-
-
-def _use_code(job: GRPOJob, run_dir: Path, out) -> None:
-    """spec.code here: pip requirements into the run directory (what the pods' init container
-    does), localPath and that directory on this process's path; then every plug-in must import."""
-    c = job.spec.code
-    if c.has_modules and not c.local_path:
-        print("note: spec.code.configMap/volume are for pods; set spec.code.localPath to the directory "
-              "holding those modules for grpojob run", file=out)
-    if c.pip:
-        try:
-            install(job.spec.code, run_dir / SITE_DIR, echo=lambda line: print(line, file=out))
-        except InstallError as e:
-            raise InvalidSpec([FieldError("spec.code.pip", str(e))]) from None
-    use_locally(job, run_dir / SITE_DIR if c.pip else None)
-    errors = check_plugins(job)
-    if errors:
-        raise InvalidSpec(errors)
+def _now(c: Child) -> bool:
+    """A rollout server stops at once at the end of a run (SIGINT: no drain; that is for a scale-down)."""
+    return c.name.startswith("rollout-")
 
 
 def _wait_exit(children: list[Child], seconds: float) -> None:
@@ -325,33 +266,6 @@ def _wait_exit(children: list[Child], seconds: float) -> None:
 
 def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
-
-
-def prepare(file: str, sets: list[str], run_dir: Optional[str], backend: Optional[str], out) -> tuple[GRPOJob, Path]:
-    """Validate the manifest (InvalidSpec with field paths), settle local paths, build the tiny
-    model when asked, and write the runtime config into the run directory."""
-    doc = load_manifest(file, sets)
-    if backend:
-        doc.setdefault("spec", {}).setdefault("rollout", {})["backend"] = backend
-    name = (doc.get("metadata") or {}).get("name", "grpojob")
-    where = Path(run_dir or Path("runs") / str(name)).resolve()
-    if isinstance(doc.get("spec"), dict):
-        _resolve_paths(doc, where)
-    job, errors = check(doc)
-    if errors:
-        raise InvalidSpec(errors)
-    assert job is not None
-    _check_weight_sync(job)
-    where.mkdir(parents=True, exist_ok=True)
-    _use_code(job, where, out)
-    _ensure_model(job, out)
-    judges.ensure_models(job, out)
-    (where / CONFIG_FILE).write_text(render_config(job))
-    try:
-        auth.ensure_file(token_path(where))
-    except auth.TokenError as e:
-        raise RunError(f"{e}: delete it and a new token is made") from None
-    return job, where
 
 
 def main(args: argparse.Namespace) -> int:
