@@ -9,6 +9,7 @@ as before. GRPOJOB_CACHE_DIR names the cache's folder; set to "off" it is not us
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata as md
 import inspect
@@ -59,24 +60,24 @@ def build(builder: Callable[..., Any], output: str | Path, **kw: Any) -> tuple[P
         builder(output, **kw)
         return output, False
     entry = root / "tiny-models" / key(builder, **kw)
-    hit = (entry / "config.json").exists()
-    if not hit:
-        shutil.rmtree(entry, ignore_errors=True)  # an entry without its config: left by a crash
-        try:
-            entry.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(entry.parent / f"{entry.name}.lock", "a")
+    except OSError as e:  # not writable here: build in place, as without a cache
+        print(f"grpojob: model cache {root} not writable ({e}); building in place", file=sys.stderr)
+        builder(output, **kw)
+        return output, False
+    with lock:  # one builder per entry at a time: another process waits, then copies (a judge trains ~1 min)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        hit = (entry / "config.json").exists()
+        if not hit:
+            shutil.rmtree(entry, ignore_errors=True)  # an entry without its config: left by a crash
             staging = Path(tempfile.mkdtemp(prefix=entry.name + ".", dir=entry.parent))
-        except OSError as e:  # not writable here: build in place, as without a cache
-            print(f"grpojob: model cache {root} not writable ({e}); building in place", file=sys.stderr)
-            builder(output, **kw)
-            return output, False
-        try:
-            builder(staging, **kw)
-            os.rename(staging, entry)  # atomic: a concurrent builder of the same entry loses the race
-        except OSError:
-            if not (entry / "config.json").exists():
-                raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                builder(staging, **kw)
+                os.rename(staging, entry)  # whole or absent, whoever reads it
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     shutil.copytree(entry, output, dirs_exist_ok=True)
     return output, hit

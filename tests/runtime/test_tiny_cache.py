@@ -1,5 +1,7 @@
 """grpojob.tiny_cache: the tiny models `grpojob run` builds are built once per user and copied after."""
 import hashlib
+import threading
+import time
 from pathlib import Path
 
 from grpojob import tiny_cache
@@ -28,7 +30,29 @@ def test_a_second_build_is_a_copy_of_the_first_byte_for_byte(tmp_path, monkeypat
     # the same builder with other arguments is another model
     other, hit3 = tiny_cache.build(counted, tmp_path / "c" / "model", tools=False)
     assert not hit3 and len(calls) == 2 and digest(other) != digest(first)
-    assert len(list((tmp_path / "cache" / "tiny-models").iterdir())) == 2  # no staging folder left
+    entries = [p for p in (tmp_path / "cache" / "tiny-models").iterdir() if p.is_dir()]
+    assert len(entries) == 2  # no staging folder left
+
+
+def slow(output, **kw):
+    calls.append(Path(output))
+    time.sleep(0.5)  # long enough for the other builder to arrive while this one builds
+    return build(output, **kw)
+
+
+def test_two_builders_of_one_model_at_once_build_it_once(tmp_path, monkeypatch):
+    """Two test workers (or runs) wanting the same model: the second waits and copies."""
+    monkeypatch.setenv(tiny_cache.ENV_CACHE_DIR, str(tmp_path / "cache"))
+    calls.clear()
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.update({i: tiny_cache.build(slow, tmp_path / str(i))}))
+               for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and sorted(hit for _, hit in results.values()) == [False, True]
+    assert digest(tmp_path / "0") == digest(tmp_path / "1")
 
 
 def test_the_key_changes_with_the_builders_source_and_arguments():
