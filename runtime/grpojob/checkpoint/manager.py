@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 import threading
 import time
 import uuid
@@ -37,11 +38,28 @@ from grpojob.sync.stream import TensorStream
 
 log = logging.getLogger("grpojob.checkpoint")
 CLOSE_WAIT_SECONDS = 120.0  # how long the end of a run waits for a save in flight
+# A save that fails for its storage (a full disk, a quota, an I/O error) is dropped whole and
+# training goes on; this many in a row stop the trainer (the steps since the last checkpoint
+# would otherwise grow without bound).
+MAX_FAILED_SAVES = 3
 
 # DCP warns on every single-process save and load (one trainer rank, `grpojob export`); that is
 # this package's intent, not a misconfiguration.
 warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized",
                         category=UserWarning)
+
+
+def storage_error(e: BaseException) -> Optional[str]:
+    """What a save's storage said ("[Errno 28] No space left on device: ..."), when that is why it
+    failed (OSError, or a DCP failure on any rank from one); None for any other failure."""
+    if isinstance(e, OSError):
+        what = e.strerror or str(e)
+        return f"{what} ({e.filename})" if e.filename else what
+    if isinstance(e, dcp.CheckpointException):
+        for exc, _ in e.failures.values():
+            if isinstance(exc, OSError):
+                return storage_error(exc)
+    return None
 
 
 def rng_state() -> dict[str, Any]:
@@ -157,6 +175,8 @@ class CheckpointManager:
         self.pending: Optional[Save] = None
         self._committed: list[tuple[int, Path]] = []
         self._lock = threading.Lock()
+        self.failed_in_a_row = 0
+        self._errors: list[str] = []  # failed saves not yet reported (take_errors)
         multi = self.env.initialized and self.env.world > 1
         self.single = not multi  # one rank: DCP writes and reads in this process alone
         self.pg = self._group()
@@ -194,32 +214,51 @@ class CheckpointManager:
         self.wait()
         tr, env = self.learner, self.env
         started = time.perf_counter()
+        failed: Optional[BaseException] = None  # rank 0's own writes (a full disk shows here first)
         tmp = None
         if env.is_leader:
             tmp = layout.temp_dir(self.root, tr.step)
-            (tmp / layout.SHARDS).mkdir(parents=True)
+            try:
+                (tmp / layout.SHARDS).mkdir(parents=True)
+            except OSError as e:
+                failed = e
         tmp = Path(dist.broadcast_object(str(tmp) if tmp else None, env))
         state = own_part(tr.sharded_state(), env.rank, env.world)
         ranks = dist.gather_objects({"rng": rng_state()}, env)
-        if env.is_leader:
-            torch.save({"format": 2, "step": tr.step, "policy_version": tr.version, "world": env.world,
-                        "ranks": ranks, **{name: s.state_dict() for name, s in self.states.items()}},
-                       tmp / layout.STATE_FILE)
-            tr.save_model_files(tmp / layout.HF_DIR)
+        if env.is_leader and failed is None:
+            try:
+                torch.save({"format": 2, "step": tr.step, "policy_version": tr.version, "world": env.world,
+                            "ranks": ranks, **{name: s.state_dict() for name, s in self.states.items()}},
+                           tmp / layout.STATE_FILE)
+                tr.save_model_files(tmp / layout.HF_DIR)
+            except OSError as e:
+                failed = e
         adapter_stream = tr.adapter_stream()  # LoRA: the adapter in PEFT's format too (small; collective)
         if adapter_stream is not None:
             try:
-                if env.is_leader:
+                if env.is_leader and failed is None:
                     adapter.save(tmp / layout.ADAPTER_DIR, adapter_stream)
+            except OSError as e:
+                failed = e
             finally:
                 adapter_stream.drain()
+        # every rank learns of rank 0's failure before DCP's collectives, which they then all skip
+        if bool(dist.all_max(torch.tensor([int(failed is not None)]), env).item()):
+            self._drop(tmp, tr.step, failed or OSError("rank 0 could not write the checkpoint's files"))
+            return
         target = str(tmp / layout.SHARDS)
-        if self.asynchronous:
-            future = dcp.async_save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
-        else:
-            dcp.save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
-            future = Future()
-            future.set_result(None)
+        try:
+            if self.asynchronous:
+                future = dcp.async_save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
+            else:
+                dcp.save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
+                future = Future()
+                future.set_result(None)
+        except (OSError, dcp.CheckpointException) as e:
+            if not storage_error(e):
+                raise
+            self._drop(tmp, tr.step, e)
+            return
         del state  # the staged copy (asynchronous) or the files hold it now
         save = Save(tr.step, tmp, layout.step_dir(self.root, tr.step), future, started,
                     blocking_seconds=time.perf_counter() - started)
@@ -242,7 +281,8 @@ class CheckpointManager:
                                                     "seconds": round(save.total_seconds, 3)})
         except BaseException as e:  # noqa: BLE001 - reported by wait(), in the caller's thread
             save.error = e
-            log.error("checkpoint of step %d failed: %s", save.step, e)
+            if self.env.is_leader:  # nothing of a failed save stays (a full disk gets its space back)
+                shutil.rmtree(save.tmp, ignore_errors=True)
         finally:
             save.done.set()
 
@@ -252,8 +292,36 @@ class CheckpointManager:
         if save is None:
             return
         save.done.wait()
-        if save.error is not None:
+        if save.error is None:
+            self.failed_in_a_row = 0
+        elif storage_error(save.error):
+            self._failed(save.step, save.error)
+        else:
             raise TrainerError(f"checkpoint of step {save.step} failed: {save.error}") from save.error
+
+    def _drop(self, tmp: Path, step: int, error: BaseException) -> None:
+        if self.env.is_leader:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._failed(step, error)
+
+    def _failed(self, step: int, error: BaseException) -> None:
+        """A save its storage refused: dropped whole, the last checkpoint stays; training goes on
+        unless MAX_FAILED_SAVES failed in a row (TrainerError, naming the path and the fix)."""
+        self.failed_in_a_row += 1
+        why = f"checkpoint of step {step} failed: {storage_error(error)}"
+        if self.failed_in_a_row >= MAX_FAILED_SAVES:
+            raise TrainerError(f"{why}; {self.failed_in_a_row} checkpoints in a row failed (the last saved is step "
+                               f"{self.last_step}): free space under {self.root} or set spec.checkpoint.path "
+                               f"to a larger volume") from error
+        why += f" (the last checkpoint is step {self.last_step})"
+        log.error("%s; training goes on: the next save is at the next interval; %d failures in a row stop the "
+                  "trainer", why, MAX_FAILED_SAVES)
+        self._errors.append(why)
+
+    def take_errors(self) -> list[str]:
+        """The failed saves since the last call (rank 0 reports them in the step's record)."""
+        out, self._errors = self._errors, []
+        return out
 
     def close(self, timeout: float = CLOSE_WAIT_SECONDS) -> None:
         """At the end of a run, however it ends: the pending save is committed before the files

@@ -106,8 +106,9 @@ class Loop:
             self.checkpoint()
         self.wait_checkpoint()
         self.save_final_model()
+        failed = self.checkpoints.take_errors()  # the final save's, if it failed (the final model is written)
         self._status(phase="completed", step=tr.step, last_checkpoint_step=self.checkpoints.last_step,
-                     message="training completed", **self._sync_status())
+                     message="training completed" + "".join(f"; {f}" for f in failed[-1:]), **self._sync_status())
         if self.env.is_leader:
             failures.report_completed(tr.step, total)
         return "completed"
@@ -173,7 +174,7 @@ class Loop:
             sync_bytes=report.bytes if report else None, sync_tensors=report.tensors if report else None,
             weight_sync_backend=self.backend, rollouts=rollouts, published=report is not None,
             sample_ids=list(got.sample_ids), groups_from_environments=got.from_environments,
-            environments=got.environments, extra={**prep.extra, **extra},
+            environments=got.environments, extra={**prep.extra, **extra, **_failed_saves(self.checkpoints.take_errors())},
             stage_seconds={"generate": round(t1 - t0, 6), "score": round(got.score_seconds, 6),
                            "train": round(t2 - t1, 6), "sync": round(t3 - te, 6), "checkpoint": round(t4 - t3, 6),
                            # the wait for the evaluation (spec.evaluation) before this step's push
@@ -305,6 +306,11 @@ class Loop:
         tensor; rank 0 writes)."""
         if self.run_dir is not None:  # the same on every rank
             self.trainer.export_model(self.run_dir / FINAL_MODEL_DIR)
+
+
+def _failed_saves(errors: list[str]) -> dict:
+    """The step record's word on checkpoints that failed since the last step (`grpojob run` shows it)."""
+    return {"checkpoint_failed": errors[-1]} if errors else {}
 
 
 PEAK_KEY = "host_peak_bytes"  # the engine's peak in the phase a turn ended (grpojob.rollout.turns)

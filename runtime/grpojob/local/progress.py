@@ -124,6 +124,9 @@ class Progress:
                 print(f"step {step}/{self.total} " + " ".join(f"{k}={v}" for k, v in shown.items()),
                       file=self.out, flush=True)
             self.last_step = step
+            failed = (record.get("extra") or {}).get("checkpoint_failed")
+            if failed:
+                self.note(f"step {step}: {failed}")
 
     def note(self, text: str) -> None:
         """A message for the user, above the bar when there is one."""
