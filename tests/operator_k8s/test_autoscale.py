@@ -135,3 +135,51 @@ def test_a_volcano_gang_counts_the_rollouts_it_never_goes_below():
                              scheduling={"gang": "volcano"}))
     (group,) = [o for o in children.build(job, namespace=NS) if o["kind"] == "PodGroup"]
     assert group["spec"]["minMember"] == 2 + 2  # trainer.replicas 2 + minReplicas 2 (not replicas 3)
+
+
+def paced(trainer, job: str, number: int, seconds: float, servers: int) -> None:
+    """Step `number` took `seconds`, the trainer waiting 80% of it, with `servers` rollout servers registered."""
+    trainer.set(NS, job, phase="running", step=number, policyVersion=number,
+                rollouts=[{"replica": f"{n.rollout_name(job)}-{i}"} for i in range(servers)], pipeline={
+                    "step": number, "waitSeconds": 0.8 * seconds, "stepSeconds": seconds, "waitFraction": 0.8,
+                    "rolloutIdleFraction": 0.0, "groupsInFlight": 1})
+
+
+def events_of(emu, job: str, reason: str) -> list[dict]:
+    return [e for e in emu.live(EVENTS, NS)
+            if e.get("involvedObject", {}).get("name") == job and e.get("reason") == reason]
+
+
+async def test_a_scale_up_that_brought_no_gain_is_undone_with_a_scale_up_no_gain_event(emulator, cluster, operator,
+                                                                                        trainer):
+    """Issue #44 on the real operator: the trainer keeps waiting (CPU-bound servers share the cores), so
+    the autoscaler tries a second server; steps get no faster with it, so the operator scales back,
+    says why in a Warning Event and status.autoscale, and backs off."""
+    spec = {"replicas": 1, "autoscale": {"minReplicas": 1, "maxReplicas": 3, "targetWaitFraction": 0.2,
+                                         "scaleUp": {"steps": 1, "cooldownSeconds": 0, "maxChange": 1,
+                                                     "minGain": 0.1, "backoffSeconds": 120}}}
+    await running(emulator, cluster, trainer, "nogain", rollout=spec)
+    paced(trainer, "nogain", 1, 5.0, 1)  # the first step: nothing to compare yet
+    await eventually(lambda: status(emulator, "nogain").get("autoscale", {}).get("lastStep") == 1, what="step 1")
+    paced(trainer, "nogain", 2, 2.0, 1)
+    await eventually(lambda: deployment(emulator, "nogain")["spec"]["replicas"] == 2, what="the trial: 2 servers")
+    st = status(emulator, "nogain")["autoscale"]
+    assert (st["reason"], st["trialFrom"], st["beforeSeconds"]) == ("ScaleUp", 1, 2.0)
+    # the second server registers; its steps are slower than the one server's 2.0 s
+    for number, seconds, servers in ((3, 2.0, 1), (4, 2.5, 2), (5, 2.6, 2)):
+        paced(trainer, "nogain", number, seconds, servers)
+        await eventually(lambda k=number: status(emulator, "nogain")["autoscale"]["lastStep"] == k, what=f"step {number}")
+    await eventually(lambda: deployment(emulator, "nogain")["spec"]["replicas"] == 1, what="scaled back to 1")
+    await eventually(lambda: events_of(emulator, "nogain", "ScaleUpNoGain"), what="ScaleUpNoGain event")
+    (event,) = events_of(emulator, "nogain", "ScaleUpNoGain")
+    assert event["type"] == "Warning"
+    assert event["message"].startswith("2 -> 1 rollout servers: 2 servers made a step 2.60 s against 2.00 s with 1 "
+                                       "(-23% steps a second; scaleUp.minGain 10%)"), event["message"]
+    st = status(emulator, "nogain")["autoscale"]
+    assert (st["replicas"], st["reason"], st["backoffSeconds"]) == (1, "ScaleUpNoGain", 120.0)
+    await eventually(lambda: status(emulator, "nogain")["rollout"]["desired"] == 1, what="status.rollout.desired 1")
+    # the trainer still waits: no new scale-up while backing off
+    paced(trainer, "nogain", 6, 2.0, 1)
+    await eventually(lambda: status(emulator, "nogain")["autoscale"]["reason"] == "BackingOff", what="backing off")
+    assert [p["spec"]["replicas"] for p in deployment_patches(emulator, "nogain")] == [2, 1]
+    assert status(emulator, "nogain")["phase"] == "Running"
