@@ -50,6 +50,11 @@ def rollout_server(run_dir: Path, index: int) -> int:
     return pid
 
 
+def judge(run_dir: Path, name: str) -> int:
+    (pid,) = find(run_dir, GRPOJOB_ROLE="judge", GRPOJOB_JUDGE=name)
+    return pid
+
+
 def trainer_rank(run_dir: Path, rank: int) -> int:
     """A rank started by torchrun (it alone has RANK; the launcher has the role too)."""
     (pid,) = find(run_dir, GRPOJOB_ROLE="trainer", RANK=str(rank))

@@ -86,3 +86,27 @@ def test_kill9_of_trainer_rank_1_of_2_resumes_from_the_last_checkpoint(workdir):
     assert_every_prompt_trained_once(o)
     assert "trainer-0 exited with code 1 (local rank 1 killed by signal 9 (Killed))" in o.out and "it resumes from step-" in o.out, o.out
     assert "done: 8 steps" in o.out, o.out
+
+
+def test_kill9_of_the_judge_the_job_goes_on_and_no_group_is_guessed(workdir):
+    """The reward is a judge's score alone (examples/tiny-judge.yaml's judge): killed, its requests
+    fail until `grpojob run` has restarted it; a group it could not score is generated again
+    (onFailure: skip), never given a made-up score, and the trainer does not restart."""
+    from grpojob import tiny_cache
+    from grpojob.judge.tiny import build
+
+    model, _ = tiny_cache.build(build, workdir / "models" / "reward")
+    judge = (f"judges=[{{name: words, model: '{model}', engine: hf, template: '{{completion}}', "
+             "score: {label: category_words, transform: sigmoid}, timeoutSeconds: 10, retries: 3, onFailure: skip}]")
+    o = chaos.run_with_fault(workdir, "kill -9 the judge", lambda run_dir: chaos.kill9(chaos.judge(run_dir, "words")),
+                             "rewards=[{judge: words}]", judge)
+    assert o.returncode == 0, o.out
+    assert o.steps_lost == 0, "no trainer restart: nothing trained again"
+    assert_no_step_trained_twice_differently(o)
+    assert_every_prompt_trained_once(o)
+    assert all(set(r["rewards"]) == {"words"} for r in o.final), o.final[-1]["rewards"]
+    assert "judge-words-0 exited with code -9 (Killed)" in o.out and "restarting it in 1 s" in o.out, o.out
+    # no scoring outlasts what the judge's spec allows: timeoutSeconds 10 for each of 1 + 3 retries
+    assert all(r["stage_seconds"]["score"] < 10 * 4 for r in o.after), [r["stage_seconds"] for r in o.after]
+    assert o.recovery_seconds is not None and o.recovery_seconds < 60, o.recovery_seconds
+    assert "done: 8 steps" in o.out, o.out
