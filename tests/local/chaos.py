@@ -26,7 +26,7 @@ from typing import Callable, Optional
 
 from grpojob.local.progress import newest_checkpoint, read_records
 
-from .test_run import _stream_rows, grpojob_run, processes_of
+from .test_run import EXAMPLE, ROOT, _stream_rows, grpojob_run, processes_of  # noqa: F401 (ROOT: for tests)
 
 PROMPTS = 8  # prompts per step: half of examples/tiny-local.yaml's, for shorter steps
 
@@ -52,6 +52,11 @@ def rollout_server(run_dir: Path, index: int) -> int:
 
 def judge(run_dir: Path, name: str) -> int:
     (pid,) = find(run_dir, GRPOJOB_ROLE="judge", GRPOJOB_JUDGE=name)
+    return pid
+
+
+def environment(run_dir: Path, name: str) -> int:
+    (pid,) = find(run_dir, GRPOJOB_ROLE="environment", GRPOJOB_ENVIRONMENT=name)
     return pid
 
 
@@ -133,13 +138,18 @@ class Outcome:
 
 def run_with_fault(workdir: Path, fault: str, inject: Callable[[Path], None], *sets: str, after: int = 3,
                    steps: int = 8, every: int = 3, need_checkpoint: bool = False, timeout: float = 400,
-                   args: tuple[str, ...] = ()) -> Outcome:
+                   args: tuple[str, ...] = (), manifest: Path = EXAMPLE, prompts: Optional[int] = PROMPTS) -> Outcome:
     """The tiny job for `steps` steps (a checkpoint every `every`), `inject(run_dir)` once `after`
-    steps are recorded (and a checkpoint committed, with need_checkpoint); then to its end."""
+    steps are recorded (and a checkpoint committed, with need_checkpoint); then to its end. Another
+    `manifest` with `prompts` None: as it is written but for the checkpoint interval (its groups are
+    no dataset stream: no prompt accounting)."""
     run_dir = workdir / "run"
-    sets = (f"training.steps={steps}", f"training.promptsPerStep={PROMPTS}", f"checkpoint.everySteps={every}",
-            "dataset.args.size=1000", *sets)  # one epoch: a row id is a stream position
-    proc = grpojob_run(run_dir, *sets, cwd=workdir, args=args)
+    if prompts is None:
+        sets = (f"checkpoint.everySteps={every}", *sets)
+    else:
+        sets = (f"training.steps={steps}", f"training.promptsPerStep={prompts}", f"checkpoint.everySteps={every}",
+                "dataset.args.size=1000", *sets)  # one epoch: a row id is a stream position
+    proc = grpojob_run(run_dir, *sets, cwd=workdir, args=args, example=manifest)
     screen = Screen(proc)
     deadline = time.monotonic() + timeout
     while True:
@@ -168,7 +178,8 @@ def run_with_fault(workdir: Path, fault: str, inject: Callable[[Path], None], *s
     written = rows(run_dir)
     return Outcome(fault, proc.returncode, screen.text(), before, written[len(before):],
                    read_records(run_dir / "metrics.jsonl"), recovered,
-                   int(ckpt.name.split("-")[1]) if ckpt else None, _stream_rows(workdir, run_dir, steps * PROMPTS))
+                   int(ckpt.name.split("-")[1]) if ckpt else None,
+                   _stream_rows(workdir, run_dir, steps * prompts) if prompts else [])
 
 
 def kill9(pid: int) -> None:

@@ -110,3 +110,30 @@ def test_kill9_of_the_judge_the_job_goes_on_and_no_group_is_guessed(workdir):
     assert all(r["stage_seconds"]["score"] < 10 * 4 for r in o.after), [r["stage_seconds"] for r in o.after]
     assert o.recovery_seconds is not None and o.recovery_seconds < 60, o.recovery_seconds
     assert "done: 8 steps" in o.out, o.out
+
+
+def test_kill9_of_an_environment_mid_session_the_job_goes_on_with_its_restart(workdir):
+    """examples/environments/calculator.yaml's agent, killed while its sessions are open on the
+    rollout server: `grpojob run` restarts it, it registers again and its new sessions fill the
+    next steps; the sessions it left open are never trained (no group of a dead episode), and the
+    trainer does not restart."""
+    import sys
+
+    import yaml
+
+    doc = yaml.safe_load((chaos.ROOT / "examples" / "environments" / "calculator.yaml").read_text())
+    doc["spec"]["environments"][0]["command"] = [sys.executable, str(chaos.ROOT / "examples/environments/calculator.py")]
+    doc["spec"]["training"]["steps"] = 8
+    manifest = workdir / "calculator.yaml"
+    manifest.write_text(yaml.safe_dump(doc))
+    o = chaos.run_with_fault(workdir, "kill -9 environment calculator",
+                             lambda run_dir: chaos.kill9(chaos.environment(run_dir, "calculator")),
+                             manifest=manifest, prompts=None)
+    assert o.returncode == 0, o.out
+    assert o.steps_lost == 0, "no trainer restart: nothing trained again"
+    assert_no_step_trained_twice_differently(o)
+    assert [r["step"] for r in o.final] == list(range(1, 9))
+    assert all(r["groups_from_environments"] == doc["spec"]["training"]["promptsPerStep"] for r in o.final)
+    assert "env-calculator-0 exited with code -9 (Killed)" in o.out and "restarting it in 1 s" in o.out, o.out
+    assert o.recovery_seconds is not None and o.recovery_seconds < 60, o.recovery_seconds
+    assert "done: 8 steps" in o.out, o.out

@@ -24,8 +24,8 @@ pytestmark = pytest.mark.slow
 
 
 def grpojob_run(run_dir: Path, *sets: str, cwd: Path, args: tuple[str, ...] = (),
-                env: Optional[dict[str, str]] = None) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "grpojob", "run", str(EXAMPLE), "--run-dir", str(run_dir), "--no-progress", *args]
+                env: Optional[dict[str, str]] = None, example: Path = EXAMPLE) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "grpojob", "run", str(example), "--run-dir", str(run_dir), "--no-progress", *args]
     for s in sets:
         argv += ["--set", s]
     return subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
