@@ -51,3 +51,55 @@ async def test_operator_process_reconciles_serves_metrics_and_stops_on_sigterm(
             proc.kill()
             proc.wait()
         log.close()
+
+
+async def test_kill9_of_the_operator_process_mid_reconcile_a_new_one_converges_without_duplicates(
+        emulator, cluster, kubeconfig, trainer, tmp_path: Path):
+    """Issue #42: the operator killed (SIGKILL, no shutdown of its own) while its StatefulSet create
+    has reached the API server but not answered; the next operator process finds what is there and
+    creates the rest, each child once, and the job's status converges."""
+    import kmock
+    from grpojob.api import parse
+    from grpojob_operator import children
+
+    from .kmock_shim import STATEFULSETS
+    from .test_operator import CHILD_RESOURCES, cond, kids
+
+    held = []
+
+    async def land_but_never_answer(request) -> None:
+        if request.resource == STATEFULSETS and request.action == kmock.action.CREATE and not held:
+            held.append(request)
+            async with emulator.post(request.url.path, json=request.data):
+                pass
+            await asyncio.Event().wait()
+    emulator.hooks.append(land_but_never_answer)
+    env = {**os.environ, "KUBECONFIG": kubeconfig, "GRPOJOB_OPERATOR_INTERVAL": "0.3",
+           n.TRAINER_URL_ENV: trainer.url_template}
+
+    def start(name: str) -> subprocess.Popen:
+        log = open(tmp_path / f"{name}.log", "wb")
+        return subprocess.Popen([sys.executable, "-m", "grpojob", "operator", "--metrics-port", str(free_port())],
+                                env=env, stdout=log, stderr=subprocess.STDOUT)
+
+    first = start("first")
+    second = None
+    try:
+        await cluster.create(job_path(), job_manifest("k9"))
+        await eventually(lambda: held, timeout=60, what="StatefulSet create in flight")
+        first.kill()  # SIGKILL mid-reconcile
+        assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+        assert emulator.get_obj(STATEFULSETS, NS, n.trainer_name("k9")) is not None
+        second = start("second")
+        await eventually(lambda: cond(emulator, "k9", "Created").get("status") == "True", timeout=60,
+                         what="the second operator converges")
+    finally:
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+    assert sorted(kids(emulator, "k9")) == sorted(children.key(o) for o in children.build(
+        parse(job_manifest("k9")), namespace=NS))
+    for res in CHILD_RESOURCES:  # every child created once: nothing re-posted, nothing duplicated
+        names = [r.data["metadata"]["name"] for r in emulator.requests_for(res, "create") if r not in held]
+        assert len(names) == len(set(names)), f"{res.plural} created twice: {names}"
