@@ -16,7 +16,7 @@ from grpojob.local.progress import read_records
 
 from .test_run import ROOT, processes_of, workdir  # noqa: F401 - the fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # timing-sensitive: CI runs it alone
 
 
 def completed_at(trainer_log) -> float:

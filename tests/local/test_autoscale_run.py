@@ -32,7 +32,7 @@ EXAMPLE = ROOT / "examples" / "autoscale.yaml"
 PACED = ROOT / "examples" / "plugins" / "paced"
 PACED_EXAMPLE = PACED / "autoscale-paced.yaml"
 FAST_FROM = 6  # the policy version from which the paced example's generation is fast (its engineArgs.pace)
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # timing-sensitive: CI runs it alone
 
 
 def grpojob_run(run_dir, *sets: str, cwd, example=EXAMPLE) -> subprocess.Popen:

@@ -10,7 +10,7 @@ import pytest
 from . import chaos
 from .test_run import workdir  # noqa: F401 - a fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # timing-sensitive: CI runs it alone
 
 
 def assert_no_step_trained_twice_differently(o: chaos.Outcome) -> None:

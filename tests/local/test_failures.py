@@ -19,7 +19,7 @@ from grpojob.local.progress import newest_checkpoint, read_records
 from . import faulty_engines
 from .test_run import grpojob_run, processes_of, wait_steps, workdir  # noqa: F401 - workdir is a fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # timing-sensitive: CI runs it alone
 ENGINES = Path(faulty_engines.__file__)
 
 

@@ -20,7 +20,7 @@ from . import faulty_engines
 from .test_failures import wait_gone
 from .test_run import EXAMPLE, workdir  # noqa: F401 - workdir is a fixture
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # timing-sensitive: CI runs it alone
 TRAINERS = Path(__file__).with_name("faulty_trainers.py")
 
 

@@ -27,7 +27,7 @@ from tests.chart.test_dashboard import DASHBOARD
 from .expectations import ABSENT, PANELS
 from .scene import JOB, NAMESPACE, STEPS
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # timing-sensitive: CI runs it alone
 
 EXPORTERS = {"trainer-0": mn.TRAINER + mn.TRAINER_JUDGES, "rollout-0": mn.ROLLOUT}  # the judges: no samples here
 

@@ -24,7 +24,7 @@ from .conftest import job_manifest
 from .test_pod_sandbox import SECRETS, stop, wait_completed
 
 ok, why = pod_sandbox.available()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
 
 
 @pytest.mark.parametrize("gpus", [0, 1], ids=["two-containers", "one-container-with-gpus"])

@@ -33,6 +33,8 @@ from .test_children import OWNER, build, container, env_of
 from .test_pod_sandbox import wait_completed
 from .test_operator import cond, kids, status, without_server_fields
 
+pytestmark = pytest.mark.serial  # its slow tests are timing-sensitive: CI runs them alone
+
 ROOT = Path(__file__).resolve().parents[2]
 ENVS = [
     {"name": "arith", "command": ["python", "-m", "arith_env"], "replicas": 2,

@@ -31,7 +31,7 @@ from .conftest import job_manifest
 from .test_pod_sandbox import stop
 
 ok, why = pod_sandbox.available()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
 
 STEPS = 5
 SECRETS = {n.token_name("t"): {auth.TOKEN_KEY: auth.generate()}}

@@ -25,7 +25,7 @@ from tests.helpers.trainer_status import wait_completed
 from .conftest import job_manifest
 
 ok, why = pod_sandbox.available()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from grpojob.sync.publisher import WeightPublisher
 from .harness import (PROMPTS, TOKEN, RolloutProcess, free_port, greedy, http, load_model, make_job, perturb,
                       wait_for, write_config)
 
+pytestmark = pytest.mark.serial  # its slow tests are timing-sensitive: CI runs them alone
+
 SAMPLING = SamplingParams(temperature=1.0, max_tokens=6)
 
 

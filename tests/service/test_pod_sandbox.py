@@ -23,7 +23,7 @@ from tests.helpers import pod_sandbox, statefulset
 from .test_nexrl_remote import EXAMPLE
 
 ok, why = pod_sandbox.available()
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
 
 
 def test_a_service_job_trains_from_outside_its_pods(cluster_job, tmp_path, tiny_dir, monkeypatch):  # noqa: F811

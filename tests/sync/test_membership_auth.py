@@ -19,6 +19,8 @@ from ..rollout.harness import wait_for
 from .peer import SHAPES, TOKEN, digest, reap, spawn, weights
 from .test_publisher import _equal, agents  # noqa: F401 - the agents fixture
 
+pytestmark = pytest.mark.serial  # its slow tests are timing-sensitive: CI runs them alone
+
 
 @pytest.fixture
 def pub():

@@ -21,6 +21,8 @@ from ..rollout.harness import free_port, wait_for
 from .peer import SHAPES, TOKEN, digest, reap, spawn, weights
 from .sinks import TensorSink
 
+pytestmark = pytest.mark.serial  # its slow tests are timing-sensitive: CI runs them alone
+
 
 @pytest.fixture
 def sync():

@@ -19,6 +19,8 @@ from grpojob.memory import reset_host_peak
 from .conftest import make_job
 from .procs import ROOT
 
+pytestmark = pytest.mark.serial  # its slow tests are timing-sensitive: CI runs them alone
+
 
 def _params(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -16,7 +16,7 @@ from grpojob.plan import trainer_command
 from .conftest import make_job
 from .test_main import _env, _records, _wait_status
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # timing-sensitive: CI runs it alone
 
 
 def _sigterm_pid1(proc) -> float:

@@ -17,6 +17,8 @@ from grpojob.plan import CONFIG_FILE, Placement, render_config, roles
 from .conftest import make_job
 from .procs import free_port
 
+pytestmark = pytest.mark.serial  # its slow tests are timing-sensitive: CI runs them alone
+
 
 def _env(job, tmp: Path) -> tuple[dict, int]:
     tmp.mkdir(parents=True, exist_ok=True)
