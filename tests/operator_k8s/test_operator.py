@@ -282,18 +282,24 @@ async def test_invalid_spec_gives_InvalidSpec_with_the_field_path(emulator, clus
     await eventually(lambda: ("Warning", "InvalidSpec") in events(emulator, "bad"), what="event")
 
 
-async def test_operator_restart_mid_reconcile_converges_without_duplicates(emulator, cluster, kubeconfig,
-                                                                           operator_config, trainer):
-    held = []
+def hold_first_statefulset_create(emulator: Emulator) -> list:
+    """A hook: the first StatefulSet create reaches the store, but its response never comes back
+    (an operator stopped or killed mid-reconcile waits on it). Returns the held requests."""
+    held: list = []
 
     async def land_but_never_answer(request) -> None:
-        """The first StatefulSet create reaches the store, but its response never comes back."""
         if request.resource == STATEFULSETS and request.action == kmock.action.CREATE and not held:
             held.append(request)
             async with emulator.post(request.url.path, json=request.data):
                 pass
             await asyncio.Event().wait()
     emulator.hooks.append(land_but_never_answer)
+    return held
+
+
+async def test_operator_restart_mid_reconcile_converges_without_duplicates(emulator, cluster, kubeconfig,
+                                                                           operator_config, trainer):
+    held = hold_first_statefulset_create(emulator)
 
     first = await OperatorThread(operator_config()).start()
     await cluster.create(job_path(), job_manifest("restart"))

@@ -58,22 +58,13 @@ async def test_kill9_of_the_operator_process_mid_reconcile_a_new_one_converges_w
     """Issue #42: the operator killed (SIGKILL, no shutdown of its own) while its StatefulSet create
     has reached the API server but not answered; the next operator process finds what is there and
     creates the rest, each child once, and the job's status converges."""
-    import kmock
     from grpojob.api import parse
     from grpojob_operator import children
 
     from .kmock_shim import STATEFULSETS
-    from .test_operator import CHILD_RESOURCES, cond, kids
+    from .test_operator import CHILD_RESOURCES, cond, hold_first_statefulset_create, kids
 
-    held = []
-
-    async def land_but_never_answer(request) -> None:
-        if request.resource == STATEFULSETS and request.action == kmock.action.CREATE and not held:
-            held.append(request)
-            async with emulator.post(request.url.path, json=request.data):
-                pass
-            await asyncio.Event().wait()
-    emulator.hooks.append(land_but_never_answer)
+    held = hold_first_statefulset_create(emulator)
     env = {**os.environ, "KUBECONFIG": kubeconfig, "GRPOJOB_OPERATOR_INTERVAL": "0.3",
            n.TRAINER_URL_ENV: trainer.url_template}
 

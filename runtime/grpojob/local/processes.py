@@ -265,12 +265,16 @@ def _readable(line: str) -> str:
     return text
 
 
-def stop_all(children: list[Child], grace: float, now: Callable[[Child], bool] = lambda c: False) -> None:
+def signal_all(children: list[Child], now: Callable[[Child], bool] = lambda c: False) -> None:
     """SIGTERM every child at once (SIGINT those `now` names: stop at once, e.g. a rollout server's
-    drain is for a scale-down, not for the end of the run), then SIGKILL (with their trees) those
-    still running after `grace` seconds."""
+    drain is for a scale-down, not for the end of the run)."""
     for c in children:
         c.signal(signal.SIGINT if now(c) else signal.SIGTERM)
+
+
+def stop_all(children: list[Child], grace: float, now: Callable[[Child], bool] = lambda c: False) -> None:
+    """signal_all, then SIGKILL (with their trees) those still running after `grace` seconds."""
+    signal_all(children, now)
     deadline = time.monotonic() + grace
     for c in children:
         if c.proc is None:

@@ -31,7 +31,7 @@ from grpojob.plan import (CONFIG_FILE, ENV_JUDGE_PORT, ENV_OPENAI_API_KEY, ENV_R
 from grpojob.local.autoscaler import LocalAutoscaler
 from grpojob.local import judges
 from grpojob.local.completion import TrainerCompletion
-from grpojob.local.processes import Child, free_port, stop_all, wait_any
+from grpojob.local.processes import Child, free_port, signal_all, stop_all, wait_any
 from grpojob.local.prepare import BUILD_TINY, SITE_DIR, RunError, prepare, token_path  # noqa: F401 (public here)
 from grpojob.local.progress import Progress, newest_checkpoint, plot, read_evaluations, read_records
 from grpojob.local.restarts import RestartPolicy, Restarts, resumes_from, what_happened
@@ -211,9 +211,7 @@ class Run:
         does not answer."""
         released = self.completion.release()
         # nothing else is needed now: the other processes and the plot go on while the trainer exits
-        for c in self.children:
-            if c not in self.trainers:
-                c.signal(signal.SIGINT if _now(c) else signal.SIGTERM)
+        signal_all([c for c in self.children if c not in self.trainers], _now)
         self._start_plot()
         if released:
             _wait_exit(self.trainers, 30)
