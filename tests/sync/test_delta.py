@@ -103,7 +103,11 @@ def test_twenty_delta_pushes_leave_every_receiver_bit_identical(backend, agents)
         assert a.sink.bases[0] is None and a.sink.bases[1] is not None  # the first push is whole
 
 
-def test_bits_decide_not_values(monkeypatch):
+WAYS = pytest.mark.parametrize("host", [True, False], ids=["host-numpy", "device-torch-way-on-cpu"])
+
+
+@WAYS
+def test_bits_decide_not_values(monkeypatch, host):
     """-0.0 against +0.0 and two NaN payloads are equal as floats but not as bits: they travel."""
     monkeypatch.setattr(dl, "CAP_DIVISOR", 4)  # 2 changes of 8 fit a delta
     layout = bk.plan([("w", (8,), torch.bfloat16)], 1 << 20)
@@ -114,7 +118,7 @@ def test_bits_decide_not_values(monkeypatch):
     base = [old.clone()]
     arena = [torch.empty(b.numel, dtype=bk.torch_dtype(b.dtype)) for b in dl.arena_layout(layout).buckets]
     packer = dl.DeltaPacker(layout, TensorStream.of([("w", new)]), {"host": base}, base="host", based={"host"},
-                            arenas={"host": arena})
+                            arenas={"host": arena}, host=host)
     packer.finish()
     assert packer.counts == [2] and arena[0][:2].tolist() == [0, 2]
     received = [old.clone()]
@@ -202,18 +206,40 @@ def test_delta_off_sends_every_byte(agents):
         assert a.sink.bases == [None, None]
 
 
-@pytest.mark.parametrize("host", [True, False], ids=["host-numpy", "device-torch-way-on-cpu"])
+@WAYS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16, torch.uint8])
-def test_changed_finds_every_differing_bit_pattern_on_the_host_and_the_gpus_way(host, dtype):
-    """The comparison a GPU trainer runs (torch, on the device) and the host's (numpy): every
-    position whose bits differ, words with several changes and a ragged tail included, and
-    None once more than the limit differ."""
+def test_both_ways_find_every_differing_bit_pattern_and_go_whole_past_the_capacity(host, dtype):
+    """The comparison a GPU trainer runs (torch, the bucket at once) and the host's (numpy, tensor
+    by tensor, 8-byte words first): every position whose bits differ, across tensors of one bucket,
+    words with several changes and ragged tails included; past the arena's capacity the bucket goes
+    whole. Either way every medium ends holding the new bits and the receiver's copy matches."""
     g = torch.Generator().manual_seed(0)
-    old = (torch.rand(1003, generator=g) * 200).to(dtype)
-    new = old.clone()
-    flip = torch.tensor([0, 1, 2, 3, 17, 500, 1000, 1002])
-    dl.bits(new)[flip] ^= 1  # the lowest bit: a change no float comparison with a tolerance would see
-    pos = dl.changed(new, old, limit=8, host=host)
-    assert sorted(torch.as_tensor(pos).tolist()) == flip.tolist()
-    assert dl.changed(new, old, limit=7, host=host) is None
-    assert len(dl.changed(old.clone(), old, limit=0, host=host)) == 0
+    sizes = {"a": 1003, "b": 517, "c": 64}
+    olds = {n: (torch.rand(k, generator=g) * 200).to(dtype) for n, k in sizes.items()}
+    layout = bk.plan([(n, (k,), dtype) for n, k in sizes.items()], 1 << 20)
+    assert len(layout.buckets) == 1
+    flips = {"a": [0, 1, 2, 3, 17, 500, 1000, 1002], "b": [5, 516], "c": [63]}
+
+    def push(flip: dict[str, list[int]]):
+        news = {n: t.clone() for n, t in olds.items()}
+        for n, at in flip.items():
+            dl.bits(news[n])[torch.tensor(at)] ^= 1  # the lowest bit: no float tolerance would see it
+        base = [torch.cat([olds[n] for n in sizes])]
+        arena = [torch.empty(b.numel, dtype=bk.torch_dtype(b.dtype)) for b in dl.arena_layout(layout).buckets]
+        packer = dl.DeltaPacker(layout, TensorStream.of(list(news.items())), {"host": base}, base="host",
+                                based={"host"}, arenas={"host": arena}, host=host)
+        packer.finish()
+        want = torch.cat([news[n] for n in sizes])
+        assert torch.equal(dl.bits(base[0]), dl.bits(want))
+        received = [torch.cat([olds[n] for n in sizes])]
+        dl.copy_handoff(packer.counts, received, base, arena)
+        assert torch.equal(dl.bits(received[0]), dl.bits(want))
+        return packer.counts, arena
+
+    counts, arena = push(flips)
+    offsets = {"a": 0, "b": 1003, "c": 1520}
+    expected = sorted(offsets[n] + i for n, at in flips.items() for i in at)
+    assert counts == [len(expected)] and sorted(arena[0][:len(expected)].tolist()) == expected
+    many = {"a": list(range(0, 1003, 4))}  # 251 changes > 1584 // 8 = 198: the bucket goes whole
+    assert push(many)[0] == [None]
+    assert push({})[0] == [0]

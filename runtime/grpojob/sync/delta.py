@@ -56,28 +56,11 @@ def bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(_BITS[t.element_size()])
 
 
-def changed(new: torch.Tensor, old: torch.Tensor, limit: int, host: Optional[bool] = None):
-    """Flat positions (int64; a numpy array for host tensors) where the bits of `new` differ from `old`, or None
-    when more than `limit` do. Compares 8-byte words first (a bf16 compare is 4x the work per
-    byte) and only then the values inside the words that differ; on the host through numpy,
-    whose compare and flatnonzero take a third of torch's there (`host`: which way; default: by
-    new's device, so a GPU's way is testable on the CPU)."""
-    if new.device.type == "cpu" if host is None else host:
-        return host_changed(bits(new).numpy(), bits(old).numpy(), limit)
-    per = 8 // new.element_size()
-    k = new.numel() - new.numel() % per
-    a, b = bits(new), bits(old)
-    words = torch.nonzero(a[:k].view(torch.int64) != b[:k].view(torch.int64)).squeeze(1)
-    if words.numel() > limit:
-        return None
-    cand = (words[:, None] * per + torch.arange(per, device=new.device)).reshape(-1)
-    pos = torch.cat([cand[a[cand] != b[cand]], k + torch.nonzero(a[k:] != b[k:]).squeeze(1)])
-    return None if pos.numel() > limit else pos
-
-
 def host_changed(a: np.ndarray, b: np.ndarray, limit: int) -> Optional[np.ndarray]:
-    """`changed` for the bits of host tensors as numpy arrays (a slice of one costs 100x less than
-    a torch view: a bucket holds hundreds of tensors)."""
+    """Flat positions where the bits `a` and `b` (numpy views of host tensors: a slice of one costs
+    100x less than a torch view, and a bucket holds hundreds of tensors) differ, or None when more
+    than `limit` do. Compares 8-byte words first (a bf16 compare is 4x the work per byte) and only
+    then the values inside the words that differ."""
     per = 8 // a.itemsize
     k = len(a) - len(a) % per
     words = np.flatnonzero(a[:k].view(np.int64) != b[:k].view(np.int64))
@@ -99,11 +82,15 @@ class DeltaPacker(bk.Packer):
     only sample whether one would now; `worth_it` says whether the next push should try."""
 
     def __init__(self, layout: bk.Layout, stream, media: dict[str, Sequence[torch.Tensor]], *, base: str,
-                 based: set[str], arenas: dict[str, Sequence[torch.Tensor]], probe: bool = False, on_done=None):
+                 based: set[str], arenas: dict[str, Sequence[torch.Tensor]], probe: bool = False, on_done=None,
+                 host: Optional[bool] = None):
+        """`host`: compare the host's way (numpy, tensor by tensor) or the device's (torch, bucket by
+        bucket); default: by the base's device, so the device's way is testable on the CPU."""
         super().__init__(layout, stream, media, on_done=on_done)
-        self.base, self.based, self.arenas, self.probe = base, based, arenas, probe
+        self.base, self.based, self.arenas, self.probe, self.host = base, based, arenas, probe, host
         self.counts: list[Optional[int]] = [None] * len(layout.buckets)
         self.worth_it = False
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}
 
     def pack_bucket(self, i: int, bucket: bk.Bucket, tensors: dict[str, torch.Tensor]) -> None:
         old = self.media[self.base][i]
@@ -112,15 +99,13 @@ class DeltaPacker(bk.Packer):
         srcs = [tensors[e.name].detach().reshape(-1) for e in bucket.entries]
         if not all(t.device == old.device and t.dtype == old.dtype for t in srcs):
             return self._whole(i, bucket, tensors, old)
+        if not (old.device.type == "cpu" if self.host is None else self.host):
+            return self._device_bucket(i, bucket, tensors, old)
         parts, vals, total = [], [], 0
-        host = old.device.type == "cpu"
-        ob = bits(old).numpy() if host else old
+        ob = bits(old).numpy()
         for e, t in zip(bucket.entries, srcs):
-            new = bits(t).numpy() if host else t
-            if host:
-                pos = host_changed(new, ob[e.offset:e.offset + e.numel], capacity(bucket) - total)
-            else:
-                pos = changed(t, old[e.offset:e.offset + e.numel], capacity(bucket) - total)
+            new = bits(t).numpy()
+            pos = host_changed(new, ob[e.offset:e.offset + e.numel], capacity(bucket) - total)
             if pos is None:
                 return self._whole(i, bucket, tensors, old)
             if len(pos):
@@ -130,13 +115,43 @@ class DeltaPacker(bk.Packer):
         self.counts[i], self.worth_it = total, True
         if not total:
             return
-        if old.device.type == "cpu":  # gathered as numpy bits: a torch call per tensor costs 10x more
-            pos, val = torch.from_numpy(np.concatenate(parts)), torch.from_numpy(np.concatenate(vals)).view(old.dtype)
-        else:
-            pos, val = torch.cat(parts), torch.cat(vals)
+        # gathered as numpy bits: a torch call per tensor costs 10x more on the host
+        pos, val = torch.from_numpy(np.concatenate(parts)), torch.from_numpy(np.concatenate(vals)).view(old.dtype)
+        self._deliver(i, bucket, tensors, pos, val)
+
+    def _device_bucket(self, i: int, bucket: bk.Bucket, tensors: dict[str, torch.Tensor], old: torch.Tensor) -> None:
+        """The device's way: the bucket packed into a scratch buffer beside the base, then one compare
+        and one nonzero over the whole bucket (one host sync per bucket, which packing has anyway).
+        Tensor by tensor, two syncs and a dozen launches each made a delta push of 291 tensors 8x
+        slower than a dense one on an H200 (74 ms against 8.6)."""
+        new = self._scratch_for(old)[:bucket.numel]
+        bk.pack(bucket, tensors, new)
+        pos = torch.nonzero(bits(new) != bits(old)).squeeze(1)
+        total = pos.numel()
+        if total > capacity(bucket):
+            for bufs in self.media.values():
+                bufs[i].copy_(new)
+            return
+        self.counts[i], self.worth_it = total, True
+        val = new[pos]
         for arena in self.arenas.values():
             arena[2 * i][:total].copy_(pos)
             arena[2 * i + 1][:total].copy_(val)
+        for bufs in self.media.values():  # on a device a whole copy costs what a scatter does
+            bufs[i].copy_(new)
+
+    def _scratch_for(self, old: torch.Tensor) -> torch.Tensor:
+        """One buffer per dtype, as large as the largest bucket of it, reused bucket after bucket."""
+        if old.dtype not in self._scratch:
+            size = max(b.numel for b in self.layout.buckets if bk.torch_dtype(b.dtype) == old.dtype)
+            self._scratch[old.dtype] = torch.empty(size, dtype=old.dtype, device=old.device)
+        return self._scratch[old.dtype]
+
+    def _deliver(self, i: int, bucket: bk.Bucket, tensors: dict[str, torch.Tensor], pos: torch.Tensor,
+                 val: torch.Tensor) -> None:
+        for arena in self.arenas.values():
+            arena[2 * i][:len(pos)].copy_(pos)
+            arena[2 * i + 1][:len(pos)].copy_(val)
         for name, bufs in self.media.items():
             if name in self.based:
                 bufs[i].index_copy_(0, pos.to(bufs[i].device), val.to(bufs[i].device))
