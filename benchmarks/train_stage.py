@@ -12,10 +12,12 @@ left out).
 
     python benchmarks/train_stage.py                                       # tiny, CPU (liger off only)
     python benchmarks/train_stage.py --device cuda --shape qwen2.5-0.5b --liger both
+    python benchmarks/train_stage.py --device cuda --shape qwen2.5-0.5b --liger on --steps 4 --profile
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import multiprocessing
 import os
 import random
@@ -63,14 +65,29 @@ def _turns(conn, setting: str, model: Path, a: argparse.Namespace) -> None:
     trainer = GRPOTrainer(parse(job_doc(model, a)))
     groups = _groups(a, min(trainer.model.config.vocab_size, len(trainer.tokenizer)))
     conn.send((trainer.fused, trainer.peak_flops))
+    steps = 0
     while conn.recv():
+        steps += 1
         if a.device == "cuda":
             torch.cuda.synchronize()
+        profiling = getattr(a, "profile", False) and steps == a.steps  # the last step: warm
+        prof = _profiler(a.device) if profiling else contextlib.nullcontext()
         t0 = time.perf_counter()
-        prep, _ = trainer.step_training(groups)
-        if a.device == "cuda":
-            torch.cuda.synchronize()
+        with prof:
+            prep, _ = trainer.step_training(groups)
+            if a.device == "cuda":
+                torch.cuda.synchronize()
         conn.send((time.perf_counter() - t0, prep.n_tokens, trainer.train_flops(prep), trainer.budget.cap))
+        if profiling:
+            key = "self_cuda_time_total" if a.device == "cuda" else "self_cpu_time_total"
+            print(f"liger {setting}, step {steps}: the operators of most {key}", flush=True)
+            print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60), flush=True)
+
+
+def _profiler(device: str):
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else []))
 
 
 def compare(model: Path, a: argparse.Namespace, settings: list[str]) -> dict[str, dict]:
@@ -130,6 +147,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=5, help="steps of each setting (the first warms up)")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--micro-batch-tokens", type=int, help="default: from free memory on CUDA, per shape on CPU")
+    p.add_argument("--profile", action="store_true",
+                   help="profile the last step (torch.profiler) and print its operators of most device time")
     a = p.parse_args()
     a.max_tokens = a.max_tokens or SHAPES[a.shape][1]["max_tokens"]
     if a.micro_batch_tokens is None and a.device == "cpu":

@@ -24,7 +24,7 @@ def model(tiny_dir):
 def test_cuda_shape_is_flex_bf16_compiled_one_bucketed_row(model):
     shape = for_device(torch.device("cuda"), model)
     assert (shape.attention, shape.compute_dtype, shape.compile, shape.bucket) == \
-        ("flex", torch.bfloat16, "static", True)
+        ("flex", torch.bfloat16, "dynamic", True)
     mbs = shape.pack(_seqs(8, 4), 256, pad_id=0)
     assert all(mb.shape[0] == 1 and mb.shape[1] in (128, 256) for mb in mbs)
 

@@ -241,10 +241,10 @@ def test_compiled_cpu_layers_train_like_eager_layers(model):
 @pytest.mark.slow
 def test_the_cuda_shape_traced_on_cpu_gives_the_unpacked_logprobs(model):
     """What the GPU runs, as far as the CPU can: bucketed rows, a flex BlockMask, layers compiled
-    with static shapes (flex inside the graph). Forward only: torch has no flex backward on CPU."""
+    for dynamic widths (flex inside the graph). Forward only: torch has no flex backward on CPU."""
     from grpojob.learner.sizing import TrainShape
 
-    shape = TrainShape(attention="flex", row_tokens=None, bucket=True, compute_dtype=None, compile="static")
+    shape = TrainShape(attention="flex", row_tokens=None, bucket=True, compute_dtype=None, compile="dynamic")
     policy = PolicyLogprobs(copy.deepcopy(model), shape)
     seqs = _seqs()
     ref = _reference(model, seqs)

@@ -11,8 +11,8 @@ its span's prefix (a completion sees its unit's prompt). Three backends express 
   that of attending within each completion and its prompt, with no padding between units and
   no O(L^2) mask, and rows can be as long as the micro-batch (no padding between rows either).
 - flex (CUDA): torch's flex_attention with a BlockMask built from the spans. Tiles the mask hides
-  are skipped, so the cost follows the visible (query, key) pairs; the Triton kernel is compiled
-  once per (rows, width) shape, and packing buckets shapes so compiled kernels are reused.
+  are skipped, so the cost follows the visible (query, key) pairs; the Triton kernel and the mask's
+  builder are compiled once for every width (dynamic shapes).
 
 `install(model, backend)` points a transformers model at a backend; `build` makes what it takes
 from a micro-batch's spans; PolicyLogprobs hands that to the model.
@@ -50,8 +50,10 @@ def build(backend: str, spans: Tensor, rows: int, width: int):
     return dense_mask(spans, rows, width)
 
 
-def flex_mask(spans: Tensor, rows: int, width: int):
-    """The spans' rule as a flex_attention BlockMask."""
+def flex_mask(spans: Tensor, rows: int, width: int, compiled: Optional[bool] = None):
+    """The spans' rule as a flex_attention BlockMask. `compiled` (default: on CUDA) builds it with
+    the compiled builder, evaluated tile by tile instead of as a dense [R, L, L] grid, its tensors
+    marked dynamic in the width (compiled_flex)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     own, p0, p1 = token_ranges(spans, rows, width)
@@ -60,9 +62,33 @@ def flex_mask(spans: Tensor, rows: int, width: int):
         return ((kv >= own[b, q]) & (kv <= q)) | ((kv >= p0[b, q]) & (kv < p1[b, q]))
 
     device = spans.device
-    # _compile: on CUDA the mask is evaluated tile by tile instead of as a dense [R, L, L] grid.
-    return create_block_mask(mask_mod, B=rows, H=None, Q_LEN=width, KV_LEN=width, device=device,
-                             BLOCK_SIZE=BUCKET_MIN, _compile=device.type == "cuda")
+    if not (device.type == "cuda" if compiled is None else compiled):
+        return create_block_mask(mask_mod, B=rows, H=None, Q_LEN=width, KV_LEN=width, device=device,
+                                 BLOCK_SIZE=BUCKET_MIN)
+    mask = _compiled("create_block_mask")(mask_mod, B=rows, H=None, Q_LEN=width, KV_LEN=width, device=device,
+                                          BLOCK_SIZE=BUCKET_MIN)
+    for name in _MASK_TENSORS:  # [B, H, q blocks(, kv blocks)]: the block counts follow the width
+        t = getattr(mask, name, None)
+        if t is not None:
+            for dim in range(2, t.dim()):
+                torch._dynamo.mark_dynamic(t, dim)
+    return mask
+
+
+_MASK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                 "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str):
+    """flex_attention or create_block_mask compiled once for every micro-batch width: dynamic shapes,
+    and the BlockMask's tensors marked dynamic (flex_mask). Compiled for static shapes, each new
+    width recompiled both, forward and backward: on an H200 the step whose packing chose a new
+    width took 12.7 s instead of 0.9. (torch.compile of create_block_mask is what torch's
+    deprecation of its `_compile` flag recommends.)"""
+    from torch.nn.attention import flex_attention as fa
+
+    return torch.compile(getattr(fa, name), dynamic=True)
 
 
 @dataclass
@@ -159,13 +185,12 @@ def _register() -> None:
     AttentionMaskInterface.register(FLEX, flex_attention_mask)
 
 
-@functools.lru_cache(maxsize=None)
-def _eager_flex(device_type: str):
+def flex_kernel(device_type: str):
     """flex_attention for layers that are not compiled: compiled on its own on CUDA (the fused
     Triton kernel; uncompiled flex_attention is a dense reference implementation)."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False) if device_type == "cuda" else flex_attention
+    return _compiled("flex_attention") if device_type == "cuda" else flex_attention
 
 
 def _repeat_kv(x: Tensor, times: int) -> Tensor:
@@ -187,7 +212,7 @@ def flex_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_ma
     gqa = group > 1
     if gqa and group & (group - 1):  # the kernel's GQA wants a power-of-two group (Qwen2.5-0.5B: 7)
         key, value, gqa = _repeat_kv(key, group), _repeat_kv(value, group), False
-    kernel = flex_attention if torch.compiler.is_compiling() else _eager_flex(query.device.type)
+    kernel = flex_attention if torch.compiler.is_compiling() else flex_kernel(query.device.type)
     out = kernel(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
     return out.transpose(1, 2).contiguous(), None
 

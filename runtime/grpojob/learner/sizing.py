@@ -10,9 +10,10 @@ One place for these per-device choices (measured in benchmarks/trainer_throughpu
   log-softmax (logprobs); smaller ones (the tiny model of tests and the local demo) run eagerly.
 - CUDA: float32 master weights and optimizer state with bfloat16 autocast (unless spec.model.dtype
   pins another parameter dtype); `flex` attention with block masks; one row per micro-batch
-  (fewer, fuller launches), its width bucketed to powers of two so that each compiled shape is
-  reused; every decoder layer compiled with torch.compile (fused norms, rotary, MLP), and the
-  one-tile log-softmax of small vocabularies.
+  (fewer, fuller launches), its width bucketed to powers of two; every decoder layer compiled with
+  torch.compile (fused norms, rotary, MLP) for dynamic widths, as flex attention and its mask are
+  (attention._compiled: one compile for every width, not one per width), and the one-tile
+  log-softmax of small vocabularies.
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def for_device(device: torch.device, model: torch.nn.Module, fused: bool = False
     if device.type == "cuda":
         bf16 = param_dtype == torch.float32 and torch.cuda.is_bf16_supported()
         return TrainShape(attention="flex", row_tokens=None, bucket=True,
-                          compute_dtype=torch.bfloat16 if bf16 else None, compile=None if fused else "static",
+                          compute_dtype=torch.bfloat16 if bf16 else None, compile=None if fused else "dynamic",
                           head_tile=head_tile(torch.cuda.get_device_properties(device).total_memory))
     big = sum(p.numel() for p in model.parameters()) >= CPU_COMPILE_PARAMS
     return TrainShape(attention="segments", row_tokens=None, bucket=False, compute_dtype=None,
