@@ -193,6 +193,18 @@ def flex_kernel(device_type: str):
     return _compiled("flex_attention") if device_type == "cuda" else flex_attention
 
 
+def _compute_dtype(query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q, k and v in autocast's dtype where it is on, as SDPA casts them itself. Over float32 master
+    weights, transformers' rotary embedding multiplies bf16 q and k by float32 cos/sin, so they
+    reach attention as float32 beside a bf16 v; flex attention then ran in float32: on an H200, 32%
+    of the train stage's device time (1.4 ms a layer forward, 1.8 ms backward, 8k tokens)."""
+    device = query.device.type
+    if not torch.is_autocast_enabled(device):
+        return query, key, value
+    dtype = torch.get_autocast_dtype(device)
+    return query.to(dtype), key.to(dtype), value.to(dtype)
+
+
 def _repeat_kv(x: Tensor, times: int) -> Tensor:
     b, h, n, d = x.shape
     return x[:, :, None].expand(b, h, times, n, d).reshape(b, h * times, n, d)
@@ -208,6 +220,7 @@ def flex_forward(module, query: Tensor, key: Tensor, value: Tensor, attention_ma
         raise ValueError("the trainer's attention backends do no attention dropout")
     if attention_mask is not None and not isinstance(attention_mask, BlockMask):
         raise TypeError(f"the flex attention backend takes a BlockMask, got {type(attention_mask).__name__}")
+    query, key, value = _compute_dtype(query, key, value)
     group = query.shape[1] // key.shape[1]
     gqa = group > 1
     if gqa and group & (group - 1):  # the kernel's GQA wants a power-of-two group (Qwen2.5-0.5B: 7)
