@@ -81,7 +81,9 @@ def job_doc(model: Path, a: argparse.Namespace) -> dict:
             "spec": {"model": {"path": str(model)}, "dataset": {"factory": "toy", "maxPromptLength": 32},
                      "rewards": [{"name": f"{Path(__file__).resolve()}:varied"}],
                      "algorithm": {"name": "grpo", "groupSize": a.group, "lossAggregation": "token-mean"},
-                     "training": {"steps": a.steps, "promptsPerStep": a.prompts, "learningRate": a.lr,
+                     # one step more than measured: the last measured step is like the others (the run's
+                     # final checkpoint, 4.3 s at the 0.5B shape on an H200, is not in it)
+                     "training": {"steps": a.steps + 1, "promptsPerStep": a.prompts, "learningRate": a.lr,
                                   # unset (CUDA's default here): sized from the free memory
                                   **({"microBatchTokens": a.micro_batch_tokens} if a.micro_batch_tokens else {})},
                      "rollout": {"backend": "hf", "sampling": {"maxTokens": a.max_tokens}},
