@@ -161,9 +161,9 @@ class Decoder:
         if at > self.cache.slots:
             raise ValueError(f"{at - first} rows do not fit the {self.free} free slots")
         hidden = torch.cat([self._prefill(seqs[i:j], slots[i:j]) for i, j in _chunks([len(q) for q in seqs], self._budget())])
-        for g, s in zip(groups, slots):
-            if len(g) > 1:
-                self.cache.copy(s, range(s + 1, s + len(g)), len(g[0].prompt))
+        fan = [(s, d, len(g[0].prompt)) for g, s in zip(groups, slots) for d in range(s + 1, s + len(g))]
+        if fan:  # each prompt's KV to the other n-1 slots of its request, every group at once
+            self.cache.copy_many([f[0] for f in fan], [f[1] for f in fan], max(f[2] for f in fan))
         logits = self._logits(hidden).repeat_interleave(torch.tensor([len(g) for g in groups],
                                                                      device=hidden.device), dim=0)
         rows = [r for g in groups for r in g]
