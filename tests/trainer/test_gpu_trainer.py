@@ -26,7 +26,7 @@ def test_cuda_shape_is_flex_bf16_compiled_one_bucketed_row(model):
     assert (shape.attention, shape.compute_dtype, shape.compile, shape.bucket) == \
         ("flex", torch.bfloat16, "dynamic", True)
     mbs = shape.pack(_seqs(8, 4), 256, pad_id=0)
-    assert all(mb.shape[0] == 1 and mb.shape[1] in (128, 256) for mb in mbs)
+    assert all(mb.shape[0] == 1 and mb.shape[1] % 128 == 0 for mb in mbs)
 
 
 def test_compiled_flex_bf16_matches_the_fp32_sdpa_reference(model):

@@ -250,7 +250,7 @@ def test_the_cuda_shape_traced_on_cpu_gives_the_unpacked_logprobs(model):
     ref = _reference(model, seqs)
     with torch.no_grad():
         for mb in shape.pack(seqs, 256, pad_id=0):
-            assert mb.shape == (1, 128) or mb.shape == (1, 256)
+            assert mb.shape[0] == 1 and mb.shape[1] % 128 == 0
             logp, _ = policy(**mb.inputs(torch.device("cpu"), "flex"))
             for local, i in enumerate(mb.seqs):
                 torch.testing.assert_close(logp[mb.seq_index == local], ref[i], atol=2e-5, rtol=1e-5)

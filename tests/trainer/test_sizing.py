@@ -35,17 +35,29 @@ def test_memory_cap_is_the_largest_power_of_two_that_fits_with_margin():
 
 
 def test_step_budget_trades_padding_against_micro_batches():
-    # 37,000 tokens (the 0.5B benchmark's step), per micro-batch cost 4,096 tokens:
+    # 37,000 tokens (the 0.5B benchmark's step), per micro-batch cost 4,096 tokens, the last
+    # micro-batch's width rounded up to a flex tile of 128 (the layers compile for dynamic widths):
     #   4,096: 9 full + 136 -> 256: 37,120 + 10 x 4,096 = 78,080
-    #   8,192: 4 full + 4,232 -> 8,192: 40,960 + 5 x 4,096 = 61,440
-    #  16,384: 2 full + 8,192: 40,960 + 3 x 4,096 = 53,248
-    #  32,768: 1 full + 8,192: 40,960 + 2 x 4,096 = 49,152   <- least
-    #  65,536: 0 full + 65,536 (77% padding) + 4,096 = 69,632
-    assert sizing.step_budget(37_000, 4096, 65_536) == 32_768
+    #   8,192: 4 full + 4,232 -> 4,352: 37,120 + 5 x 4,096 = 57,600
+    #  32,768: 1 full + 4,232 -> 4,352: 37,120 + 2 x 4,096 = 45,312
+    #  65,536: 0 full + 37,000 -> 37,120: 37,120 + 4,096 = 41,216   <- least (powers of two: 77% padding)
+    assert sizing.step_budget(37_000, 4096, 65_536) == 65_536
     assert sizing.step_budget(37_000, 4096, 16_384) == 16_384  # the memory cap bounds it
     assert sizing.step_budget(37_000, 4096, 4096) == 4096
-    # 64,000 tokens: one 65,536 micro-batch (65,536 + 4,096) beats two of 32,768 (65,536 + 2 x 4,096)
-    assert sizing.step_budget(64_000, 4096, 65_536) == 65_536
+    # padding is at most a tile, so the per-micro-batch cost decides: the fewest micro-batches
+    assert sizing.step_budget(8_576, 4096, 32_768) == 32_768
+
+
+def test_bucketed_widths_are_multiples_of_a_flex_tile_not_powers_of_two():
+    """CUDA packing (bucket=True): a step of 128 completions of 64 tokens after prompts of 24 goes
+    in one micro-batch whose width is its tokens rounded up to 128, not the next power of two
+    (16,384: about half of it padding)."""
+    from grpojob.learner.packing import pack
+
+    mbs = pack([_seq(24, 64) for _ in range(128)], 32_768, row_tokens=32_768, bucket=True)
+    assert len(mbs) == 1
+    (rows, width), tokens = mbs[0].shape, mbs[0].n_tokens
+    assert rows == 1 and width % 128 == 0 and tokens <= width < tokens + 128 and width < 16_384
 
 
 def _seq(prompt: int, completion: int) -> TrainSeq:
@@ -61,7 +73,7 @@ def test_budget_is_the_spec_value_unless_auto_and_measures_once():
     calls = []
     budget = sizing.Budget(4096, auto=True, measure=lambda: calls.append(1) or 65_536)
     seqs = [_seq(100, 900)] * 37  # 37,000 tokens
-    assert budget.for_step(seqs) == 32_768 and budget.for_step(seqs) == 32_768
+    assert budget.for_step(seqs) == 65_536 and budget.for_step(seqs) == 65_536  # one micro-batch, 37,120 wide
     assert calls == [1] and budget.cap == 65_536
 
 

@@ -10,7 +10,7 @@ One place for these per-device choices (measured in benchmarks/trainer_throughpu
   log-softmax (logprobs); smaller ones (the tiny model of tests and the local demo) run eagerly.
 - CUDA: float32 master weights and optimizer state with bfloat16 autocast (unless spec.model.dtype
   pins another parameter dtype); `flex` attention with block masks; one row per micro-batch
-  (fewer, fuller launches), its width bucketed to powers of two; every decoder layer compiled with
+  (fewer, fuller launches), its width rounded up to a flex tile; every decoder layer compiled with
   torch.compile (fused norms, rotary, MLP) for dynamic widths, as flex attention and its mask are
   (attention._compiled: one compile for every width, not one per width), and the one-tile
   log-softmax of small vocabularies.
@@ -25,7 +25,7 @@ import torch
 
 from grpojob.learner import attention
 from grpojob.learner.logprobs import TILE_ELEMENTS
-from grpojob.learner.packing import MicroBatch, TrainSeq, pack
+from grpojob.learner.packing import MicroBatch, TrainSeq, pack, tile_width
 
 log = logging.getLogger("grpojob.trainer")
 
@@ -124,24 +124,17 @@ def memory_cap(free_bytes: int, per_token_bytes: int, fixed_bytes: int, floor: i
     return max(floor, b if fits >= 1 else 0)
 
 
-def _pow2_at_least(n: int) -> int:
-    b = 1
-    while b < n:
-        b *= 2
-    return b
-
-
 def step_budget(tokens: int, floor: int, cap: int, per_micro_batch: int = PER_MICRO_BATCH_TOKENS) -> int:
     """The micro-batch budget for a step of `tokens` packed tokens: among `floor` and the powers of
     two up to `cap`, the one of least padded tokens (full micro-batches, the last one's width
-    bucketed to a power of two) plus `per_micro_batch` per micro-batch; ties go to the larger.
-    The largest budget that fits is not always the fastest: 37k tokens in one 65,536-wide
-    micro-batch are 77% padding, in two of 32,768 (one full, one bucketed to 8,192) 10%."""
+    rounded up to a flex tile, packing.tile_width) plus `per_micro_batch` per micro-batch; ties go
+    to the larger. Widths were powers of two while the layers compiled per shape: 37k tokens were
+    then 77% padding in one 65,536-wide micro-batch; now fewer, fuller micro-batches win."""
     candidates = [floor] + [1 << k for k in range(1, 31) if floor < (1 << k) <= cap]
     best, best_cost = floor, None
     for b in candidates:
         full, rest = divmod(tokens, b)
-        padded = full * b + (min(b, _pow2_at_least(rest)) if rest else 0)
+        padded = full * b + (min(b, tile_width(rest)) if rest else 0)
         cost = padded + (full + (1 if rest else 0)) * per_micro_batch
         if best_cost is None or cost <= best_cost:
             best, best_cost = b, cost
