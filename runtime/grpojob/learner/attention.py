@@ -53,7 +53,7 @@ def build(backend: str, spans: Tensor, rows: int, width: int):
 def flex_mask(spans: Tensor, rows: int, width: int, compiled: Optional[bool] = None):
     """The spans' rule as a flex_attention BlockMask. `compiled` (default: on CUDA) builds it with
     the compiled builder, evaluated tile by tile instead of as a dense [R, L, L] grid, its tensors
-    marked dynamic in the width (compiled_flex)."""
+    marked dynamic in the width (_compiled)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     own, p0, p1 = token_ranges(spans, rows, width)
