@@ -17,8 +17,7 @@ machine; and train-only tokens per second (the step minus generation and scoring
 generates in process here (rank 0's engine thread next to the trainer), which on a CPU is
 slower than the rollout server process users run (see hf_engine._run). Then the generation
 engines alone, taking turns: the hf engine in a process of its own, as a rollout server runs it
-(asyncio, all requests at once), against TRL's way (`generate` on the left-padded batch),
-completion tokens per second.
+(asyncio, all requests at once), against TRL's way (`generate` on the left-padded batch), completion tokens/s.
 
     python benchmarks/trainer_throughput.py                            # tiny model (about 1 minute)
     python benchmarks/trainer_throughput.py --shape small              # about 6.8M parameters (minutes)
@@ -39,8 +38,7 @@ from pathlib import Path
 
 from device_figures import Memory, peak_flops  # beside this file (the script's own folder is on sys.path)
 
-# Model shapes: (architecture, defaults for this benchmark). qwen2.5-0.5b has Qwen2.5-0.5B's
-# layers and its full 151,936-entry vocabulary (the tokenizer covers only the first ids).
+# (architecture, defaults) per shape; qwen2.5-0.5b: Qwen2.5-0.5B's layers and full 151,936-token vocabulary
 SHAPES = {
     "tiny": ({"size": "tiny"}, dict(max_tokens=64, micro_batch_tokens=4096)),
     "small": ({"size": "small"}, dict(max_tokens=64, micro_batch_tokens=4096)),
@@ -81,8 +79,7 @@ def job_doc(model: Path, a: argparse.Namespace) -> dict:
             "spec": {"model": {"path": str(model)}, "dataset": {"factory": "toy", "maxPromptLength": 32},
                      "rewards": [{"name": f"{Path(__file__).resolve()}:varied"}],
                      "algorithm": {"name": "grpo", "groupSize": a.group, "lossAggregation": "token-mean"},
-                     # one step more than measured: the last measured step is like the others (the run's
-                     # final checkpoint, 4.3 s at the 0.5B shape on an H200, is not in it)
+                     # one step more than measured: no measured step holds the run's final checkpoint
                      "training": {"steps": a.steps + 1, "promptsPerStep": a.prompts, "learningRate": a.lr,
                                   # unset (CUDA's default here): sized from the free memory
                                   **({"microBatchTokens": a.micro_batch_tokens} if a.micro_batch_tokens else {})},
@@ -383,11 +380,9 @@ def main() -> None:
     if stages:
         train_stage.report(stages)
     if a.device == "cuda":
-        gib = 2 ** 30
-        state = Memory.state_bytes(mine.trainer.model, mine.trainer.optimizer)
-        print(f"peak GPU memory: grpojob {(state + mine.memory.rise) / gib:.2f} GiB "
-              f"(state {state / gib:.2f} + step {mine.memory.rise / gib:.2f}), "
-              f"trl {(theirs['state'] + theirs['memory'].rise) / gib:.2f} GiB "
+        state, gib = Memory.state_bytes(mine.trainer.model, mine.trainer.optimizer), 2 ** 30
+        print(f"peak GPU memory: grpojob {(state + mine.memory.rise) / gib:.2f} GiB (state {state / gib:.2f} + step "
+              f"{mine.memory.rise / gib:.2f}), trl {(theirs['state'] + theirs['memory'].rise) / gib:.2f} GiB "
               f"(state {theirs['state'] / gib:.2f} + step {theirs['memory'].rise / gib:.2f})")
     print(spread("grpojob", mine.seconds, mine.train_seconds))
     print(spread("trl", theirs["seconds"], theirs["train_seconds"]))
