@@ -33,6 +33,7 @@ class RemotePublisher:
                                     initial_version=None if resumed else 0, checkpoint_dir=checkpoint_dir,
                                     colocated=colocated)
         self.rollout_addresses = self.sync.rollout_addresses
+        self.draining_addresses = self.sync.draining_addresses
 
     def publish(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushReport:
         stats = self.sync.push(named_tensors, version)

@@ -14,7 +14,8 @@
   this job's token: every request carries it as a bearer token, grpojob.auth).
 - A server that leaves the list while a request is in flight there (the trainer dropped it: it
   died or hangs, e.g. stopped heartbeating) has that request abandoned within a second and sent
-  to another server, rather than waited for until `request_timeout`.
+  to another server, rather than waited for until `request_timeout`. A server that left on its
+  own (stopping, scaled down: `draining`) is waited for instead: it answers what it has.
 - Timeouts: `request_timeout` per HTTP request, `timeout` for the whole call (then RolloutError
   with the last error of every server tried); with no server registered it waits up to
   `timeout` for one.
@@ -61,8 +62,11 @@ class ServerLeft(Exception):
 class RolloutClient:
     def __init__(self, addresses: Union[Callable[[], Sequence[str]], Sequence[str]], *, token: str,
                  request_timeout: float = 600.0, timeout: float = 1800.0, cooldown: float = 5.0,
-                 poll_seconds: float = 0.25):
+                 poll_seconds: float = 0.25, draining: Optional[Callable[[], Sequence[str]]] = None):
+        """`draining`: servers that left the list on their own and finish what they have (the
+        publisher's draining_addresses): a request in flight there is waited for, not sent again."""
         self._addresses = addresses if callable(addresses) else (lambda a=tuple(addresses): a)
+        self._draining = draining or (lambda: ())
         self.request_timeout = request_timeout
         self.timeout = timeout
         self.cooldown = cooldown
@@ -161,7 +165,9 @@ class RolloutClient:
                 done, _ = await asyncio.wait({request}, timeout=LEFT_CHECK_SECONDS)
                 if done:
                     return request.result()
-                if url not in self.servers():
+                # a server that left to stop (scaled down) answers what it has: sending it again
+                # elsewhere made both generate it (on shared cores a step took 6 s instead of 0.5)
+                if url not in self.servers() and url not in {u.rstrip("/") for u in self._draining()}:
                     raise ServerLeft("left the rollout servers (dropped by the trainer: dead or hung)")
         finally:
             if not request.done():

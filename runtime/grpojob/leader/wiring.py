@@ -59,7 +59,7 @@ def connect(job: GRPOJob, tokenizer, env: dist.DistEnv, *, kind: str = "remote",
     publisher = RemotePublisher(spec.weight_sync, listen_host, sync_address()[1], colocated=spec.placement == COLOCATED,
                                 resumed=resumed, device=env.device,
                                 checkpoint_dir=checkpoint_dir, token=auth.token)
-    client = RolloutClient(publisher.rollout_addresses, token=auth.token,
+    client = RolloutClient(publisher.rollout_addresses, token=auth.token, draining=publisher.draining_addresses,
                            timeout=float(spec.weight_sync.timeout_seconds) * 3)
     manager = RolloutManager(client, health=client.health, **pieces)
     turns = None

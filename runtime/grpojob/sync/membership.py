@@ -32,6 +32,9 @@ WATCH_SECONDS = 0.25
 # bumps the counter must not hold back every registration after it.
 EMPTY_SLOT_SECONDS = 5.0
 UNAUTHORIZED = "unauthorized"
+# A server that left on its own (stopping: scaled down) finishes the requests it has within its
+# drain time (rollout.process.DRAIN_SECONDS, 10 s): it counts as draining this long after it left.
+DRAIN_GRACE_SECONDS = 15.0
 
 
 class Refused(Exception):
@@ -120,6 +123,7 @@ class Membership:
         self._seen = 0
         self._empty_since: Optional[float] = None  # when the next registration slot was found empty
         self._instances: set[str] = set()  # every instance admitted
+        self._departed: dict[str, float] = {}  # url -> when its server left on its own (draining)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="grpojob-sync-watch", daemon=True)
 
@@ -138,6 +142,14 @@ class Membership:
 
     def live(self) -> list[Member]:
         return [m for m in self.all() if not m.dead]
+
+    def draining(self) -> list[str]:
+        """URLs of servers that left on their own within DRAIN_GRACE_SECONDS: they finish the
+        requests they have (a dropped server, dead or hung, is not among them)."""
+        now = time.monotonic()
+        with self._lock:
+            self._departed = {u: t for u, t in self._departed.items() if now - t <= DRAIN_GRACE_SECONDS}
+            return list(self._departed)
 
     def drop(self, m: Member, reason: str) -> None:
         m.dead = m.dead or reason
@@ -254,6 +266,8 @@ class Membership:
         for m in self.live():
             if (left := self._left(store, m)) is not None:
                 log.info("%s left the weight-sync group (%s)", m, left)
+                with self._lock:
+                    self._departed[m.url] = now
                 self.drop(m, f"left ({left})")
                 continue
             beat = store.add(self.creds.key("hb", m.instance), 0)

@@ -107,6 +107,11 @@ class WeightPublisher:
         cur = self._current
         return [m.url for m in self.members.live() if cur and m.weights == cur["weights"]]
 
+    def draining_addresses(self) -> list[str]:
+        """HTTP base URLs of servers that left the group on their own moments ago (stopping: scaled
+        down): they finish the requests they have, which the rollout client waits for."""
+        return self.members.draining()
+
     def servers(self) -> list[dict]:
         """Every registered server: replica, url, version, in_sync, routes (one per endpoint)."""
         cur = self._current
