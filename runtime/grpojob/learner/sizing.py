@@ -134,7 +134,7 @@ def step_budget(tokens: int, floor: int, cap: int, per_micro_batch: int = PER_MI
     best, best_cost = floor, None
     for b in candidates:
         full, rest = divmod(tokens, b)
-        padded = full * b + (min(b, tile_width(rest)) if rest else 0)
+        padded = full * b + min(b, tile_width(rest))  # tile_width(0) == 0
         cost = padded + (full + (1 if rest else 0)) * per_micro_batch
         if best_cost is None or cost <= best_cost:
             best, best_cost = b, cost

@@ -127,16 +127,9 @@ class DeltaPacker(bk.Packer):
         new = self._scratch_for(old)[:bucket.numel]
         bk.pack(bucket, tensors, new)
         pos = torch.nonzero(bits(new) != bits(old)).squeeze(1)
-        total = pos.numel()
-        if total > capacity(bucket):
-            for bufs in self.media.values():
-                bufs[i].copy_(new)
-            return
-        self.counts[i], self.worth_it = total, True
-        val = new[pos]
-        for arena in self.arenas.values():
-            arena[2 * i][:total].copy_(pos)
-            arena[2 * i + 1][:total].copy_(val)
+        if pos.numel() <= capacity(bucket):  # else the bucket goes whole
+            self.counts[i], self.worth_it = pos.numel(), True
+            self._to_arena(i, pos, new[pos])
         for bufs in self.media.values():  # on a device a whole copy costs what a scatter does
             bufs[i].copy_(new)
 
@@ -147,11 +140,14 @@ class DeltaPacker(bk.Packer):
             self._scratch[old.dtype] = torch.empty(size, dtype=old.dtype, device=old.device)
         return self._scratch[old.dtype]
 
-    def _deliver(self, i: int, bucket: bk.Bucket, tensors: dict[str, torch.Tensor], pos: torch.Tensor,
-                 val: torch.Tensor) -> None:
+    def _to_arena(self, i: int, pos: torch.Tensor, val: torch.Tensor) -> None:
         for arena in self.arenas.values():
             arena[2 * i][:len(pos)].copy_(pos)
             arena[2 * i + 1][:len(pos)].copy_(val)
+
+    def _deliver(self, i: int, bucket: bk.Bucket, tensors: dict[str, torch.Tensor], pos: torch.Tensor,
+                 val: torch.Tensor) -> None:
+        self._to_arena(i, pos, val)
         for name, bufs in self.media.items():
             if name in self.based:
                 bufs[i].index_copy_(0, pos.to(bufs[i].device), val.to(bufs[i].device))
