@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from grpojob.api import check
-from grpojob.api.autoscale import DOWN, HOLD, UP, AutoscaleSpec, ScaleRule, ScaleUpRule, Signals, State, decide, want
+from grpojob.api.autoscale import (DOWN, HOLD, TRIAL_STEPS, UP, AutoscaleSpec, ScaleRule, ScaleUpRule, Signals, State,
+                                   decide, want)
 
 SPEC = AutoscaleSpec(min_replicas=1, max_replicas=8, target_wait_fraction=0.2, target_idle_fraction=0.5,
                      scale_up=ScaleRule(steps=2, cooldown_seconds=60, max_change=4),
@@ -104,7 +105,7 @@ def sig(step, wait, idle=0.0, total=10.0):
 
 def test_scale_up_needs_its_steps_takes_the_smallest_ask_then_cools_down():
     spec = SPEC.model_copy(update={"scale_up": SPEC.scale_up.model_copy(update={"min_gain": 0.0})})  # any gain
-    st = State(replicas=1)
+    st = State(replicas=1, last_step=0, seconds=10.0, measured=3)  # the steps before a trial: measured
     d = decide(spec, st, sig(1, 8.0), now=1000.0)
     assert (d.replicas, d.reason, d.state.streak, d.state.proposal) == (1, "Waiting", 1, 5)
     d = decide(spec, d.state, sig(1, 8.0), now=1010.0)  # the same step again: counts nothing
@@ -113,16 +114,16 @@ def test_scale_up_needs_its_steps_takes_the_smallest_ask_then_cools_down():
     assert (d.replicas, d.reason, d.changed) == (4, "ScaleUp", True)
     assert d.message.startswith("1 -> 4 rollout servers: the trainer waits for groups over 20% of its step for 2 steps")
     assert d.state == State(replicas=4, last_step=2, last_change=1020.0, measured=-1, trial_from=1, before=10.0)
-    # still waiting: no scale-up while the change is measured (step 3 left out, steps 4 and 5 measured:
+    # still waiting: no scale-up while the change is measured (step 3 left out, steps 4 to 6 measured:
     # 10 s a step as before, which minGain 0 lets pass), then two steps ask, within scaleUp.cooldownSeconds
-    for step in (3, 4):
+    for step in (3, 4, 5):
         d = decide(spec, d.state, sig(step, 5.0), now=1020.0 + step)
         assert (d.replicas, d.reason) == (4, "Measuring")
-    d = decide(spec, d.state, sig(5, 5.0), now=1025.0)
+    d = decide(spec, d.state, sig(6, 5.0), now=1026.0)
     assert (d.replicas, d.reason, d.state.trial_from) == (4, "Waiting", 0)
-    d = decide(spec, d.state, sig(6, 5.0), now=1030.0)
+    d = decide(spec, d.state, sig(7, 5.0), now=1030.0)
     assert (d.replicas, d.reason) == (4, "CoolingDown") and "waits 50 s more" in d.message
-    d = decide(spec, d.state, sig(7, 5.0), now=1081.0)  # 4*5*0.8/(0.2*5) = 16, capped at 4 + 4 = 8
+    d = decide(spec, d.state, sig(8, 5.0), now=1081.0)  # 4*5*0.8/(0.2*5) = 16, capped at 4 + 4 = 8
     assert (d.replicas, d.reason) == (8, "ScaleUp")
 
 
@@ -167,7 +168,8 @@ def test_signals_in_words():
 
 
 def test_a_trainer_resumed_from_an_earlier_step_still_counts():
-    d = decide(SPEC, State(replicas=1, last_step=20, direction=UP, streak=1, proposal=3), sig(11, 8.0), now=0.0)
+    st = State(replicas=1, last_step=20, direction=UP, streak=1, proposal=3, seconds=10.0, measured=3)
+    d = decide(SPEC, st, sig(11, 8.0), now=0.0)
     assert (d.replicas, d.reason) == (3, "ScaleUp")  # 3 < the 5 asked: the streak's smallest ask
 
 
@@ -179,8 +181,8 @@ def test_at_max_replicas_a_wait_asks_for_nothing():
     assert d.message.endswith("the trainer waits over 20%, and 2 is maxReplicas")
 
 
-# A scale-up on trial: the step time before (a running mean: each step halves the older ones' weight)
-# against the mean of the first scaleUp.steps steps the whole new pool served (its first one left out).
+# A scale-up on trial: the step time before (a running mean over the last n steps) against the mean of
+# the first n steps the whole new pool served (its first one left out); n = max(scaleUp.steps, 3).
 TRIAL = SPEC.model_copy(update={"scale_up": ScaleUpRule(steps=2, cooldown_seconds=0, max_change=1, min_gain=0.1,
                                                         backoff_seconds=100)})
 
@@ -196,41 +198,68 @@ def test_a_scale_up_that_does_not_raise_the_step_rate_is_undone_and_backs_off_do
     assert (d.reason, d.state.seconds, d.state.measured) == ("InBand", 10.0, 1)
     d = decide(TRIAL, d.state, srv(3, 8.0, 1), now=10.0)  # mean (10 + 8) / 2 = 9
     assert (d.reason, d.state.seconds) == ("Waiting", 9.0)
-    d = decide(TRIAL, d.state, srv(4, 9.0, 1), now=20.0)  # (9 + 9) / 2
+    d = decide(TRIAL, d.state, srv(4, 9.0, 1), now=20.0)  # (10 + 8 + 9) / 3
     assert (d.replicas, d.reason) == (2, "ScaleUp")
     assert (d.state.trial_from, d.state.before, d.state.measured) == (1, 9.0, -1)
     d = decide(TRIAL, d.state, srv(5, 12.0, 1), now=30.0)  # the new server has not joined: not measured
     assert (d.replicas, d.reason, d.state.measured) == (2, "Measuring", -1)
-    assert d.message.endswith("no scale-up before the 1 -> 2 one is measured (0 of 2 steps)")
+    assert d.message.endswith("no scale-up before the 1 -> 2 one is measured (0 of 3 steps)")
     d = decide(TRIAL, d.state, srv(6, 12.0, 2), now=40.0)  # the whole pool's first step: left out
     assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 0, 0.0)
     d = decide(TRIAL, d.state, srv(7, 11.0, 2), now=50.0)
     assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 1, 11.0)
-    d = decide(TRIAL, d.state, srv(8, 9.0, 2), now=60.0)  # (11 + 9) / 2 = 10 s against 9 s: 9/10 - 1 = -10%
+    d = decide(TRIAL, d.state, srv(8, 9.0, 2), now=55.0)
+    assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 2, 10.0)
+    d = decide(TRIAL, d.state, srv(9, 10.0, 2), now=60.0)  # (11 + 9 + 10) / 3 = 10 s against 9 s: -10%
     assert (d.replicas, d.reason, d.changed) == (1, "ScaleUpNoGain", True)
     assert d.message.startswith("2 -> 1 rollout servers: 2 servers made a step 10.00 s against 9.00 s with 1 "
                                 "(-10% steps a second; scaleUp.minGain 10%): they slow each other down; "
-                                "no scale-up for 100 s (step 8")
-    assert d.state == State(replicas=1, last_step=8, last_change=60.0, measured=-1, backoff=100.0)
+                                "no scale-up for 100 s (step 9")
+    assert d.state == State(replicas=1, last_step=9, last_change=60.0, measured=-1, backoff=100.0)
     # the trainer still waits, but the back-off holds: no streak either
-    d = decide(TRIAL, d.state, srv(9, 10.0, 2), now=70.0)
+    d = decide(TRIAL, d.state, srv(10, 10.0, 2), now=70.0)
     assert (d.replicas, d.reason, d.state.streak) == (1, "BackingOff", 0)
     assert d.message.endswith("no scale-up for 90 s more (the last one did not pay)")
-    d = decide(TRIAL, d.state, srv(10, 10.0, 1), now=170.0)
-    d = decide(TRIAL, d.state, srv(11, 10.0, 1), now=180.0)
+    for step, now in ((11, 170.0), (12, 175.0), (13, 180.0)):
+        d = decide(TRIAL, d.state, srv(step, 10.0, 1), now=now)
     assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
-    for step, total in ((12, 12.0), (13, 12.0), (14, 12.0)):
-        d = decide(TRIAL, d.state, srv(step, total, 2), now=180.0 + step)
-    assert (d.replicas, d.reason, d.state.backoff, d.state.last_change) == (1, "ScaleUpNoGain", 200.0, 194.0)
+    for step in (14, 15, 16, 17):
+        d = decide(TRIAL, d.state, srv(step, 12.0, 2), now=180.0 + step)
+    assert (d.replicas, d.reason, d.state.backoff, d.state.last_change) == (1, "ScaleUpNoGain", 200.0, 197.0)
 
 
 def test_no_scale_up_before_a_step_time_to_compare_it_with():
     spec = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"steps": 1})})
     d = decide(spec, State(replicas=1), srv(1, 30.0, 1), now=0.0)
     assert (d.replicas, d.reason, d.state.streak) == (1, "Measuring", 1)
-    assert d.message.endswith("scale up to 2 waits for a step time to compare it with")
-    d = decide(spec, d.state, srv(2, 10.0, 1), now=1.0)
+    assert d.message.endswith("scale up to 2 waits for a step time to compare it with (0 of 3 steps)")
+    for step in (2, 3):
+        d = decide(spec, d.state, srv(step, 10.0, 1), now=float(step))
+        assert (d.replicas, d.reason) == (1, "Measuring")
+    d = decide(spec, d.state, srv(4, 10.0, 1), now=4.0)
     assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
+
+
+def test_a_trial_measures_at_least_three_steps_on_each_side():
+    # On 2 CPU cores a step took 0.36-0.61 s for the same work; with two steps each side, a second
+    # server that gained nothing passed minGain 10% in 2 of 3 runs.
+    assert TRIAL_STEPS == 3
+    d = decide(TRIAL, State(replicas=1), srv(1, 30.0, 1), now=0.0)
+    d = decide(TRIAL, d.state, srv(2, 12.0, 1), now=1.0)
+    assert (d.reason, d.state.streak, d.state.measured) == ("Measuring", 2, 1)
+    assert d.message.endswith("scale up to 2 waits for a step time to compare it with (1 of 3 steps)")
+    d = decide(TRIAL, d.state, srv(3, 9.0, 1), now=2.0)
+    assert (d.reason, d.state.measured) == ("Measuring", 2)
+    d = decide(TRIAL, d.state, srv(4, 9.0, 1), now=3.0)
+    assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)  # (12 + 9 + 9) / 3
+    # after n steps each new one weighs 1/n: 10 + (13 - 10) / 3
+    st = State(replicas=1, last_step=4, seconds=10.0, measured=3)
+    assert decide(TRIAL, st, srv(5, 13.0, 1, wait_share=0.1), now=4.0).state.seconds == 11.0
+    # scaleUp.steps over 3: that many
+    five = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"steps": 5})})
+    st = State(replicas=1, last_step=4, seconds=10.0, measured=3, direction=UP, streak=4, proposal=2)
+    d = decide(five, st, srv(5, 10.0, 1), now=4.0)
+    assert d.reason == "Measuring" and d.message.endswith("(4 of 5 steps)")
 
 
 def test_a_scale_up_that_pays_stays_and_the_back_off_starts_over():
@@ -239,20 +268,20 @@ def test_a_scale_up_that_pays_stays_and_the_back_off_starts_over():
     d = decide(TRIAL, d.state, srv(3, 10.0, 1), now=110.0)
     assert (d.replicas, d.reason, d.state.before) == (2, "ScaleUp", 10.0)
     d = decide(TRIAL, d.state, srv(4, 9.0, None), now=120.0)  # servers not reported: every step after the first
-    d = decide(TRIAL, d.state, srv(5, 8.0, None, wait_share=0.1), now=130.0)
-    d = decide(TRIAL, d.state, srv(6, 9.0, None, wait_share=0.1), now=140.0)  # 8.5 s: 10/8.5 - 1 = +18%
-    assert (d.replicas, d.reason, d.state.trial_from, d.state.backoff) == (2, "InBand", 0, 0.0)
+    for step, total in ((5, 8.0), (6, 9.0), (7, 8.5)):
+        d = decide(TRIAL, d.state, srv(step, total, None, wait_share=0.1), now=130.0 + step)
+    assert (d.replicas, d.reason, d.state.trial_from, d.state.backoff) == (2, "InBand", 0, 0.0)  # 10/8.5 - 1: +18%
     assert d.state.seconds == 8.5
 
 
 def test_a_gain_under_the_margin_is_none_and_a_margin_of_zero_keeps_any_gain():
-    before = State(replicas=2, last_step=3, seconds=5.0, measured=1, trial_from=1, before=5.25)
+    before = State(replicas=2, last_step=3, seconds=5.0, measured=2, trial_from=1, before=5.25)
     for margin, reason in ((0.1, "ScaleUpNoGain"), (0.0, "InBand")):
         spec = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"min_gain": margin})})
         d = decide(spec, before, srv(4, 5.0, 2, wait_share=0.1), now=0.0)  # 5.25/5 - 1 = +5%
         assert d.reason == reason, margin
     never = TRIAL.model_copy(update={"scale_up": TRIAL.scale_up.model_copy(update={"min_gain": -1.0})})
-    d = decide(never, before, srv(4, 20.0, 2, wait_share=0.1), now=0.0)  # 5.25/12.5 - 1 = -58%: kept all the same
+    d = decide(never, before, srv(4, 20.0, 2, wait_share=0.1), now=0.0)  # 5.25/10 - 1 = -48%: kept all the same
     assert (d.replicas, d.reason, d.state.trial_from) == (2, "InBand", 0)
 
 

@@ -66,8 +66,16 @@ async def test_the_operator_scales_rollouts_up_on_the_trainers_wait_and_down_on_
     assert (st["replicas"], st["reason"], st["direction"], st["streak"]) == (1, "Waiting", "up", 1)
     assert deployment(emulator, "auto")["spec"]["replicas"] == 1 and not scaled_events(emulator, "auto")
 
-    # Step 2 too: 1 * 8 * 0.8 / (0.2 * 2) = 16 servers would do; maxReplicas 3 (and maxChange 2) caps it.
-    step(trainer, "auto", 2, wait=8.0, idle=0.0)
+    # Steps 2 and 3 ask too, but a scale-up is a trial measured over 3 steps, and as many before it are
+    # needed to compare with (step 1 paid the start-up): measuring.
+    for number in (2, 3):
+        step(trainer, "auto", number, wait=8.0, idle=0.0)
+        await eventually(lambda k=number: status(emulator, "auto")["autoscale"]["lastStep"] == k, what=f"step {number}")
+        assert status(emulator, "auto")["autoscale"]["reason"] == "Measuring"
+    assert deployment(emulator, "auto")["spec"]["replicas"] == 1
+
+    # Step 4 too: 1 * 8 * 0.8 / (0.2 * 2) = 16 servers would do; maxReplicas 3 (and maxChange 2) caps it.
+    step(trainer, "auto", 4, wait=8.0, idle=0.0)
     await eventually(lambda: deployment(emulator, "auto")["spec"]["replicas"] == 3, what="scaled up to 3")
     (patch,) = deployment_patches(emulator, "auto")[patches:]
     # exactly the Deployment the children render at 3 replicas (a merge patch of the whole manifest;
@@ -83,7 +91,7 @@ async def test_the_operator_scales_rollouts_up_on_the_trainers_wait_and_down_on_
     assert len(emulator.requests_for(STATEFULSETS, "update")) == sts_patches, "the trainer was touched"
     await eventually(lambda: scaled_events(emulator, "auto"), what="RolloutScaled event")
     assert scaled_events(emulator, "auto") == [
-        "ScaleUp: 1 -> 3 rollout servers: the trainer waits for groups over 20% of its step for 2 steps (step 2, "
+        "ScaleUp: 1 -> 3 rollout servers: the trainer waits for groups over 20% of its step for 4 steps (step 4, "
         "trainer waited 80% of the step for groups (8.00/10.00 s), rollout servers idle 0%, 1 groups in flight)"]
     await eventually(lambda: status(emulator, "auto")["rollout"]["desired"] == 3, what="status.rollout.desired 3")
     st = status(emulator, "auto")["autoscale"]
@@ -101,14 +109,14 @@ async def test_the_operator_scales_rollouts_up_on_the_trainers_wait_and_down_on_
 
     # Generation became fast: the servers idle 90% and the trainer does not wait. Two such steps:
     # down by maxChange 1 (busy ceil(3 * 0.1 / 0.5) = 1 would allow more).
-    step(trainer, "auto", 3, wait=0.0, idle=0.9)
-    await eventually(lambda: status(emulator, "auto")["autoscale"]["lastStep"] == 3, what="step 3 seen")
+    step(trainer, "auto", 5, wait=0.0, idle=0.9)
+    await eventually(lambda: status(emulator, "auto")["autoscale"]["lastStep"] == 5, what="step 5 seen")
     assert deployment(emulator, "auto")["spec"]["replicas"] == 3
-    step(trainer, "auto", 4, wait=0.0, idle=0.9)
+    step(trainer, "auto", 6, wait=0.0, idle=0.9)
     await eventually(lambda: deployment(emulator, "auto")["spec"]["replicas"] == 2, what="scaled down to 2")
     await eventually(lambda: len(scaled_events(emulator, "auto")) == 2, what="second RolloutScaled event")
     assert scaled_events(emulator, "auto")[1].startswith(
-        "ScaleDown: 3 -> 2 rollout servers: rollout servers idle over 50% of the step for 2 steps (step 4")
+        "ScaleDown: 3 -> 2 rollout servers: rollout servers idle over 50% of the step for 2 steps (step 6")
     assert [p["spec"]["replicas"] for p in deployment_patches(emulator, "auto")[patches:]] == [3, 2]
 
     # The job's next looks change nothing: the reconcile renders the autoscaler's number.
@@ -161,12 +169,16 @@ async def test_a_scale_up_that_brought_no_gain_is_undone_with_a_scale_up_no_gain
     await running(emulator, cluster, trainer, "nogain", rollout=spec)
     paced(trainer, "nogain", 1, 5.0, 1)  # the first step: nothing to compare yet
     await eventually(lambda: status(emulator, "nogain").get("autoscale", {}).get("lastStep") == 1, what="step 1")
-    paced(trainer, "nogain", 2, 2.0, 1)
+    for number in (2, 3, 4):  # a trial's 3 steps before
+        paced(trainer, "nogain", number, 2.0, 1)
+        await eventually(lambda k=number: status(emulator, "nogain")["autoscale"]["lastStep"] == k, what=f"step {number}")
     await eventually(lambda: deployment(emulator, "nogain")["spec"]["replicas"] == 2, what="the trial: 2 servers")
+    # (the Deployment is patched before the status is written: wait for the status too)
+    await eventually(lambda: status(emulator, "nogain")["autoscale"]["reason"] == "ScaleUp", what="status ScaleUp")
     st = status(emulator, "nogain")["autoscale"]
     assert (st["reason"], st["trialFrom"], st["beforeSeconds"]) == ("ScaleUp", 1, 2.0)
     # the second server registers; its steps are slower than the one server's 2.0 s
-    for number, seconds, servers in ((3, 2.0, 1), (4, 2.5, 2), (5, 2.6, 2)):
+    for number, seconds, servers in ((5, 2.0, 1), (6, 2.5, 2), (7, 2.6, 2), (8, 2.5, 2), (9, 2.7, 2)):
         paced(trainer, "nogain", number, seconds, servers)
         await eventually(lambda k=number: status(emulator, "nogain")["autoscale"]["lastStep"] == k, what=f"step {number}")
     await eventually(lambda: deployment(emulator, "nogain")["spec"]["replicas"] == 1, what="scaled back to 1")
@@ -179,7 +191,7 @@ async def test_a_scale_up_that_brought_no_gain_is_undone_with_a_scale_up_no_gain
     assert (st["replicas"], st["reason"], st["backoffSeconds"]) == (1, "ScaleUpNoGain", 120.0)
     await eventually(lambda: status(emulator, "nogain")["rollout"]["desired"] == 1, what="status.rollout.desired 1")
     # the trainer still waits: no new scale-up while backing off
-    paced(trainer, "nogain", 6, 2.0, 1)
+    paced(trainer, "nogain", 10, 2.0, 1)
     await eventually(lambda: status(emulator, "nogain")["autoscale"]["reason"] == "BackingOff", what="backing off")
     assert [p["spec"]["replicas"] for p in deployment_patches(emulator, "nogain")] == [2, 1]
     assert status(emulator, "nogain")["phase"] == "Running"

@@ -152,6 +152,14 @@ def test_a_user_variable_with_a_plan_name_replaces_it_in_place():
     assert env_of({"env": env})["PYTHONUNBUFFERED"] == "0"
 
 
+def test_openmp_threads_wait_passively_in_every_pod_unless_the_user_sets_it():
+    """Processes of a job share cores (a server generates while the trainer waits; servers share a
+    node): OpenMP's spinning idle threads made two CPU servers 16x slower than one (plan.THREAD_ENV)."""
+    objs = build(job_manifest("j", rollout={"env": [{"name": "OMP_WAIT_POLICY", "value": "ACTIVE"}]}))
+    assert env_of(container(objs[("StatefulSet", "j-trainer")]))["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env_of(container(objs[("Deployment", "j-rollout")]))["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
 def test_rollout_deployment_finds_the_trainer_store_through_the_headless_service():
     kids = build(job_manifest("j"))
     dep = kids[("Deployment", "j-rollout")]

@@ -233,7 +233,7 @@ def test_after_the_end_the_autoscale_status_says_the_job_finished_with_its_last_
     auto = {"replicas": 1, "autoscale": {"maxReplicas": 3, "scaleUp": {"steps": 1, "cooldownSeconds": 0}}}
     j = job(rollout=auto)
     d = running_status(j)
-    for n_ in (19, 20):  # (step 19, the first one seen, is no step time to compare with: left out)
+    for n_ in (17, 18, 19, 20):  # (step 17, the first one seen, is no step time to compare with: left out)
         at = TrainerStatus(phase="running", step=n_, total_steps=20, pipeline=PipelineStatus(
             step=n_, wait_seconds=9.24, step_seconds=10.0, rollout_idle_fraction=0.05))
         d = step(j, d.status, tp=pods("trainer", 2), rp=pods("rollout", 2), trainer=at)
@@ -272,10 +272,11 @@ def test_a_scale_up_that_gave_nothing_is_undone_with_a_scale_up_no_gain_event():
                 step=step, wait_seconds=0.8 * seconds, step_seconds=seconds))
     st, events = autoscaling.step(j, None, trainer(1, 5.0, 1), T0)  # the first step: no step time to compare
     assert (st.replicas, st.reason) == (1, "Measuring")
-    st, events = autoscaling.step(j, st, trainer(2, 2.0, 1), T0)
+    for step_ in (2, 3, 4):  # a trial's 3 steps before
+        st, events = autoscaling.step(j, st, trainer(step_, 2.0, 1), T0)
     assert (st.replicas, st.reason, st.trial_from, st.before_seconds) == (2, "ScaleUp", 1, 2.0)
     # its state lives in the status: each look starts from the last one's status (an operator restart too)
-    for step_, seconds, servers in ((3, 2.0, 1), (4, 2.5, 2), (5, 2.6, 2)):
+    for step_, seconds, servers in ((5, 2.0, 1), (6, 2.5, 2), (7, 2.6, 2), (8, 2.5, 2), (9, 2.7, 2)):
         st, events = autoscaling.step(j, st, trainer(step_, seconds, servers), T0 + timedelta(seconds=10 * step_))
     assert (st.replicas, st.reason, st.backoff_seconds, st.trial_from) == (1, "ScaleUpNoGain", 120.0, 0)
     (event,) = events
@@ -283,6 +284,6 @@ def test_a_scale_up_that_gave_nothing_is_undone_with_a_scale_up_no_gain_event():
     assert event.message.startswith("2 -> 1 rollout servers: 2 servers made a step 2.60 s against 2.00 s with 1 "
                                     "(-23% steps a second; scaleUp.minGain 10%): they slow each other down; "
                                     "no scale-up for 120 s")
-    st, events = autoscaling.step(j, st, trainer(6, 2.0, 1), T0 + timedelta(seconds=60))
+    st, events = autoscaling.step(j, st, trainer(10, 2.0, 1), T0 + timedelta(seconds=100))
     assert (st.replicas, st.reason, events) == (1, "BackingOff", [])
     assert autoscaling.rollout_replicas(j, st) == 1

@@ -26,8 +26,8 @@ from typing import Optional
 from grpojob import auth
 from grpojob.api import GRPOJob, InvalidSpec, plugins
 from grpojob.plan import (CONFIG_FILE, ENV_JUDGE_PORT, ENV_OPENAI_API_KEY, ENV_ROLE, ENV_ROLLOUT_PORT, ENV_RUN_DIR, ENV_TRAINER_PORT, ENVIRONMENT_ROLE,
-                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, Placement, Role, roles,
-                    trajectory_url)
+                    REPLICA_HOST, REPLICA_INDEX, REPLICA_NAME, SERVICE_PREFIX, THREAD_ENV, Placement, Role,
+                    roles, trajectory_url)
 from grpojob.local.autoscaler import LocalAutoscaler
 from grpojob.local import judges
 from grpojob.local.completion import TrainerCompletion
@@ -64,6 +64,7 @@ def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child
             # every process of the run carries its run directory (judges' pods need none): how the
             # run's processes are found (tests, `ps e`), whatever their role
             env = {**base_env, ENV_RUN_DIR: str(run_dir), **role.env, **_per_replica(role, i, host)}
+            env.update({k: os.environ[k] for k in THREAD_ENV if k in os.environ})  # the caller's own wins
             if role.environment is not None:
                 env[ENV_OPENAI_API_KEY] = api_key
                 env.update(_user_env(job, role.environment))
