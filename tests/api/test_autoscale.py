@@ -203,6 +203,7 @@ def test_a_scale_up_that_does_not_raise_the_step_rate_is_undone_and_backs_off_do
     assert (d.state.trial_from, d.state.before, d.state.measured) == (1, 9.0, -1)
     d = decide(TRIAL, d.state, srv(5, 12.0, 1), now=30.0)  # the new server has not joined: not measured
     assert (d.replicas, d.reason, d.state.measured) == (2, "Measuring", -1)
+    assert d.kept == ""
     assert d.message.endswith("no scale-up before the 1 -> 2 one is measured (0 of 3 steps)")
     d = decide(TRIAL, d.state, srv(6, 12.0, 2), now=40.0)  # the whole pool's first step: left out
     assert (d.reason, d.state.measured, d.state.seconds) == ("Measuring", 0, 0.0)
@@ -272,6 +273,9 @@ def test_a_scale_up_that_pays_stays_and_the_back_off_starts_over():
         d = decide(TRIAL, d.state, srv(step, total, None, wait_share=0.1), now=130.0 + step)
     assert (d.replicas, d.reason, d.state.trial_from, d.state.backoff) == (2, "InBand", 0, 0.0)  # 10/8.5 - 1: +18%
     assert d.state.seconds == 8.5
+    assert d.kept == ("the 1 -> 2 scale-up paid: 2 servers made a step 8.50 s against 10.00 s with 1 (+18% steps a "
+                      "second; scaleUp.minGain 10%): they stay")
+    assert decide(TRIAL, d.state, srv(8, 8.5, None, wait_share=0.1), now=140.0).kept == ""  # said once
 
 
 def test_a_gain_under_the_margin_is_none_and_a_margin_of_zero_keeps_any_gain():

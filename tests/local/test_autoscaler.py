@@ -81,6 +81,8 @@ def test_up_after_two_steps_then_cooldown_then_down(tmp_path):
     now[0] = 131.0
     write(tmp_path, row(7, 4.8, 0.0, 6.0), row(8, 4.8, 0.0, 6.0), row(9, 4.8, 0.0, 6.0))  # it paid (+67%): on
     assert [c.name for c in scaler.poll()[0]] == ["rollout-2"]
+    assert notes[1].startswith("autoscale: ScaleUpKept: the 1 -> 2 scale-up paid: 2 servers made a step 6.00 s against "
+                               "10.00 s with 1 (+67% steps a second")
 
     write(tmp_path, row(10, 0.0, 0.9))  # idle: one step, no cool-down, one at a time: the newest goes
     started, stopped = scaler.poll()
@@ -93,7 +95,7 @@ def test_up_after_two_steps_then_cooldown_then_down(tmp_path):
 
     log = [json.loads(line) for line in (tmp_path / DECISIONS_FILE).read_text().splitlines()]
     assert [(d["step"], d["reason"], d["replicas"], d["started"], d["stopped"]) for d in log] == [
-        (4, "ScaleUp", 2, ["rollout-1"], []), (9, "ScaleUp", 3, ["rollout-2"], []),
+        (4, "ScaleUp", 2, ["rollout-1"], []), (8, "ScaleUpKept", 2, [], []), (9, "ScaleUp", 3, ["rollout-2"], []),
         (10, "ScaleDown", 2, [], ["rollout-2"]), (11, "ScaleDown", 1, [], ["rollout-1"])]
 
 

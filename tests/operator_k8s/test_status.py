@@ -287,3 +287,27 @@ def test_a_scale_up_that_gave_nothing_is_undone_with_a_scale_up_no_gain_event():
     st, events = autoscaling.step(j, st, trainer(10, 2.0, 1), T0 + timedelta(seconds=100))
     assert (st.replicas, st.reason, events) == (1, "BackingOff", [])
     assert autoscaling.rollout_replicas(j, st) == 1
+
+
+def test_a_scale_up_that_paid_says_so_once_in_a_scale_up_kept_event():
+    from grpojob.api.status import PipelineStatus, RolloutLag
+    from grpojob_operator.status import autoscaling
+    j = job(rollout={"replicas": 1, "autoscale": {"maxReplicas": 2, "scaleUp": {
+        "steps": 1, "cooldownSeconds": 0, "maxChange": 1, "minGain": 0.1}}})
+
+    def trainer(step, seconds, servers, wait=0.8):
+        return TrainerStatus(phase="running", step=step, total_steps=20, rollouts=[
+            RolloutLag(replica=f"j-rollout-{i}") for i in range(servers)], pipeline=PipelineStatus(
+                step=step, wait_seconds=wait * seconds, step_seconds=seconds))
+    st = None
+    for step_ in (1, 2, 3, 4):  # the start-up step, then a trial's 3 steps before
+        st, events = autoscaling.step(j, st, trainer(step_, 3.0, 1), T0)
+    assert (st.replicas, st.reason) == (2, "ScaleUp")
+    seen = []
+    for step_, seconds in ((5, 2.5), (6, 2.0), (7, 2.0), (8, 2.0), (9, 2.0)):  # 2 s on 2 servers: +50%
+        st, events = autoscaling.step(j, st, trainer(step_, seconds, 2, wait=0.1), T0 + timedelta(seconds=step_))
+        seen += events
+    assert [(e.type, e.reason) for e in seen] == [("Normal", "ScaleUpKept")]
+    assert seen[0].message == ("the 1 -> 2 scale-up paid: 2 servers made a step 2.00 s against 3.00 s with 1 (+50% "
+                               "steps a second; scaleUp.minGain 10%): they stay")
+    assert (st.replicas, st.trial_from) == (2, 0)

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Optional
 
 from grpojob.api import GRPOJob
-from grpojob.api.autoscale import HOLD, NO_GAIN, Signals, State, decide
+from grpojob.api.autoscale import HOLD, KEPT, NO_GAIN, Signals, State, decide
 from grpojob.api.status import AutoscaleStatus, TrainerStatus
 
 from .conditions import Event, iso, parse_time
@@ -68,6 +68,8 @@ def step(job: GRPOJob, prev: Optional[AutoscaleStatus], trainer: Optional[Traine
     # a scale-up undone is a Warning of its own reason: the job's servers slow each other down
     events = ([Event("Warning", NO_GAIN, d.message)] if d.reason == NO_GAIN else
               [Event("Normal", SCALED, f"{d.reason}: {d.message}")] if d.changed else [])
+    if d.kept:  # the servers of a scale-up stay: why, once
+        events.insert(0, Event("Normal", KEPT, d.kept))
     return out, events
 
 

@@ -47,6 +47,7 @@ from grpojob.api.base import Model, field
 
 UP, DOWN, HOLD = "up", "down", "hold"
 NO_GAIN = "ScaleUpNoGain"
+KEPT = "ScaleUpKept"  # a trial that paid (Decision.kept): said once, the servers stay
 # A trial's fewest steps on each side: a step's time varies by about 15% (sd) from one step to the next
 # on a shared machine (2 CPU cores: 0.38-0.61 s for the same work), so the means of two steps either
 # side told a 10% gain from none only by chance (a second server that gained nothing was kept in 2 of 3
@@ -164,9 +165,10 @@ class State:
 class Decision:
     replicas: int
     reason: str  # Bounds, ScaleUp, ScaleDown, ScaleUpNoGain, InBand, AtLimit, Waiting, CoolingDown, Measuring,
-    #              BackingOff, NoNewStep, NoSignal
+    #              BackingOff, NoNewStep, NoSignal (a trial that paid is `kept`, beside one of these)
     message: str
     state: State
+    kept: str = ""  # a scale-up's trial paid at this look: its figures (an Event / a line of its own)
 
     @property
     def changed(self) -> bool:
@@ -216,11 +218,22 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
         return Decision(r, "NoNewStep", f"no step since step {state.last_step}", state)
     n = trial_steps(spec)
     state = measure(state, s, n)
+    kept = ""
     if state.trial_from and state.measured >= n:
         gain = state.before / state.seconds - 1
         if gain < spec.scale_up.min_gain:
             return no_gain(spec, state, s, gain, now)
+        kept = (f"the {state.trial_from} -> {r} scale-up paid: {r} servers made a step {state.seconds:.2f} s against "
+                f"{state.before:.2f} s with {state.trial_from} ({gain:+.0%} steps a second; scaleUp.minGain "
+                f"{spec.scale_up.min_gain:.0%}): they stay")
         state = replace(state, trial_from=0, backoff=0.0)  # it paid: the next failed trial backs off from the start
+    d = _move(spec, state, s, now)
+    return replace(d, kept=kept) if kept else d
+
+
+def _move(spec: AutoscaleSpec, state: State, s: Signals, now: float) -> Decision:
+    """decide's rest, once the step is measured and no trial is undone: the streaks and limits."""
+    r, n = state.replicas, trial_steps(spec)
     direction, asked = want(spec, r, s)
     if direction == UP and asked <= r:  # at maxReplicas: asks for nothing it can have
         return Decision(r, "AtLimit", f"{s.words()}: the trainer waits over {spec.target_wait_fraction:.0%}, and "

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from grpojob.api.autoscale import AutoscaleSpec, Decision, Signals, State, decide
+from grpojob.api.autoscale import KEPT, AutoscaleSpec, Decision, Signals, State, decide
 from grpojob.local.processes import Child, free_port
 from grpojob.local.progress import JsonlTail
 from grpojob.plan import ENV_REPLICA_ID, ENV_ROLLOUT_PORT
@@ -79,6 +79,8 @@ class LocalAutoscaler:
                 continue
             d = decide(self.spec, self.state, s, self.clock())
             self.state = d.state
+            if d.kept:
+                self._record(KEPT, d.replicas, d.kept, d.state.last_step)
             if d.changed:
                 a, b = self._act(d)
                 started += a
@@ -99,11 +101,16 @@ class LocalAutoscaler:
             child.signal(signal.SIGTERM)
             stopped.append(child)
         self.state = replace(self.state, replicas=len(self.servers))
-        self.note(f"autoscale: {d.reason}: {d.message}" + "".join(f"; started {c.name}" for c in started)
+        self._record(d.reason, d.replicas, d.message, d.state.last_step, started, stopped)
+        return started, stopped
+
+    def _record(self, reason: str, replicas: int, message: str, step: int, started: list[Child] = (),
+                stopped: list[Child] = ()) -> None:
+        """A line in the run's output and in autoscale.jsonl."""
+        self.note(f"autoscale: {reason}: {message}" + "".join(f"; started {c.name}" for c in started)
                   + "".join(f"; stopping {c.name}" for c in stopped))
         with open(self.log, "a") as f:
-            f.write(json.dumps({"time": time.time(), "step": d.state.last_step, "replicas": d.replicas,
-                                "reason": d.reason, "message": d.message,
-                                "started": [c.name for c in started], "stopped": [c.name for c in stopped]}) + "\n")
-        return started, stopped
+            f.write(json.dumps({"time": time.time(), "step": step, "replicas": replicas, "reason": reason,
+                                "message": message, "started": [c.name for c in started],
+                                "stopped": [c.name for c in stopped]}) + "\n")
 
