@@ -223,17 +223,16 @@ def decide(spec: AutoscaleSpec, state: State, s: Optional[Signals], now: float) 
         gain = state.before / state.seconds - 1
         if gain < spec.scale_up.min_gain:
             return no_gain(spec, state, s, gain, now)
-        kept = (f"the {state.trial_from} -> {r} scale-up paid: {r} servers made a step {state.seconds:.2f} s against "
-                f"{state.before:.2f} s with {state.trial_from} ({gain:+.0%} steps a second; scaleUp.minGain "
-                f"{spec.scale_up.min_gain:.0%}): they stay")
+        kept = f"the {state.trial_from} -> {r} scale-up paid: {trial_words(spec, state, gain)}: they stay"
         state = replace(state, trial_from=0, backoff=0.0)  # it paid: the next failed trial backs off from the start
-    d = _move(spec, state, s, now)
+    d = _move(spec, state, s, now, n)
     return replace(d, kept=kept) if kept else d
 
 
-def _move(spec: AutoscaleSpec, state: State, s: Signals, now: float) -> Decision:
-    """decide's rest, once the step is measured and no trial is undone: the streaks and limits."""
-    r, n = state.replicas, trial_steps(spec)
+def _move(spec: AutoscaleSpec, state: State, s: Signals, now: float, n: int) -> Decision:
+    """decide's rest, once the step is measured and no trial is undone: the streaks and limits
+    (`n`: the trial's steps, trial_steps)."""
+    r = state.replicas
     direction, asked = want(spec, r, s)
     if direction == UP and asked <= r:  # at maxReplicas: asks for nothing it can have
         return Decision(r, "AtLimit", f"{s.words()}: the trainer waits over {spec.target_wait_fraction:.0%}, and "
@@ -294,11 +293,15 @@ def no_gain(spec: AutoscaleSpec, state: State, s: Signals, gain: float, now: flo
     """Undo the scale-up on trial, and hold off the next ones (doubling)."""
     r, back = state.replicas, state.trial_from
     backoff = min(86400.0, 2 * state.backoff) if state.backoff else float(spec.scale_up.backoff_seconds)
-    return Decision(back, NO_GAIN, f"{r} -> {back} rollout servers: {r} servers made a step {state.seconds:.2f} s "
-                    f"against {state.before:.2f} s with {back} ({gain:+.0%} steps a second; scaleUp.minGain "
-                    f"{spec.scale_up.min_gain:.0%}): they slow each other down; no scale-up for {backoff:.0f} s "
-                    f"({s.words()})",
+    return Decision(back, NO_GAIN, f"{r} -> {back} rollout servers: {trial_words(spec, state, gain)}: they slow "
+                    f"each other down; no scale-up for {backoff:.0f} s ({s.words()})",
                     State(replicas=back, last_step=s.step, last_change=now, measured=-1, backoff=backoff))
+
+
+def trial_words(spec: AutoscaleSpec, state: State, gain: float) -> str:
+    """What a finished trial compared, for ScaleUpNoGain and ScaleUpKept alike."""
+    return (f"{state.replicas} servers made a step {state.seconds:.2f} s against {state.before:.2f} s with "
+            f"{state.trial_from} ({gain:+.0%} steps a second; scaleUp.minGain {spec.scale_up.min_gain:.0%})")
 
 
 def _ceil(x: float) -> int:

@@ -17,7 +17,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 from grpojob.api.autoscale import KEPT, AutoscaleSpec, Decision, Signals, State, decide
 from grpojob.local.processes import Child, free_port
@@ -104,8 +104,8 @@ class LocalAutoscaler:
         self._record(d.reason, d.replicas, d.message, d.state.last_step, started, stopped)
         return started, stopped
 
-    def _record(self, reason: str, replicas: int, message: str, step: int, started: list[Child] = (),
-                stopped: list[Child] = ()) -> None:
+    def _record(self, reason: str, replicas: int, message: str, step: int, started: Sequence[Child] = (),
+                stopped: Sequence[Child] = ()) -> None:
         """A line in the run's output and in autoscale.jsonl."""
         self.note(f"autoscale: {reason}: {message}" + "".join(f"; started {c.name}" for c in started)
                   + "".join(f"; stopping {c.name}" for c in stopped))
