@@ -214,11 +214,11 @@ def test_both_ways_find_every_differing_bit_pattern_and_go_whole_past_the_capaci
     words with several changes and ragged tails included; past the arena's capacity the bucket goes
     whole. Either way every medium ends holding the new bits and the receiver's copy matches."""
     g = torch.Generator().manual_seed(0)
-    sizes = {"a": 1003, "b": 517, "c": 64}
+    sizes = {"a": 1003, "b": 517, "c": 64, "d": 128}  # c and d lie on whole 8-byte words
     olds = {n: (torch.rand(k, generator=g) * 200).to(dtype) for n, k in sizes.items()}
     layout = bk.plan([(n, (k,), dtype) for n, k in sizes.items()], 1 << 20)
     assert len(layout.buckets) == 1
-    flips = {"a": [0, 1, 2, 3, 17, 500, 1000, 1002], "b": [5, 516], "c": [63]}
+    flips = {"a": [0, 1, 2, 3, 17, 500, 1000, 1002], "b": [5, 516], "c": [63], "d": [0, 1, 2, 3, 64, 127]}
 
     def push(flip: dict[str, list[int]]):
         news = {n: t.clone() for n, t in olds.items()}
@@ -237,9 +237,9 @@ def test_both_ways_find_every_differing_bit_pattern_and_go_whole_past_the_capaci
         return packer.counts, arena
 
     counts, arena = push(flips)
-    offsets = {"a": 0, "b": 1003, "c": 1520}
+    offsets = {"a": 0, "b": 1003, "c": 1520, "d": 1584}
     expected = sorted(offsets[n] + i for n, at in flips.items() for i in at)
     assert counts == [len(expected)] and sorted(arena[0][:len(expected)].tolist()) == expected
-    many = {"a": list(range(0, 1003, 4))}  # 251 changes > 1584 // 8 = 198: the bucket goes whole
+    many = {"a": list(range(0, 1003, 4))}  # 251 changes > 1712 // 8 = 214: the bucket goes whole
     assert push(many)[0] == [None]
     assert push({})[0] == [0]

@@ -34,7 +34,7 @@ def test_a_blocked_setup_gives_up_at_the_deadline():
     start = time.monotonic()
     try:
         with pytest.raises(WeightSyncError, match=r"push: timed out after 1 s \(bucket 1 of 3 not queued\)"):
-            grp.Transfer(pg, layout, [bk.allocate(b) for b in layout.buckets]).wait(lambda: None, Deadline(1.0), "push")
+            grp.Transfer(pg, [bk.allocate(b) for b in layout.buckets]).wait(lambda: None, Deadline(1.0), "push")
     finally:
         pg.release.set()
     assert time.monotonic() - start < 3
@@ -46,7 +46,7 @@ def test_a_blocked_setup_gives_up_when_a_peer_is_reported_gone():
     poll = lambda: "rollout server 'r1' failed to receive: boom" if time.monotonic() > reported else None  # noqa: E731
     try:
         with pytest.raises(WeightSyncError, match="push: rollout server 'r1' failed to receive: boom"):
-            grp.Transfer(pg, layout, [bk.allocate(b) for b in layout.buckets]).wait(poll, Deadline(30), "push")
+            grp.Transfer(pg, [bk.allocate(b) for b in layout.buckets]).wait(poll, Deadline(30), "push")
     finally:
         pg.release.set()
     assert time.monotonic() - reported < 2
@@ -56,4 +56,4 @@ def test_an_error_while_queuing_is_reported_as_the_transfer_failure():
     layout, pg = _layout(), StuckGroup()
     pg.release.set()  # broadcast raises at once
     with pytest.raises(WeightSyncError, match=r"push: released \(bucket 1 of 3\)"):
-        grp.Transfer(pg, layout, [bk.allocate(b) for b in layout.buckets]).wait(lambda: None, Deadline(5), "push")
+        grp.Transfer(pg, [bk.allocate(b) for b in layout.buckets]).wait(lambda: None, Deadline(5), "push")

@@ -65,6 +65,7 @@ class SyncAgent:
         self.last_error: Optional[str] = None  # the last failed command, for logs and tests
         self.refused: Optional[str] = None  # why the trainer refused this registration
         self._forged: set[str] = set()  # keys holding a value the token did not seal (logged once)
+        self._layouts: dict[str, dict] = {}  # layout id -> its JSON (`_layout`)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="grpojob-sync-agent", daemon=True)
 
@@ -221,7 +222,9 @@ class SyncAgent:
         ack: dict = {"version": cmd["version"]}
         try:
             if cmd["kind"] == "push":  # the receivers find the command's keys in our space
-                self.sink.receive_push({**cmd, "keyspace": creds.space}, self.addr, self.instance)
+                lid = cmd["layout"]
+                self.sink.receive_push({**cmd, "keyspace": creds.space, "layout_id": lid,
+                                        "layout": self._layout(store, creds, lid)}, self.addr, self.instance)
             else:
                 path = self.model_dir if cmd["path"] is None else self._checkpoint_path(cmd["path"])
                 self.sink.load_dir(path, cmd["version"], cmd["weights"])
@@ -247,6 +250,16 @@ class SyncAgent:
         if ack["ok"]:  # logged after the ack: the trainer is waiting for it
             log.info("replica %s now serves weights version %d (%s in %.3f s)", self.replica,
                      cmd["version"], cmd["kind"], self.last_sync_seconds)
+
+    def _layout(self, store, creds: Credentials, lid: str) -> dict:
+        """The layout a push command names, read from the store once per id (`delivery._layout_id`)."""
+        if lid not in self._layouts:
+            doc = self._sealed(store, creds, creds.key("layout", lid))
+            if doc is None:
+                raise WeightSyncError(f"the trainer's push names layout {lid}, which its store does not hold "
+                                      f"sealed with the job's token")
+            self._layouts = {lid: doc}  # one at a time: a new layout replaces the old
+        return self._layouts[lid]
 
     def _checkpoint_path(self, rel: str) -> str:
         if not self.checkpoint_dir:

@@ -42,6 +42,7 @@ from grpojob.sync import delta as dl
 from grpojob.sync import files
 from grpojob.sync import group as grp
 from grpojob.sync import handoff
+from grpojob.sync import inband
 from grpojob.sync.membership import Member, Membership
 from grpojob.sync.placement import COLLECTIVES, SHM_DIR
 from grpojob.sync.credentials import Credentials, Forged
@@ -209,20 +210,20 @@ class Delivery:
         for m in targets:
             for i, p in enumerate(m.routes):
                 by_path.setdefault(p, []).append((m, i))
-        if packer is not None and (delta or any(p in HANDOFF for p in by_path)):
-            packer.finish()  # handoffs read whole buffers, a delta's sizes are known once packed
-        counts = packer.counts if delta else None
+        if packer is not None and any(p in HANDOFF for p in by_path):
+            packer.finish()  # handoffs read whole buffers (and a delta's counts, in the command)
+        # A collective path's delta goes out before the trainer compared anything: its sizes
+        # follow in band (`inband`), so the servers get ready while it compares.
+        counts = packer.counts if delta and packer.done else None
         for p in by_path:  # a medium this version is not (being) packed into: copied from a filled one
             if MEDIUM[p] not in r.filled and (packer is None or MEDIUM[p] not in packer.media):
                 self._copy_into(MEDIUM[p])
         cmd = {"seq": seq, "kind": "push", "version": r.version, "weights": r.weights,
-               "layout": r.layout.to_json(), "adapter": r.adapter, "timeout": self.timeout,
+               "layout": r.publish_layout(self.creds, self.store), "adapter": r.adapter, "timeout": self.timeout,
                "targets": [m.instance for m in targets], "routes": {m.instance: list(m.routes) for m in targets},
                "groups": {}, "handoff": {}}
         if self.delta:  # receivers keep their buffers as the base of the next delta
             cmd["delta"] = {"base": r.base.weights if delta else None, "counts": counts}
-            if self.last_delta is None:  # the push's own figures, not a catch-up's after it
-                self.last_delta = dl.figures(r.layout, counts)
         if "shm" in by_path:
             cmd["handoff"]["shm"] = r.shm.doc()
             if delta:
@@ -265,10 +266,15 @@ class Delivery:
                 if main:
                     self._groups[p] = (gid, eps, pg)
                 gate = packer.ready if packer is not None and not packer.done else None
-                msgs = dl.messages(counts, self._buffers(MEDIUM[p]), r.arena.get(MEDIUM[p], []))
-                transfers.append((p, poll, grp.Transfer(pg, r.layout, msgs, ready=gate)))
+                bufs = self._buffers(MEDIUM[p])
+                if delta:
+                    msgs = inband.sent(r.layout, packer.counts, bufs, r.arena[MEDIUM[p]], packer.ready)
+                    gate = None
+                transfers.append((p, poll, grp.Transfer(pg, msgs if delta else bufs, ready=gate)))
             if packer is not None:
-                packer.finish()  # each bucket goes on the wire as soon as it is packed
+                packer.finish()  # each bucket goes on the wire as soon as it is packed (or compared)
+            if self.delta and self.last_delta is None:  # the push's own figures, not a catch-up's after it
+                self.last_delta = dl.figures(r.layout, packer.counts if delta else None)
             for p, poll, t in transfers:
                 t.wait(poll, deadline, f"{what} over {p}")
             return self._acks(seq, targets, self._liveness(targets), deadline, what)

@@ -13,7 +13,7 @@ values of what changed instead of the whole bucket. The same functions serve eve
 - The positions and values go into the arena: per bucket an index buffer and a value buffer of
   fixed capacity (numel / CAP_DIVISOR), in the media the paths read (host, device, /dev/shm), so
   a handoff shares it once per layout like the buckets themselves.
-- `messages` lists what a collective path broadcasts (dense buckets, the used part of the arena);
+- A collective path sends each bucket's header and changes in band (`inband`);
   `copy_handoff` is what a same-host receiver copies out of the trainer's buckets and arena.
 - The receiver applies a delta only to the buffers that hold the command's base version (its
   weights id): anything else (a server that restarted, joined late or missed a version) is
@@ -22,6 +22,7 @@ values of what changed instead of the whole bucket. The same functions serve eve
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional, Sequence
 
 import numpy as np
@@ -58,9 +59,9 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 def host_changed(a: np.ndarray, b: np.ndarray, limit: int) -> Optional[np.ndarray]:
     """Flat positions where the bits `a` and `b` (numpy views of host tensors: a slice of one costs
-    100x less than a torch view, and a bucket holds hundreds of tensors) differ, or None when more
-    than `limit` do. Compares 8-byte words first (a bf16 compare is 4x the work per byte) and only
-    then the values inside the words that differ."""
+    100x less than a torch view) differ, or None when more than `limit` do. Compares 8-byte
+    words first (a bf16 compare is 4x the work per byte) and only then the values inside the
+    words that differ."""
     per = 8 // a.itemsize
     k = len(a) - len(a) % per
     words = np.flatnonzero(a[:k].view(np.int64) != b[:k].view(np.int64))
@@ -71,10 +72,61 @@ def host_changed(a: np.ndarray, b: np.ndarray, limit: int) -> Optional[np.ndarra
     return None if len(pos) > limit else pos
 
 
+_WORDS = threading.local()  # per thread: one bucket's word compare, reused bucket after bucket
+
+
+def _word_mask(n: int) -> np.ndarray:
+    buf = getattr(_WORDS, "buf", None)
+    if buf is None or len(buf) < n:  # kept: a fresh one costs a page fault per 4 KiB each push
+        buf = _WORDS.buf = np.zeros(n, dtype=bool)
+    return buf[:n]
+
+
+def host_bucket(entries: Sequence[bk.Entry], news: Sequence[np.ndarray], old: np.ndarray,
+                limit: int) -> Optional[tuple[np.ndarray, np.ndarray]]:
+    """One bucket's changes on the host: (flat positions, new values as bits), or None when more
+    than `limit` values changed. `news`: each entry's new bits (numpy), `old`: the bucket's.
+    Per tensor only two numpy calls: its 8-byte words are compared into one mask over the bucket
+    and the changed ones taken out; the lanes of the changed words are then resolved for the
+    whole bucket at once (291 tensors one by one cost 2x the compare itself). A tensor that does
+    not lie on whole words of the bucket is compared value by value (`host_changed`)."""
+    per = 8 // old.itemsize
+    nw = len(old) // per
+    old8 = old[:nw * per].view(np.int64)
+    mask = _word_mask(nw)  # every word is written below: by its tensor, or cleared for an odd one
+    taken, odd, total = [], [], 0  # total: changed words and odd values, at most the values changed
+    for e, a in zip(entries, news):
+        lo, hi = e.offset // per, -(-(e.offset + e.numel) // per)
+        if e.offset % per or e.numel % per:
+            mask[lo:min(hi, nw)] = False
+            pos = host_changed(a, old[e.offset:e.offset + e.numel], limit - total)
+            if pos is None:
+                return None
+            if len(pos):
+                odd.append((pos + e.offset, a[pos]))
+                total += len(pos)
+            continue
+        a8 = a.view(np.int64)
+        m = np.not_equal(a8, old8[lo:hi], out=mask[lo:hi])
+        changed = a8[m]
+        if len(changed):
+            taken.append(changed)
+            total += len(changed)
+            if total > limit:
+                return None
+    words = np.flatnonzero(mask)  # in entry order, as `taken` is
+    new = (np.concatenate(taken) if taken else np.empty(0, np.int64)).view(old.dtype).reshape(-1, per)
+    diff = new != old8[words].view(old.dtype).reshape(-1, per)
+    pos = [(words[:, None] * per + np.arange(per))[diff]] + [p for p, _ in odd]
+    val = [new[diff]] + [v for _, v in odd]
+    out = np.concatenate(pos), np.concatenate(val)
+    return None if len(out[0]) > limit else out
+
+
 class DeltaPacker(bk.Packer):
     """Packs a push as deltas against `base` (the medium that holds the previous push); `based`:
     the media holding it (scattered into), the others get the new buckets whole. `arenas`: the
-    media of the arena. `counts` once done: what `messages` and receivers need.
+    media of the arena. `counts` once done (per bucket as each is compared: `ready`): what receivers need.
 
     Each tensor is compared with its place in the base (no packing of what did not change); a
     bucket goes whole as soon as its changes pass the arena's capacity. `probe`: pack every bucket
@@ -96,28 +148,21 @@ class DeltaPacker(bk.Packer):
         old = self.media[self.base][i]
         if self.probe:
             return self._whole(i, bucket, tensors, old)
-        srcs = [tensors[e.name].detach().reshape(-1) for e in bucket.entries]
-        if not all(t.device == old.device and t.dtype == old.dtype for t in srcs):
+        srcs = [tensors[e.name] for e in bucket.entries]
+        dev, dt = old.device, old.dtype
+        if not all(t.dtype == dt and t.device == dev for t in srcs):
             return self._whole(i, bucket, tensors, old)
-        if not (old.device.type == "cpu" if self.host is None else self.host):
+        if not (dev.type == "cpu" if self.host is None else self.host):
             return self._device_bucket(i, bucket, tensors, old)
-        parts, vals, total = [], [], 0
-        ob = bits(old).numpy()
-        for e, t in zip(bucket.entries, srcs):
-            new = bits(t).numpy()
-            pos = host_changed(new, ob[e.offset:e.offset + e.numel], capacity(bucket) - total)
-            if pos is None:
-                return self._whole(i, bucket, tensors, old)
-            if len(pos):
-                parts.append(pos + e.offset)
-                vals.append(new[pos])
-                total += len(pos)
-        self.counts[i], self.worth_it = total, True
-        if not total:
-            return
-        # gathered as numpy bits: a torch call per tensor costs 10x more on the host
-        pos, val = torch.from_numpy(np.concatenate(parts)), torch.from_numpy(np.concatenate(vals)).view(old.dtype)
-        self._deliver(i, bucket, tensors, pos, val)
+        # compared as numpy bits, flattened by numpy: each torch call per tensor costs 10x more
+        width = _BITS[old.element_size()]
+        news = [t.detach().view(width).numpy().reshape(-1) for t in srcs]
+        found = host_bucket(bucket.entries, news, bits(old).numpy(), capacity(bucket))
+        if found is None:
+            return self._whole(i, bucket, tensors, old)
+        self.counts[i], self.worth_it = len(found[0]), True
+        if len(found[0]):
+            self._deliver(i, bucket, tensors, torch.from_numpy(found[0]), torch.from_numpy(found[1]).view(old.dtype))
 
     def _device_bucket(self, i: int, bucket: bk.Bucket, tensors: dict[str, torch.Tensor], old: torch.Tensor) -> None:
         """The device's way: the bucket packed into a scratch buffer beside the base, then one compare
@@ -162,30 +207,6 @@ class DeltaPacker(bk.Packer):
             bk.pack(bucket, tensors, bufs[i])
         if self.probe and (before != bits(old[sample])).sum().item() * 2 * CAP_DIVISOR < sample.numel():
             self.worth_it = True
-
-
-def messages(counts: Counts, buffers: Sequence[torch.Tensor], arena: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """What a collective path broadcasts, in order, on both ends: each dense bucket whole, each
-    delta bucket's positions and values (nothing for a bucket where nothing changed)."""
-    if counts is None:
-        return list(buffers)
-    out = []
-    for i, (buf, n) in enumerate(zip(buffers, counts)):
-        if n is None:
-            out.append(buf)
-        elif n:
-            out += [arena[2 * i][:n], arena[2 * i + 1][:n]]
-    return out
-
-
-def receiving_arena(layout: bk.Layout, counts: Counts, device: torch.device) -> list[torch.Tensor]:
-    """A receiver's arena for one push: exactly the changed values of each delta bucket."""
-    out: list[torch.Tensor] = []
-    for b, n in zip(layout.buckets, counts or []):
-        n = n or 0
-        out += [torch.empty(n, dtype=index_dtype(b), device=device), torch.empty(n, dtype=bk.torch_dtype(b.dtype),
-                                                                                 device=device)]
-    return out
 
 
 def apply(counts: Counts, buffers: Sequence[torch.Tensor], arena: Sequence[torch.Tensor]) -> None:

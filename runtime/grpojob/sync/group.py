@@ -19,7 +19,7 @@ import datetime
 import logging
 import threading
 import time
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 from torch.distributed import BroadcastOptions, PrefixStore, TCPStore
@@ -69,24 +69,32 @@ def abandon(pg, seconds: float) -> None:
 
 
 class Transfer:
-    """Broadcast every bucket from rank 0 (send) or into `buffers` (receive), queued on a thread.
-    Sending with `ready`: bucket i is broadcast once `ready(i)` returns (it blocks until the
-    publisher packed the bucket; it raises when packing failed), so packing bucket i+1 overlaps
-    sending bucket i."""
+    """Broadcast messages from rank 0 (send) or into them (receive), queued on a thread.
+    `messages`: the tensors in order, or a function of the transfer returning an iterator that
+    produces them on that thread (a delta push's messages follow per-bucket headers: the
+    receiving iterator reads each header with `arrived()` before it says what comes next,
+    `inband`). Sending with `ready`: message i is
+    broadcast once `ready(i)` returns (it blocks until the publisher packed bucket i; it raises
+    when packing failed), so packing bucket i+1 overlaps sending bucket i."""
 
-    def __init__(self, pg, layout: bk.Layout, buffers: Sequence[torch.Tensor], *,
+    def __init__(self, pg, messages: Sequence[torch.Tensor] | Callable[["Transfer"], Iterator[torch.Tensor]], *,
                  ready: Optional[Callable[[int], None]] = None):
-        self.pg, self.layout, self.buffers, self.ready = pg, layout, list(buffers), ready
+        self.pg, self.messages, self.ready = pg, messages, ready
         self.works: list = []
         self.error: Optional[BaseException] = None
         self._queued = threading.Event()
         threading.Thread(target=self._queue, daemon=True, name="grpojob-sync-transfer").start()
 
+    def arrived(self) -> None:
+        """On the queueing thread: block until the last queued broadcast completed."""
+        self.works[-1].wait()
+
     def _queue(self) -> None:
         opts = BroadcastOptions()
         opts.rootRank = 0
         try:
-            for i, buf in enumerate(self.buffers):
+            source = self.messages(self) if callable(self.messages) else self.messages
+            for i, buf in enumerate(source):
                 if self.ready is not None:
                     self.ready(i)
                 self.works.append(self.pg.broadcast([bk.wire(buf)], opts))
@@ -96,25 +104,30 @@ class Transfer:
             self._queued.set()
 
     def wait(self, poll: Poll, deadline: Deadline, what: str) -> None:
-        """Until every bucket has arrived; WeightSyncError when poll() names a reason, the
-        deadline passes, or the collective fails."""
-        n = len(self.buffers)  # the buckets, or a delta push's messages (sync.delta)
-        for i in range(n):
+        """Until every message has arrived (called buckets in errors: most are); WeightSyncError
+        when poll() names a reason, the deadline passes, or the collective fails."""
+        n = None if callable(self.messages) else len(self.messages)  # None: as many as the iterator makes
+        of = f" of {n}" if n is not None else ""
+        i = 0
+        while n is None or i < n:
             while len(self.works) <= i and not self._queued.wait(POLL_SECONDS):
-                self._check(poll, deadline, what, f"bucket {i + 1} of {n} not queued")
+                self._check(poll, deadline, what, f"bucket {i + 1}{of} not queued")
             if len(self.works) <= i:
                 e = self.error
+                if e is None and n is None:
+                    return  # the iterator ended: everything it produced has arrived
                 raise WeightSyncError(f"{what}: {short_error(e) if e else 'nothing was sent'} "
-                                      f"(bucket {i + 1} of {n})") from e
+                                      f"(bucket {i + 1}{of})") from e
             fut = self.works[i].get_future()
             done = threading.Event()
             fut.add_done_callback(lambda _f: done.set())
             while not done.wait(POLL_SECONDS):
-                self._check(poll, deadline, what, f"bucket {i + 1} of {n} not complete")
+                self._check(poll, deadline, what, f"bucket {i + 1}{of} not complete")
             try:
                 fut.wait()
             except Exception as e:  # the collective's own error (peer closed the connection, ...)
-                raise WeightSyncError(f"{what}: {short_error(e)} (bucket {i + 1} of {n})") from e
+                raise WeightSyncError(f"{what}: {short_error(e)} (bucket {i + 1}{of})") from e
+            i += 1
 
     @staticmethod
     def _check(poll: Poll, deadline: Deadline, what: str, where: str) -> None:

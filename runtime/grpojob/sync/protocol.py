@@ -24,7 +24,8 @@ space is derived from the token and `run`; every JSON value there is sealed with
 - `cmd/n` (counter) and `cmd/<k>`: the commands, in order. A server reads them from the count it
   saw before registering; it acts on those whose "targets" name it and skips the rest (and any
   that is not sealed with the token). Kinds:
-  * push: {"kind": "push", "version", "weights", "layout", "adapter", "timeout", "targets", "routes":
+  * push: {"kind": "push", "version", "weights", "layout" (the id of a `layout/<id>`), "adapter",
+    "timeout", "targets", "routes":
     {instance: [path per endpoint]}, "groups": {path: {"id", "world", "ranks": {instance: [rank
     or null per endpoint]}}} for the collective paths (nccl, gloo; the publisher is rank 0),
     "handoff": {"shm": segment, "cuda-ipc": {instance: [[handle per bucket] or null per
@@ -34,6 +35,8 @@ space is derived from the token and `run`; every JSON value there is sealed with
   * load: {"kind": "load", "version", "weights", "path", "targets"}: load the safetensors in
     `path` (relative to the checkpoint dir; null = the model directory; a LoRA version is a PEFT
     adapter directory).
+- `layout/<id>`: JSON of a bucket layout (`buckets.Layout`), published once per layout; push
+  commands name it, and the agent hands its receivers the layout itself ("layout", "layout_id").
 - `join/<group>/<rank>`: a receiver is about to build the group (so the publisher does not
   wait a whole timeout on a server that died before joining); rank 0's key: everyone joined.
 - `pg/<group>/`: the collective group's own rendezvous (c10d's keys).

@@ -1,0 +1,112 @@
+"""A delta push over a collective path (sync.inband): per bucket a header, then the bucket whole,
+nothing, or its changes; the servers get the command before the trainer has compared anything."""
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+import torch
+from torch.distributed import ProcessGroupGloo, TCPStore
+
+from grpojob.sync import buckets as bk
+from grpojob.sync import delta as dl
+from grpojob.sync import group as grp
+from grpojob.sync import inband
+from grpojob.sync.protocol import Deadline, WeightSyncError
+from grpojob.sync.stream import TensorStream
+
+from ..rollout.harness import wait_for
+from .test_delta import RecordingSink, Trainer, bitwise_equal, in_sync, publisher
+
+
+def two_ranks():
+    """Rank 0 and rank 1 of one real gloo group, in this process."""
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    span = datetime.timedelta(seconds=30)
+    pgs = [None, None]
+
+    def make(rank):
+        pgs[rank] = ProcessGroupGloo(TCPStore("127.0.0.1", store.port, is_master=False), rank, 2, span)
+    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return store, pgs
+
+
+def test_each_bucket_arrives_whole_unchanged_or_changed_as_its_header_says():
+    layout = bk.plan([(f"w{i}", (256,), torch.bfloat16) for i in range(3)] + [("f", (64,), torch.float64)], 512)
+    assert [b.dtype for b in layout.buckets] == ["bfloat16"] * 3 + ["float64"]
+    g = torch.Generator().manual_seed(0)
+    old = [torch.randn(b.numel, generator=g).to(bk.torch_dtype(b.dtype)) for b in layout.buckets]
+    new = [t.clone() for t in old]
+    new[0] += 1  # goes whole
+    changed = {2: torch.tensor([0, 7, 255]), 3: torch.tensor([1, 30, 63])}  # 3 int32 positions, then float64s
+    for i, at in changed.items():
+        new[i][at] = -new[i][at] - 3
+    counts = [None, 0, 3, 3]
+    arena = [torch.empty(b.numel, dtype=bk.torch_dtype(b.dtype)) for b in dl.arena_layout(layout).buckets]
+    for i, at in changed.items():
+        arena[2 * i][:len(at)] = at.to(arena[2 * i].dtype)
+        arena[2 * i + 1][:len(at)] = new[i][at]
+    store, (pg0, pg1) = two_ranks()
+    received = [t.clone() for t in old]
+    sender = grp.Transfer(pg0, inband.sent(layout, counts, new, arena, ready=lambda i: None))
+    receiver = grp.Transfer(pg1, inband.received(layout, received))
+    for t in (sender, receiver):
+        t.wait(lambda: None, Deadline(30), "push")
+    assert all(torch.equal(dl.bits(r), dl.bits(n)) for r, n in zip(received, new))
+    assert len(sender.works) == len(receiver.works) == 4 + 1 + 0 + 1 + 1  # headers, whole, nothing, 2 payloads
+
+
+def test_a_header_past_its_bucket_is_a_clear_error():
+    layout = bk.plan([("w", (16,), torch.float32)], 1 << 20)
+    store, (pg0, pg1) = two_ranks()
+    receiver = grp.Transfer(pg1, inband.received(layout, [torch.zeros(16)]))
+    sent = pg0.broadcast([bk.wire(torch.tensor([17]))])  # what no trainer of ours sends
+    with pytest.raises(WeightSyncError, match="push: a delta header says 17 values of a bucket of 16 changed"):
+        receiver.wait(lambda: None, Deadline(30), "push")
+    sent.wait()
+
+
+def test_the_servers_get_a_collective_delta_push_before_the_trainer_has_compared(agents):
+    """The command goes out first and the sizes follow in band: while the trainer still produces
+    the first tensor of the push, every server has already started receiving it."""
+    trainer = Trainer(5)
+    with publisher("gloo") as pub:
+        a, b = agents(pub, "a"), agents(pub, "b")
+        wait_for(lambda: in_sync(pub, a, b), 20, "registration")
+        for version in (1, 2, 3):  # whole, probe, then deltas
+            trainer.step(1e-4)
+            pub.push(trainer.serving().items(), version=version)
+        trainer.step(1e-4)
+        view = trainer.serving()
+        seen = []
+
+        def fetch(name):
+            if not seen:  # the first tensor: the servers already hold the command
+                seen.append(wait_for(lambda: len(a.sink.bases) == len(b.sink.bases) == 4, 10, "the command"))
+            return view[name]
+        stream = TensorStream([(n, tuple(t.shape), t.dtype) for n, t in view.items()], fetch, track=False)
+        stats = pub.push(stream, version=4)
+        assert a.sink.bases[-1] is not None and stats["delta"]["delta_buckets"] > 0
+        assert bitwise_equal(a.sink, view) and bitwise_equal(b.sink, view)
+
+
+@pytest.fixture
+def agents():
+    from grpojob.sync.agent import SyncAgent
+
+    from .peer import TOKEN
+    started = []
+
+    def start(pub, replica):
+        a = SyncAgent(RecordingSink(), f"127.0.0.1:{pub.port}", token=TOKEN, replica=replica,
+                      url=f"http://{replica}:1", model_dir="x", heartbeat_seconds=0.2).start()
+        started.append(a)
+        return a
+    yield start
+    for a in started:
+        a.stop()
