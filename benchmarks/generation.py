@@ -12,7 +12,7 @@ turns round by round after one warm-up round. Figures:
 - the memory a decode step takes above what was in use before it (CUDA: the allocator's peak).
 It ends with the ratio of their time per token to ours (> 1: ours is faster).
 
-    python benchmarks/generation.py --shape tiny --rows 32 --max-tokens 32                # CPU decode at the tiny shape
+    python benchmarks/generation.py --shape tiny --rows 32 --max-tokens 32 [--compile]    # CPU decode at the tiny shape
     python benchmarks/generation.py --shape qwen2.5-0.5b --rows 32 --max-tokens 4      # CPU, about 1 min
     python benchmarks/generation.py --device cuda --shape qwen2.5-0.5b --rows 128 --max-tokens 32
 
@@ -62,16 +62,17 @@ class Peak:
 
 
 def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: float,
-         graphs: Optional[bool] = None) -> dict:
+         graphs: Optional[bool] = None, compiled: Optional[bool] = None) -> dict:
     """The decoder: prefill, then every decode step timed alone (graphs None: the default, CUDA
-    graphs on CUDA; False: eager)."""
+    graphs on CUDA; False: eager; compiled: torch.compile, GRPOJOB_DECODE_COMPILE)."""
     from grpojob.rollout import hf_generate
     from grpojob.contracts.rollout import SamplingParams
 
     device = next(model.parameters()).device
     sp = SamplingParams(temperature=1.0, max_tokens=max_tokens)
     limit = max(len(p) for p in prompts) + max_tokens
-    dec = hf_generate.Decoder(model, slots=len(prompts) * group, max_len=limit, eos_token_id=None, graphs=graphs)
+    dec = hf_generate.Decoder(model, slots=len(prompts) * group, max_len=limit, eos_token_id=None, graphs=graphs,
+                              compiled=compiled)
     rows = [hf_generate.request_rows(i, p, group, sp, hf_generate.noise_keys(sp, group)) for i, p in enumerate(prompts)]
     faulthandler.dump_traceback_later(stall, exit=False)
     _sync(device)
@@ -144,6 +145,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3, help="turns of each side after one warm-up turn; medians reported")
     p.add_argument("--stall-seconds", type=float, default=60.0, help="dump every thread's stack past this")
     p.add_argument("--model", type=Path, help="an existing model directory instead of building one")
+    p.add_argument("--compile", action="store_true",
+                   help="also the decoder compiled (GRPOJOB_DECODE_COMPILE=1; its first step compiles)")
     a = p.parse_args()
     import warnings
 
@@ -176,10 +179,13 @@ def main() -> None:
              "generate": lambda: theirs(model, prompts, a.group, a.max_tokens, pad)}
     if cuda:  # the same decoder without graphs: what capture gains
         sides["ours eager"] = lambda: ours(model, prompts, a.group, a.max_tokens, a.stall_seconds, graphs=False)
+    if a.compile:  # compiled without graphs: what fusing the step's ops gains
+        sides["ours compiled"] = lambda: ours(model, prompts, a.group, a.max_tokens, 600, graphs=False, compiled=True)
     skipped = None if cb_model is not None else "not available in this transformers"
     if cb_model is not None:
         sides["continuous batching"] = lambda: continuous(cb_model, prompts, a.group, a.max_tokens, pad)
     results: dict[str, list[dict]] = {k: [] for k in sides}
+    compile_seconds: list[float] = []
     for r in range(a.rounds + 1):  # round 0 warms every side up (kernels, allocator, graphs)
         for name in list(sides):
             try:
@@ -192,6 +198,8 @@ def main() -> None:
                 continue
             if r:
                 results[name].append(out)
+            elif name == "ours compiled":
+                compile_seconds.append(out["first"])
         if r:
             m = results["ours"][-1]
             print(f"round {r}: ours prefill {m['prefill']:.3f} s, decode step {m['step'] * 1e3:.2f} ms (first "
@@ -211,6 +219,10 @@ def main() -> None:
     if "ours eager" in results:
         eager = statistics.median(x["step"] for x in results["ours eager"])
         print(f"decode step eager (no graphs): {eager * 1e3:.2f} ms; graphs {eager / med['step']:.2f}x faster")
+    if "ours compiled" in results:
+        comp = statistics.median(x["step"] for x in results["ours compiled"])
+        print(f"decode step compiled (GRPOJOB_DECODE_COMPILE=1): {comp * 1e3:.2f} ms; {med['step'] / comp:.2f}x faster "
+              f"than the default; its warm-up step (compiling) {compile_seconds[0]:.1f} s")
     theirs_total = statistics.median(x["total"] for x in results["generate"])
     print(f"transformers generate: {theirs_total / a.max_tokens * 1e3:.1f} ms per token of every row, "
           f"{new_tokens / theirs_total:.0f} tokens/s")

@@ -103,3 +103,57 @@ def test_buckets_are_powers_of_two_within_their_bounds():
     assert [hf_decode_step.bucket(n, 256) for n in (1, 2, 3, 5, 128, 129, 256)] == [1, 2, 4, 8, 128, 256, 256]
     assert hf_decode_step.bucket(3, 5) == 4 and hf_decode_step.bucket(5, 5) == 5
     assert hf_decode_step.bucket(10, 4096, 64) == 64 and hf_decode_step.bucket(65, 100, 64) == 100
+
+
+def _generate(dec, rows):
+    """Every row's tokens once all finished (rows of several lengths: the bucket shrinks as they leave)."""
+    dec.admit(rows, 0)
+    tokens = {}
+    while dec.rows:
+        before = {id(r): r for r in dec.rows}
+        dec.step(0)
+        for key, r in before.items():
+            tokens[(r.request, r.index)] = list(r.tokens)
+    return tokens
+
+
+def _mixed_rows():
+    long = list(range(3, 63))  # 60 prompt tokens: the span grows from 64 to 128 positions mid-way
+    return [_rows(0, long, 4, SamplingParams(temperature=1.0, max_tokens=8, seed=5)),
+            _rows(1, [7, 8, 9], 3, SamplingParams(temperature=0.8, top_k=7, max_tokens=3, seed=6)),
+            _rows(2, [4, 5], 1, SamplingParams(temperature=0.0, max_tokens=1))]
+
+
+def test_the_compiled_decode_step_gives_the_eager_tokens_with_one_compilation_for_every_bucket(tiny_dir, monkeypatch):
+    """GRPOJOB_DECODE_COMPILE=1: the step goes through torch.compile with dynamic shapes, so rows
+    joining and leaving (buckets 8, 4, 2, 1) and a span growing past 64 positions do not compile
+    it again, except for one row (dynamo specialises sizes of 1). Dynamo's side is checked here with
+    a backend that runs the captured graph as it is (inductor's C++ compile takes a minute)."""
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    model = load_model(tiny_dir)
+    want = _generate(hf_generate.Decoder(model, slots=8, max_len=128, eos_token_id=None), _mixed_rows())
+    monkeypatch.setenv(hf_decode_step.COMPILE_ENV, "1")
+    monkeypatch.setattr(hf_decode_step, "COMPILE_BACKEND", counting)
+    dec = hf_generate.Decoder(model, slots=8, max_len=128, eos_token_id=None)
+    assert dec.steps.compiled
+    got = _generate(dec, _mixed_rows())
+    assert got == want and dec.steps.compiled
+    assert 1 <= len(graphs) <= 2, f"{len(graphs)} compilations"
+
+
+def test_a_decode_step_that_cannot_compile_runs_eagerly_and_says_so_once(tiny_dir, monkeypatch, caplog):
+    def broken(gm, example_inputs):
+        raise RuntimeError("no C++ compiler on this machine (the test's doing)")
+    model = load_model(tiny_dir)
+    want = _generate(hf_generate.Decoder(model, slots=8, max_len=128, eos_token_id=None), _mixed_rows())
+    monkeypatch.setattr(hf_decode_step, "COMPILE_BACKEND", broken)
+    dec = hf_generate.Decoder(model, slots=8, max_len=128, eos_token_id=None, compiled=True)
+    with caplog.at_level("WARNING", logger="grpojob.rollout"):
+        got = _generate(dec, _mixed_rows())
+    assert got == want and not dec.steps.compiled
+    failed = [r.getMessage() for r in caplog.records if "compiling the decode step failed" in r.getMessage()]
+    assert len(failed) == 1 and "no C++ compiler on this machine" in failed[0]

@@ -22,6 +22,14 @@ the next step). A capture that fails (a model whose forward syncs, say) is logge
 decoder runs eagerly from then on. Graphs read weights and KV buffers by address: weight swaps
 copy in place (hf_engine._swap), and freeing the KV buffers (sleep) drops the graphs.
 GRPOJOB_DECODE_GRAPHS=0 turns capture off. The CPU runs the same step, uncaptured.
+
+Compiled (GRPOJOB_DECODE_COMPILE=1, where no graph is captured: the CPU): the step goes through
+torch.compile (inductor: a C++ compiler on the machine) once, with dynamic shapes, so one
+compilation serves every bucket (a row count of 1 gets a second). A step of a small model is
+hundreds of tiny ops, each costing more to dispatch than to compute; fused, it takes half the
+time (benchmarks/generation.py --compile). Off by default: the first step compiles for about a
+minute on 2 cores (seconds once torch's compile cache holds it), which only a long run earns
+back. A compilation that fails is logged once and the step runs eagerly from then on.
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ log = logging.getLogger("grpojob.rollout")
 
 KV_MIN = 64  # the smallest attention span a step reads
 GRAPHS_ENV = "GRPOJOB_DECODE_GRAPHS"
+COMPILE_ENV = "GRPOJOB_DECODE_COMPILE"
+COMPILE_BACKEND = "inductor"  # tests check dynamo's side with "eager" (no C++ compile in the suite)
 
 
 def bucket(n: int, cap: int, least: int = 1) -> int:
@@ -84,12 +94,16 @@ class DecodeStep:
     """One decode step of the rows in slots 0..len(rows)-1 (see the module docstring)."""
 
     def __init__(self, decoder, head, cache: hf_attention.Slots, device: torch.device,
-                 graphs: Optional[bool] = None):
+                 graphs: Optional[bool] = None, compiled: Optional[bool] = None):
         self.decoder, self.head, self.cache, self.device = decoder, head, cache, device
         self.state = SlotState(cache.slots, device)
         if graphs is None:
             graphs = os.environ.get(GRAPHS_ENV, "1") != "0"
         self.graphs = graphs and device.type == "cuda"
+        if compiled is None:
+            compiled = os.environ.get(COMPILE_ENV, "0") == "1"
+        self._compiled = (torch.compile(self.run, dynamic=True, fullgraph=True, backend=COMPILE_BACKEND)
+                          if compiled and not self.graphs else None)
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = None
 
@@ -102,7 +116,12 @@ class DecodeStep:
     def __call__(self, rows: list) -> tuple[list[float], list[float]]:
         """Tokens (as floats) and log-probs of every row, read in one transfer."""
         shape = self.shape(rows)
-        packed = self._replay(shape) if self.graphs else self.run(*shape)
+        if self.graphs:
+            packed = self._replay(shape)
+        elif self._compiled is not None:
+            packed = self._run_compiled(shape)
+        else:
+            packed = self.run(*shape)
         tokens, logps = packed.tolist()  # the step's one device-to-host transfer
         return tokens, logps
 
@@ -126,6 +145,20 @@ class DecodeStep:
         st.longs[st.POS, :rows] += active
         count += active
         return torch.stack([tokens.double(), logps.double()])
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def _run_compiled(self, shape: tuple) -> Tensor:
+        try:
+            return self._compiled(*shape)
+        except Exception as e:  # noqa: BLE001 - compiling fails before the step runs: run it eagerly
+            self._compiled = None
+            cause = getattr(e, "inner_exception", None) or e  # dynamo wraps a backend's own error
+            log.warning("hf engine: compiling the decode step failed (%s: %s); decoding eagerly from now on",
+                        type(cause).__name__, " ".join(str(cause).split())[:400])
+            return self.run(*shape)
 
     def _replay(self, shape: tuple) -> Tensor:
         captured = self._captured.get(shape)

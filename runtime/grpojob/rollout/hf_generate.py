@@ -74,7 +74,7 @@ class Decoder:
     """Active rows live in slots 0..len(rows)-1 (a finished row's slot is taken by the last row)."""
 
     def __init__(self, model, *, slots: int, max_len: int, eos_token_id: Optional[int],
-                 graphs: Optional[bool] = None):
+                 graphs: Optional[bool] = None, compiled: Optional[bool] = None):
         hf_attention.install(model)
         self.model = model
         self.decoder = model.base_model
@@ -84,7 +84,7 @@ class Decoder:
         self.eos = eos_token_id
         self.rows: list[Row] = []
         self._first_prefill(model)
-        self.steps = DecodeStep(self.decoder, self.head, self.cache, self.device, graphs=graphs)
+        self.steps = DecodeStep(self.decoder, self.head, self.cache, self.device, graphs=graphs, compiled=compiled)
 
     def _first_prefill(self, model) -> None:
         """Prefill one token into slot 0 (taken over by the first row admitted): allocates every
