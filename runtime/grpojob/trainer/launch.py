@@ -8,7 +8,10 @@ showed `Error` in `kubectl get pods` after its job Succeeded, and a suspended on
 Here a rank gets SIGTERM as it would in a pod of its own: it checkpoints and stops (at once when
 its training is completed) and exits 0; torchrun sees every rank succeed and exits 0 too. A rank
 that fails still fails the launcher, with torchrun's own report. SIGINT, SIGHUP and SIGQUIT stay
-torchrun's. Before any rank is started, SIGTERM stops the launcher as it stops torchrun.
+torchrun's. Before any rank is started, SIGTERM stops the launcher as it stops torchrun. One that
+comes while torch is still being imported is held until the import is done: raised inside it, an
+import's own `try/except` could swallow it, and the launcher went on to start the ranks (a
+colocated pod whose engine died in its first second kept training for a minute).
 """
 from __future__ import annotations
 
@@ -62,8 +65,12 @@ def pass_sigterm(signum, frame) -> None:
 
 def main(args: Optional[argparse.Namespace] = None) -> int:
     logs.setup(os.environ.get(ENV_LOG_FORMAT, "text"), tag="[torchrun]", logger="grpojob")
-    signal.signal(signal.SIGTERM, pass_sigterm)
+    held: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: held.append(signum))
     from torch.distributed.run import main as torchrun
 
+    signal.signal(signal.SIGTERM, pass_sigterm)
+    if held:  # it came during the import: act on it now, where nothing swallows it
+        pass_sigterm(held[0], None)
     torchrun(TORCHRUN_ARGS)  # raises ChildFailedError (its report, exit 1) when a rank failed
     return 0
