@@ -17,7 +17,7 @@ from grpojob.sync.protocol import Deadline, WeightSyncError
 from grpojob.sync.stream import TensorStream
 
 from ..rollout.harness import wait_for
-from .test_delta import RecordingSink, Trainer, bitwise_equal, in_sync, publisher
+from .test_delta import Trainer, agents, bitwise_equal, in_sync, publisher  # noqa: F401 - agents: a fixture
 
 
 def two_ranks():
@@ -71,7 +71,7 @@ def test_a_header_past_its_bucket_is_a_clear_error():
     sent.wait()
 
 
-def test_the_servers_get_a_collective_delta_push_before_the_trainer_has_compared(agents):
+def test_the_servers_get_a_collective_delta_push_before_the_trainer_has_compared(agents):  # noqa: F811 - the fixture
     """The command goes out first and the sizes follow in band: while the trainer still produces
     the first tensor of the push, every server has already started receiving it."""
     trainer = Trainer(5)
@@ -94,19 +94,3 @@ def test_the_servers_get_a_collective_delta_push_before_the_trainer_has_compared
         assert a.sink.bases[-1] is not None and stats["delta"]["delta_buckets"] > 0
         assert bitwise_equal(a.sink, view) and bitwise_equal(b.sink, view)
 
-
-@pytest.fixture
-def agents():
-    from grpojob.sync.agent import SyncAgent
-
-    from .peer import TOKEN
-    started = []
-
-    def start(pub, replica):
-        a = SyncAgent(RecordingSink(), f"127.0.0.1:{pub.port}", token=TOKEN, replica=replica,
-                      url=f"http://{replica}:1", model_dir="x", heartbeat_seconds=0.2).start()
-        started.append(a)
-        return a
-    yield start
-    for a in started:
-        a.stop()
