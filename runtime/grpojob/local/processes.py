@@ -193,7 +193,10 @@ class Child:
         except OSError:
             return []
         out = []
-        for code, rank in _RANK_FAILED.findall(text):
+        # its summary lists every failed rank; its one-line report names only the one whose
+        # failure it timed first, which can be a peer's error on the killed rank's broken connection
+        found = [(c, r) for r, c in _RANK_SUMMARY.findall(text)] + _RANK_FAILED.findall(text)
+        for code, rank in found:
             code = int(code)
             how = f"killed by signal {-code} ({signal.strsignal(-code)})" if code < 0 else f"exited with code {code}"
             if f"local rank {rank} {how}" not in out:
@@ -216,6 +219,7 @@ class Child:
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # torchrun's own errors (a rank that died), glog style
 _GLOG = re.compile(r"^[EWIF]\d{4} \d\d:\d\d:\d\d")  # any line of torchrun's own (glog style)
 _RANK_FAILED = re.compile(r"failed \(exitcode: (-?\d+)\) local_rank: (\d+)")
+_RANK_SUMMARY = re.compile(r"\(local_rank: (\d+)\)\s*\n\s*exitcode\s*:\s*(-?\d+)")  # ChildFailedError's table
 _LAUNCHER_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
 
 

@@ -188,12 +188,22 @@ class WeightPublisher:
         self.creds.set_json(self.store, self.creds.key("current"), self._current)
 
     def _catch_up(self) -> None:
-        """Bring servers that registered with other weights to the current version (watcher thread)."""
+        """Bring servers that registered with other weights to the current version. Called on the
+        membership watcher's thread, it hands the push to a thread of its own: the watcher must keep
+        scanning heartbeats meanwhile, or a late server that froze mid-push is never declared dead
+        and the push waits out its whole deadline."""
         cur = self._current
         if not cur or all(m.weights == cur["weights"] for m in self.members.live()):
             return
-        if not self._lock.acquire(blocking=False):  # a push is running: the next round
+        if not self._lock.acquire(blocking=False):  # a push or a catch-up is running: the next round
             return
+        try:
+            threading.Thread(target=self._catch_up_locked, name="grpojob-sync-catch-up", daemon=True).start()
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _catch_up_locked(self) -> None:
         try:
             cur = self._current
             late = [m for m in self.members.live() if m.weights != cur["weights"]]
@@ -207,5 +217,7 @@ class WeightPublisher:
                 if out.ok:
                     log.info("brought %d server(s) to version %d via %s", len(out.ok), cur["version"],
                              placement.describe(out.paths))
+        except Exception:  # noqa: BLE001 -- the next round retries; the trainer's own pushes go on
+            log.exception("bringing late servers to the current version failed")
         finally:
             self._lock.release()
