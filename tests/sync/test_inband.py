@@ -1,5 +1,6 @@
-"""A delta push over a collective path (sync.inband): per bucket a header, then the bucket whole,
-nothing, or its changes; the servers get the command before the trainer has compared anything."""
+"""A delta push over a collective path (sync.inband): per bucket a head (a header and room for a
+payload), then the bucket whole, nothing, or the changes that did not fit in it; the servers get
+the command before the trainer has compared anything."""
 from __future__ import annotations
 
 import datetime
@@ -36,7 +37,12 @@ def two_ranks():
     return store, pgs
 
 
-def test_each_bucket_arrives_whole_unchanged_or_changed_as_its_header_says():
+@pytest.mark.parametrize("inline, messages", [
+    ([8] * 4, 4 + 1 + 0 + 1 + 1),  # bare headers (what a receiver without the command's sizes reads)
+    ([8, 8, 4104, 4104], 4 + 1),  # both payloads inside their heads
+    ([8, 8, 8 + 16 + 6, 8 + 16 + 23], 4 + 1 + 1),  # bucket 2's just fits (12 + 4 padding + 6), bucket 3's not
+])
+def test_each_bucket_arrives_whole_unchanged_or_changed_as_its_header_says(inline, messages):
     layout = bk.plan([(f"w{i}", (256,), torch.bfloat16) for i in range(3)] + [("f", (64,), torch.float64)], 512)
     assert [b.dtype for b in layout.buckets] == ["bfloat16"] * 3 + ["float64"]
     g = torch.Generator().manual_seed(0)
@@ -53,12 +59,26 @@ def test_each_bucket_arrives_whole_unchanged_or_changed_as_its_header_says():
         arena[2 * i + 1][:len(at)] = new[i][at]
     store, (pg0, pg1) = two_ranks()
     received = [t.clone() for t in old]
-    sender = grp.Transfer(pg0, inband.sent(layout, counts, new, arena, ready=lambda i: None))
-    receiver = grp.Transfer(pg1, inband.received(layout, received))
+    sender = grp.Transfer(pg0, inband.sent(layout, counts, new, arena, ready=lambda i: None, inline=inline))
+    receiver = grp.Transfer(pg1, inband.received(layout, received, inline if inline != [8] * 4 else None))
     for t in (sender, receiver):
         t.wait(lambda: None, Deadline(30), "push")
     assert all(torch.equal(dl.bits(r), dl.bits(n)) for r, n in zip(received, new))
-    assert len(sender.works) == len(receiver.works) == 4 + 1 + 0 + 1 + 1  # headers, whole, nothing, 2 payloads
+    assert len(sender.works) == len(receiver.works) == messages  # heads, whole, payloads that did not fit
+    fig = dl.figures(layout, counts, inline)
+    assert fig["sent_bytes"] == sum(inline) + layout.buckets[0].nbytes + sum(
+        p for p, head in ((16 + 6, inline[2]), (16 + 24, inline[3])) if 8 + p > head)
+
+
+def test_heads_have_room_for_a_quarter_more_than_the_last_push_changed():
+    layout = bk.plan([("a", (1 << 22,), torch.bfloat16), ("b", (1 << 10,), torch.bfloat16)], 1 << 23)
+    big, small = layout.buckets  # 8 MiB, 2 KiB
+    first = inband.inline_sizes(layout, None)  # 1/1024 of the values, in 4 KiB steps, at most 1/64 of the bucket
+    assert first == [8 + 32768, 8 + 4096]  # 4096 changes and a quarter more: 30 KiB
+    assert inband.HEADER + inband.payload_bytes(big, 5120) <= first[0]
+    after = inband.inline_sizes(layout, [1000, None])
+    assert after[0] == 8 + 8192 and inband.HEADER + inband.payload_bytes(big, 1250) <= after[0]
+    assert inband.inline_sizes(layout, [10**6, 0]) == [8 + big.nbytes // 64, 8]  # unchanged: a bare header
 
 
 def test_a_header_past_its_bucket_is_a_clear_error():

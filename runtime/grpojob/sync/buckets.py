@@ -163,7 +163,7 @@ def dedup_tied(named: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, tor
     the receiver's model ties them again, so sending both would only double the bytes."""
     out, seen = [], set()
     for name, t in named:
-        key = (t.device, t.data_ptr(), tuple(t.shape), t.stride(), t.dtype)  # data_ptr: storage + offset
+        key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)  # data_ptr: storage + offset
         if t.numel() and key in seen:
             continue
         seen.add(key)

@@ -144,7 +144,7 @@ class Delivery:
         if packer is not None:
             packer.finish()  # every target dropped before packing began: still keep it for later servers
         if isinstance(packer, dl.DeltaPacker):
-            self._probe = not packer.worth_it
+            self._probe, r.last_counts = not packer.worth_it, packer.counts
         if main:
             self._holds = {m.instance: w for m in targets if (w := self._holds.get(m.instance))}
         self._holds.update((m.instance, r.weights) for m in out.ok)
@@ -222,8 +222,9 @@ class Delivery:
                "layout": r.publish_layout(self.creds, self.store), "adapter": r.adapter, "timeout": self.timeout,
                "targets": [m.instance for m in targets], "routes": {m.instance: list(m.routes) for m in targets},
                "groups": {}, "handoff": {}}
+        inline = inband.inline_sizes(r.layout, r.last_counts) if delta and by_path.keys() & COLLECTIVES else None
         if self.delta:  # receivers keep their buffers as the base of the next delta
-            cmd["delta"] = {"base": r.base.weights if delta else None, "counts": counts}
+            cmd["delta"] = {"base": r.base.weights if delta else None, "counts": counts, "inline": inline}
         if "shm" in by_path:
             cmd["handoff"]["shm"] = r.shm.doc()
             if delta:
@@ -268,13 +269,13 @@ class Delivery:
                 gate = packer.ready if packer is not None and not packer.done else None
                 bufs = self._buffers(MEDIUM[p])
                 if delta:
-                    msgs = inband.sent(r.layout, packer.counts, bufs, r.arena[MEDIUM[p]], packer.ready)
+                    msgs = inband.sent(r.layout, packer.counts, bufs, r.arena[MEDIUM[p]], packer.ready, inline)
                     gate = None
                 transfers.append((p, poll, grp.Transfer(pg, msgs if delta else bufs, ready=gate)))
             if packer is not None:
                 packer.finish()  # each bucket goes on the wire as soon as it is packed (or compared)
             if self.delta and self.last_delta is None:  # the push's own figures, not a catch-up's after it
-                self.last_delta = dl.figures(r.layout, packer.counts if delta else None)
+                self.last_delta = dl.figures(r.layout, packer.counts if delta else None, inline)
             for p, poll, t in transfers:
                 t.wait(poll, deadline, f"{what} over {p}")
             return self._acks(seq, targets, self._liveness(targets), deadline, what)

@@ -229,13 +229,18 @@ def copy_handoff(counts: Counts, buffers: Sequence[torch.Tensor], src: Sequence[
             apply(counts, buffers, src_arena)
 
 
-def figures(layout: bk.Layout, counts: Counts) -> dict:
-    """What one push sent to each receiver against the dense bytes (publisher stats "delta")."""
+def figures(layout: bk.Layout, counts: Counts, inline: Optional[Sequence[int]] = None) -> dict:
+    """What one push sent to each receiver against the dense bytes (publisher stats "delta").
+    `inline`: the heads of a collective path's delta (`inband`), counted with what fits in them."""
     sent = 0
     for i, b in enumerate(layout.buckets):
         n = None if counts is None else counts[i]
         esize = bk.torch_dtype(b.dtype).itemsize
-        sent += b.nbytes if n is None else n * (index_dtype(b).itemsize + esize)
+        if inline is None:
+            sent += b.nbytes if n is None else n * (index_dtype(b).itemsize + esize)
+        else:  # as inband sends it: the head, then the bucket or a payload that did not fit in it
+            payload = b.nbytes if n is None else -(-n * index_dtype(b).itemsize // 8) * 8 + n * esize
+            sent += inline[i] + (payload if n is None or 8 + payload > inline[i] else 0)
     return {"values": sum(b.numel for b in layout.buckets),
             "sent_values": sum(n or 0 for n in counts or []), "sent_bytes": sent, "dense_bytes": layout.nbytes,
             "delta_buckets": 0 if counts is None else sum(n is not None for n in counts)}

@@ -68,7 +68,8 @@ class PushReceiver:
                                       f"{self._held or 'no pushed version'}; the trainer sends it whole next time")
             self._held = None  # until this push is whole
             if path in COLLECTIVES:  # a delta's sizes come in band, bucket by bucket
-                inbound = inband.received(layout, bufs) if delta and delta["base"] is not None else bufs
+                inbound = (inband.received(layout, bufs, delta.get("inline"))
+                           if delta and delta["base"] is not None else bufs)
                 self._collective(cmd, path, endpoint, inbound, poll, deadline, what)
             elif path == "shm":
                 arena = self._shm_delta.buffers(cmd["handoff"]["shm-delta"], dl.arena_layout(layout)) if counts else []

@@ -48,6 +48,7 @@ class Retained:
     arena_shm: Optional[handoff.ShmSegment] = None
     arena_ipc: dict[tuple[str, int], list[dict]] = field(default_factory=dict)
     layout_id: Optional[str] = None  # the id its layout is published under (commands name it)
+    last_counts: Optional[list] = None  # the last delta push's changes per bucket (sizes the next one's heads)
 
     def buffers(self, medium: str, device: torch.device, shm_path: Callable[[], Path],
                 arena: bool = False) -> list[torch.Tensor]:

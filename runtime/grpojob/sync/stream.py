@@ -35,11 +35,12 @@ class TensorStream:
         is alive (not a tensor that lives on anyway: a dict's, or a parameter itself); `adapter`:
         the PEFT config when the tensors are a LoRA adapter (PEFT's names), None for full weights."""
         self.adapter = adapter
-        specs = [(n, tuple(int(s) for s in shape), dt) for n, shape, dt in specs]
+        specs = [(n, tuple(map(int, shape)), dt) for n, shape, dt in specs]
         first: dict[torch.dtype, int] = {}
         for _, _, dt in specs:
             first.setdefault(dt, len(first))
-        self.specs: list[Spec] = sorted(specs, key=lambda s: first[s[2]])  # stable: order kept within a dtype
+        # stable: order kept within a dtype
+        self.specs: list[Spec] = sorted(specs, key=lambda s: first[s[2]]) if len(first) > 1 else specs
         self._fetch, self._track = fetch, track
         self._at = 0
         self._lock = threading.Lock()
@@ -73,7 +74,7 @@ class TensorStream:
         """A stream over tensors already in memory (tied duplicates dropped, as buckets.dedup_tied)."""
         kept = bk.dedup_tied(named)
         table = dict(kept)
-        return cls([(n, tuple(t.shape), t.dtype) for n, t in kept], table.__getitem__, track=False, adapter=adapter)
+        return cls([(n, t.shape, t.dtype) for n, t in kept], table.__getitem__, track=False, adapter=adapter)
 
     @property
     def exhausted(self) -> bool:
