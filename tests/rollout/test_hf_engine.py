@@ -241,3 +241,49 @@ async def test_engine_on_cuda_equals_transformers_greedy_and_seeds_are_device_in
         await gpu.close()
         await cpu.close()
 
+
+
+@pytest.mark.parametrize("backend", ["gloo", "shm"])
+async def test_a_delta_push_writes_only_what_changed_into_the_engine_bit_for_bit(tiny_dir, tokenizer, backend):
+    """Delta pushes onto the weights the engine generates with: only the changed values are
+    written into its parameters (the rest stay as they are), and after every push the engine's
+    parameters equal the trainer's bit for bit; greedy generation then equals transformers'."""
+    from grpojob.api.spec import WeightSyncSpec
+    from grpojob.sync import delta as dl
+    from grpojob.sync.agent import SyncAgent
+    from grpojob.sync.publisher import WeightPublisher
+
+    from .harness import TOKEN, wait_for
+
+    engine = await _engine(tiny_dir)
+    pub = WeightPublisher(WeightSyncSpec(timeout_seconds=30, bucket_size_mb=1, backend=backend, delta=True),
+                          host="127.0.0.1", port=0, device="cpu", token=TOKEN, heartbeat_timeout=5)
+    agent = SyncAgent(engine, f"127.0.0.1:{pub.port}", token=TOKEN, replica="e", url="http://e:1",
+                      model_dir=str(tiny_dir), heartbeat_seconds=0.2).start()
+    trainer = load_model(tiny_dir)
+    g = torch.Generator().manual_seed(0)
+    try:
+        await asyncio.to_thread(wait_for, lambda: pub.rollout_addresses() == ["http://e:1"], 20, "registration")
+        for version in range(1, 7):
+            with torch.no_grad():  # a few values of a few tensors change (fp32 weights: an optimizer step moves all)
+                for p in list(trainer.parameters())[version % 3::3]:
+                    flat = p.view(-1)
+                    flat[torch.randint(0, flat.numel(), (7,), generator=g)] += 0.01
+            view = {n: t.detach().clone() for n, t in trainer.state_dict().items()}
+            stats = await asyncio.to_thread(pub.push, view.items(), version)
+            assert stats["servers"] == 1 and engine.version == version
+            for n, t in view.items():
+                assert torch.equal(dl.bits(engine._params[n].reshape(-1)), dl.bits(t.reshape(-1))), (version, n)
+            d = stats["delta"]
+            if version >= 3:  # whole, a probe, then deltas
+                assert d["delta_buckets"] == stats["buckets"] and 0 < d["sent_values"] <= 7 * len(view)
+                assert engine.last_swap_values == d["sent_values"], "only the changed values were written"
+            elif version == 1:
+                assert engine.last_swap_values == sum(t.numel() for t in view.values())  # whole
+        ids = tokenizer.encode(PROMPTS[0])
+        out = await engine.generate(ids, 1, _greedy(12))
+        assert out[0].completion_ids == greedy(trainer, tokenizer, ids, 12)[0] and out[0].policy_version == 6
+    finally:
+        agent.stop()
+        pub.close()
+        await engine.close()

@@ -243,3 +243,21 @@ def test_both_ways_find_every_differing_bit_pattern_and_go_whole_past_the_capaci
     many = {"a": list(range(0, 1003, 4))}  # 251 changes > 1712 // 8 = 214: the bucket goes whole
     assert push(many)[0] == [None]
     assert push({})[0] == [0]
+
+
+def test_by_tensor_names_each_changed_tensor_with_its_own_positions():
+    """What an engine holding the base writes (sync.delta.by_tensor): per changed tensor its flat
+    positions and values, in whatever order the bucket's changes came (odd tensors' last); a bucket
+    that arrived whole names all its tensors whole; unchanged tensors are absent."""
+    layout = bk.plan([("a", (3, 5), torch.bfloat16), ("b", (7,), torch.bfloat16), ("c", (4,), torch.bfloat16),
+                      ("d", (9,), torch.float32)], 1 << 20)
+    assert len(layout.buckets) == 2
+    off = {e.name: e.offset for e in layout.buckets[0].entries}
+    pos = torch.tensor([off["c"] + 3, off["a"] + 14, off["a"] + 0, off["c"] + 1])
+    val = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.bfloat16)
+    out = dl.by_tensor(layout, [(pos, val), None])
+    assert sorted(out) == ["a", "c", "d"] and out["d"] is None
+    assert out["a"][0].tolist() == [14, 0] and out["a"][1].tolist() == [2.0, 3.0]
+    assert out["c"][0].tolist() == [3, 1] and out["c"][1].tolist() == [1.0, 4.0]
+    only = dl.by_tensor(layout, [(pos[:0], val[:0]), (torch.tensor([8]), torch.tensor([5.0]))])
+    assert list(only) == ["d"] and only["d"][0].tolist() == [8] and only["d"][1].tolist() == [5.0]

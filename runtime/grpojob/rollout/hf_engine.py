@@ -47,7 +47,7 @@ from grpojob.sync.protocol import DISK
 from grpojob.sync.receiver import PushReceiver
 from grpojob.rollout.engine import torch_dtype_name
 from grpojob.rollout.hf_generate import Decoder, Row, noise_keys, request_rows
-from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, settle
+from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, settle, write
 from grpojob.contracts.rollout import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
@@ -65,6 +65,7 @@ class HFEngine:
         self.partial = spec.algorithm.partial_rollouts
         self.version, self.weights = 0, DISK
         self.last_pause_seconds: Optional[float] = None
+        self.last_swap_values = 0  # values the last swap wrote (a delta: only those that changed)
         self.model = None
         self.tokenizer = None
         self._decoder: Optional[Decoder] = None
@@ -288,8 +289,7 @@ class HFEngine:
         for s in swaps:
             try:
                 with torch.no_grad(), bk.host_copies([self._params[s.named[0][0]]] if s.named else []):
-                    for name, t in s.named:
-                        self._params[name].copy_(t)
+                    self.last_swap_values = write(self._params, s)
                 self.version, self.weights = s.version, s.weights
             except Exception as e:  # noqa: BLE001 - the loader hears it
                 s.error = e
@@ -326,8 +326,9 @@ class HFEngine:
         named = rx.receive(cmd)
         if cmd.get("adapter") is not None:
             self.load_adapter(named, cmd["adapter"], cmd["version"], cmd["weights"])
-        else:
-            self.load(named, cmd["version"], cmd["weights"])
+        else:  # a delta onto the weights generating now: only what changed is written
+            onto = rx.changes is not None and (cmd.get("delta") or {}).get("base") == self.weights
+            self.load(named, cmd["version"], cmd["weights"], rx.changes if onto else None)
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
         if lora.is_adapter_dir(path):  # backend checkpoint with LoRA: a PEFT adapter directory
@@ -351,15 +352,17 @@ class HFEngine:
         swapped += [(n, w) for n, w in self._base.items() if n not in touched]
         self._apply(swapped, version, weights)
 
-    def load(self, named: Iterable[tuple[str, torch.Tensor]], version: int, weights: str) -> None:
+    def load(self, named: Iterable[tuple[str, torch.Tensor]], version: int, weights: str,
+             changes: Optional[dict] = None) -> None:
         """Swap in named tensors and switch the version at a decode-step boundary; returns once
-        generation uses them (see the module docstring for what happens to requests in flight)."""
+        generation uses them (see the module docstring for what happens to requests in flight).
+        `changes`: what changed since the weights the engine holds (hf_requests.write)."""
         named = list(named)
         check_swap(named, self._params, self._required, version, self.spec.model.path)
-        self._apply(named, version, weights)
+        self._apply(named, version, weights, changes)
 
-    def _apply(self, named: list, version: int, weights: str) -> None:
-        swap = Swap(named, version, weights)
+    def _apply(self, named: list, version: int, weights: str, changes: Optional[dict] = None) -> None:
+        swap = Swap(named, version, weights, changes=changes)
         with self._cond:
             if self._error:
                 raise RuntimeError(self._error)

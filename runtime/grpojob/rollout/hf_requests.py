@@ -33,6 +33,29 @@ class Swap:
     weights: str
     applied: threading.Event = field(default_factory=threading.Event)
     error: Optional[BaseException] = None
+    # a delta push onto the weights the engine holds: only these are written (`delta.by_tensor`)
+    changes: Optional[dict] = None
+
+
+def write(params: dict, swap: Swap) -> int:
+    """Write a swap's tensors into the model's parameters; returns the values written. A delta
+    scatters its changed values into their parameters in place, where a whole push copies every
+    parameter (the engine's generation waits meanwhile)."""
+    if swap.changes is None:
+        for name, t in swap.named:
+            params[name].copy_(t)
+        return sum(t.numel() for _, t in swap.named)
+    whole, written = dict(swap.named), 0
+    for name, change in swap.changes.items():
+        p = params[name]
+        if change is None or not p.is_contiguous():
+            p.copy_(whole[name])
+            written += p.numel()
+        else:
+            pos, val = change
+            p.view(-1).index_copy_(0, pos.to(p.device), val.to(p.device, p.dtype))
+            written += len(pos)
+    return written
 
 
 @dataclass

@@ -229,6 +229,40 @@ def copy_handoff(counts: Counts, buffers: Sequence[torch.Tensor], src: Sequence[
             apply(counts, buffers, src_arena)
 
 
+Changes = list  # per bucket: None (it arrived whole) or (flat positions as int64, new values)
+
+
+def by_tensor(layout: bk.Layout, changes: Changes) -> dict[str, Optional[tuple[torch.Tensor, torch.Tensor]]]:
+    """What a delta push changed, per tensor: (flat positions in the tensor, new values), or None
+    for a tensor that arrived whole. Tensors that did not change are absent: an engine holding
+    the push's base writes only these (`rollout.hf_engine`)."""
+    out: dict[str, Optional[tuple[torch.Tensor, torch.Tensor]]] = {}
+    for b, ch in zip(layout.buckets, changes):
+        if ch is None:
+            out.update((e.name, None) for e in b.entries)
+            continue
+        pos, val = ch
+        if not len(pos):
+            continue
+        starts = torch.tensor([e.offset for e in b.entries], dtype=torch.int64, device=pos.device)
+        which = torch.searchsorted(starts, pos, right=True) - 1
+        order = torch.argsort(which, stable=True)  # positions come per tensor, but odd tensors last
+        pos, val, which = pos[order], val[order], which[order]
+        at = 0
+        for e, n in zip(b.entries, torch.bincount(which, minlength=len(b.entries)).tolist()):
+            if n:
+                out[e.name] = (pos[at:at + n] - e.offset, val[at:at + n])
+            at += n
+    return out
+
+
+def recorded(counts: Counts, arena: Sequence[torch.Tensor]) -> Changes:
+    """A handoff's changes as `by_tensor` takes them, copied out of the trainer's arena (which
+    the next push overwrites)."""
+    return [None if n is None else (arena[2 * i][:n].to(torch.int64), arena[2 * i + 1][:n].clone())
+            for i, n in enumerate(counts)]
+
+
 def figures(layout: bk.Layout, counts: Counts, inline: Optional[Sequence[int]] = None) -> dict:
     """What one push sent to each receiver against the dense bytes (publisher stats "delta").
     `inline`: the heads of a collective path's delta (`inband`), counted with what fits in them."""

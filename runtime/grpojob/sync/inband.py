@@ -104,11 +104,12 @@ def _put(bucket: bk.Bucket, n: int, msg: Optional[torch.Tensor], arena: Sequence
         val.copy_(arena[2 * i + 1][:n])
 
 
-def received(layout: bk.Layout, buffers: Sequence[torch.Tensor],
-             inline: Optional[Sequence[int]] = None) -> Callable[[object], Iterator[torch.Tensor]]:
+def received(layout: bk.Layout, buffers: Sequence[torch.Tensor], inline: Optional[Sequence[int]] = None,
+             changes: Optional[list] = None) -> Callable[[object], Iterator[torch.Tensor]]:
     """A receiver's messages (for `group.Transfer`): each head is read as soon as it arrived,
     and each delta bucket's changes are written into `buffers` (the base) in place. `inline`:
-    the command's head sizes (None: a bare header, as trainers before them sent)."""
+    the command's head sizes (None: a bare header, as trainers before them sent); `changes`:
+    each bucket's is appended to it (`delta.Changes`)."""
     inline = list(inline) if inline is not None else [HEADER] * len(layout.buckets)
 
     def messages(transfer) -> Iterator[torch.Tensor]:
@@ -121,6 +122,7 @@ def received(layout: bk.Layout, buffers: Sequence[torch.Tensor],
             n = int(head[:HEADER].view(torch.int64).item())
             if not WHOLE <= n <= bucket.numel:
                 raise WeightSyncError(f"a delta header says {n} values of a bucket of {bucket.numel} changed")
+            pos = val = None
             if n == WHOLE:
                 yield buf
             elif n:
@@ -130,5 +132,9 @@ def received(layout: bk.Layout, buffers: Sequence[torch.Tensor],
                     yield msg
                     transfer.arrived()
                 pos, val = split(bucket, n, msg)
-                buf.index_copy_(0, pos.to(torch.int64), val)
+                pos = pos.to(torch.int64, copy=True)  # a copy: the head is read again
+                buf.index_copy_(0, pos, val)
+            if changes is not None:
+                changes.append(None if n == WHOLE else (pos, val.clone()) if n else (
+                    torch.empty(0, dtype=torch.int64, device=device), buf[:0]))
     return messages

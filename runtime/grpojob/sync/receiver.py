@@ -44,6 +44,9 @@ class PushReceiver:
         self._layout: tuple[Optional[str], Optional[bk.Layout]] = (None, None)  # (layout id, layout)
         self._shm, self._shm_delta = handoff.ShmReader(), handoff.ShmReader()
         self._cuda, self._cuda_delta = handoff.CudaReader(), handoff.CudaReader()
+        # the last push's changes per tensor when it was a delta (`delta.by_tensor`), else None: a
+        # sink that holds the delta's base (cmd["delta"]["base"]) may write only these
+        self.changes: Optional[dict] = None
 
     def receive(self, cmd: dict, endpoint: int = 0) -> list[tuple[str, torch.Tensor]]:
         """The named tensors of push command `cmd` for this server's `endpoint` (a vLLM worker's
@@ -66,18 +69,20 @@ class PushReceiver:
             if delta and delta["base"] is not None and self._held != delta["base"]:
                 raise WeightSyncError(f"{what}: it is a delta against {delta['base']}, but this endpoint holds "
                                       f"{self._held or 'no pushed version'}; the trainer sends it whole next time")
-            self._held = None  # until this push is whole
+            self._held, self.changes, changes = None, None, []  # until this push is whole
             if path in COLLECTIVES:  # a delta's sizes come in band, bucket by bucket
-                inbound = (inband.received(layout, bufs, delta.get("inline"))
+                inbound = (inband.received(layout, bufs, delta.get("inline"), changes)
                            if delta and delta["base"] is not None else bufs)
                 self._collective(cmd, path, endpoint, inbound, poll, deadline, what)
             elif path == "shm":
                 arena = self._shm_delta.buffers(cmd["handoff"]["shm-delta"], dl.arena_layout(layout)) if counts else []
                 dl.copy_handoff(counts, bufs, self._shm.buffers(cmd["handoff"]["shm"], layout), arena)
+                changes = dl.recorded(counts, arena) if counts else []
             elif path == "cuda-ipc":
                 h, dev = cmd["handoff"], self.device
                 arena = self._cuda_delta.mapped(h["cuda-ipc-delta"][self.instance][endpoint], dev) if counts else []
                 dl.copy_handoff(counts, bufs, self._cuda.mapped(h["cuda-ipc"][self.instance][endpoint], dev), arena)
+                changes = dl.recorded(counts, arena) if counts else []
                 torch.cuda.current_stream(self.device).synchronize()
             else:
                 raise WeightSyncError(f"{what}: unknown path '{path}'")
@@ -91,6 +96,8 @@ class PushReceiver:
                 self._nack(cmd["seq"], path, e)
             raise
         self._held = cmd["weights"] if delta is not None else None
+        if delta and delta["base"] is not None and len(changes) == len(layout.buckets):
+            self.changes = dl.by_tensor(layout, changes)
         if self._kept is not None and bufs is self._kept[2]:  # views of kept buffers: made once (1 ms)
             if self._views is None:
                 self._views = [nt for b, buf in zip(layout.buckets, bufs) for nt in bk.unpack(b, buf)]
