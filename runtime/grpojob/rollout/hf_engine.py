@@ -65,7 +65,7 @@ class HFEngine:
         self.partial = spec.algorithm.partial_rollouts
         self.version, self.weights = 0, DISK
         self.last_pause_seconds: Optional[float] = None
-        self.last_swap_values = 0  # values the last swap wrote (a delta: only those that changed)
+        self.last_swap_values: int = 0  # values the last swap wrote (a delta: only those that changed)
         self.model = None
         self.tokenizer = None
         self._decoder: Optional[Decoder] = None
@@ -326,9 +326,10 @@ class HFEngine:
         named = rx.receive(cmd)
         if cmd.get("adapter") is not None:
             self.load_adapter(named, cmd["adapter"], cmd["version"], cmd["weights"])
-        else:  # a delta onto the weights generating now: only what changed is written
-            onto = rx.changes is not None and (cmd.get("delta") or {}).get("base") == self.weights
-            self.load(named, cmd["version"], cmd["weights"], rx.changes if onto else None)
+        elif rx.changes is not None and (cmd.get("delta") or {}).get("base") == self.weights:
+            self._load(named, cmd["version"], cmd["weights"], rx.changes)  # a delta onto what generates: in place
+        else:
+            self.load(named, cmd["version"], cmd["weights"])
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
         if lora.is_adapter_dir(path):  # backend checkpoint with LoRA: a PEFT adapter directory
@@ -352,11 +353,13 @@ class HFEngine:
         swapped += [(n, w) for n, w in self._base.items() if n not in touched]
         self._apply(swapped, version, weights)
 
-    def load(self, named: Iterable[tuple[str, torch.Tensor]], version: int, weights: str,
-             changes: Optional[dict] = None) -> None:
+    def load(self, named: Iterable[tuple[str, torch.Tensor]], version: int, weights: str) -> None:
         """Swap in named tensors and switch the version at a decode-step boundary; returns once
-        generation uses them (see the module docstring for what happens to requests in flight).
-        `changes`: what changed since the weights the engine holds (hf_requests.write)."""
+        generation uses them (see the module docstring for what happens to requests in flight)."""
+        self._load(named, version, weights)
+
+    def _load(self, named, version: int, weights: str, changes: Optional[dict] = None) -> None:
+        """`changes`: what changed since the weights the engine holds (hf_requests.write)."""
         named = list(named)
         check_swap(named, self._params, self._required, version, self.spec.model.path)
         self._apply(named, version, weights, changes)
