@@ -44,7 +44,7 @@ def log(event: str, **fields: Any) -> None:
 
 def score(text: str, answer: int) -> dict[str, float]:
     words = _WORD.findall(text)
-    numbers = [w for w in words if w.lstrip("-").isdigit()]
+    numbers = [w for w in words if w.lstrip("-").isdecimal()]
     return {"number": len(numbers) / len(words) if words else 0.0,
             "correct": 1.0 if numbers and int(numbers[0]) == answer else 0.0}
 

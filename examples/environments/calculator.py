@@ -69,7 +69,7 @@ def calculate(expression: str) -> str:
 
 
 def score(opened: bool, parsed: bool, answer: str, result: int) -> dict[str, float]:
-    numbers = [w for w in _WORD.findall(answer) if w.lstrip("-").isdigit()]
+    numbers = [w for w in _WORD.findall(answer) if w.lstrip("-").isdecimal()]
     return {"call": float(opened), "parsed": float(parsed),
             "correct": 1.0 if numbers and int(numbers[0]) == result else 0.0}
 

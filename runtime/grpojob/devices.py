@@ -21,7 +21,7 @@ def requested() -> str | None:
     if not value:
         return None
     kind, _, index = value.partition(":")
-    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+    if kind not in ("cpu", "cuda") or (index and not index.isdecimal()) or (kind == "cpu" and index):
         raise DeviceError(f"{ENV_DEVICE}={value!r}: use cpu, cuda or cuda:N")
     return value
 

@@ -88,7 +88,7 @@ def exit_now(code: int) -> None:
 
 def main(argv: list[str]) -> None:
     """PARENT_PID -- CMD ARGS...: arm the parent-death signal, then become CMD."""
-    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
+    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdecimal():
         sys.exit("usage: python -m grpojob.lifeline PARENT_PID -- CMD [ARGS...]")
     if arm_parent_death_signal() and os.getppid() != int(argv[0]):
         os._exit(EXIT_PARENT_GONE)  # the parent died before the signal was armed

@@ -336,6 +336,6 @@ class ServiceInfo(Wire):
 
 def policy_version_of(path: str) -> int:
     """The policy version of a save_weights_for_sampler path."""
-    if not path.startswith(POLICY_PATH) or not path[len(POLICY_PATH):].isdigit():
+    if not path.startswith(POLICY_PATH) or not path[len(POLICY_PATH):].isdecimal():
         raise ValueError(f"'{path}' is not a sampler weights path ({POLICY_PATH}<version>)")
     return int(path[len(POLICY_PATH):])

@@ -19,7 +19,7 @@ log = logging.getLogger("grpojob.leader.remote")
 def sync_address() -> tuple[str, int]:
     value = os.environ.get(ENV_SYNC_ADDR, "")
     host, _, port = value.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not port.isdecimal():
         raise ValueError(f"{ENV_SYNC_ADDR}='{value}' is not host:port")
     return host, int(port)
 

@@ -201,7 +201,7 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         print(f"grpojob rollout: {ENV_BACKEND}={backend!r}: {err}", file=sys.stderr)
         return 2
     port_text = os.environ.get(ENV_ROLLOUT_PORT) or str(spec.rollout.port)
-    if not port_text.isdigit():
+    if not port_text.isdecimal():
         print(f"grpojob rollout: {ENV_ROLLOUT_PORT}={port_text!r} is not a port number", file=sys.stderr)
         return 2
     replica = os.environ.get(ENV_REPLICA_ID) or f"rollout-{socket.gethostname()}-{os.getpid()}"

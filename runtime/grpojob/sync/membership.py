@@ -254,7 +254,7 @@ class Membership:
         by a million must not hold back the registrations after it."""
         prefix = door("reg", "")
         taken = [int(k[len(prefix):]) for k in store.list_keys()
-                 if k.startswith(prefix) and k[len(prefix):].isdigit()]
+                 if k.startswith(prefix) and k[len(prefix):].isdecimal()]
         nxt = min((i for i in taken if i > self._seen), default=n + 1)
         log.warning("registration slots %d..%d stayed empty for %.0f s: skipped", self._seen + 1, nxt - 1,
                     EMPTY_SLOT_SECONDS)

@@ -81,7 +81,7 @@ def weights_id(run: str, version: int) -> str:
 
 def split_addr(addr: str) -> tuple[str, int]:
     host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
+    if not sep or not port.isdecimal():
         raise ValueError(f"weight-sync address '{addr}' is not host:port")
     return host.strip("[]"), int(port)
 

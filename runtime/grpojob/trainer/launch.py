@@ -37,7 +37,7 @@ def ranks(parent: Optional[int] = None) -> list[int]:
     parent = os.getpid() if parent is None else parent
     out = []
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
+        if not entry.name.isdecimal():
             continue
         try:
             with open(f"/proc/{entry.name}/stat") as f:
