@@ -65,6 +65,9 @@ def what_happened(dead: Child) -> str:
     said = f"{dead.name} exited with code {code}" + (f" ({signal.strsignal(-code)})" if code and code < 0 else "")
     ranks = dead.rank_failures()
     killed = [r for r in ranks if "killed by signal" in r]
+    # torchrun stops the surviving ranks with SIGTERM after a failure: no cause of it, unless
+    # every rank got one (the pod itself was stopped)
+    killed = [r for r in killed if f"signal {signal.SIGTERM.value} " not in r] or killed
     if killed:
         said += f" ({', '.join(killed)})"
     why = dead.termination()
