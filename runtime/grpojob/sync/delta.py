@@ -259,7 +259,7 @@ def by_tensor(layout: bk.Layout, changes: Changes) -> dict[str, Optional[tuple[t
 def recorded(counts: Counts, arena: Sequence[torch.Tensor]) -> Changes:
     """A handoff's changes as `by_tensor` takes them, copied out of the trainer's arena (which
     the next push overwrites)."""
-    return [None if n is None else (arena[2 * i][:n].to(torch.int64), arena[2 * i + 1][:n].clone())
+    return [None if n is None else (arena[2 * i][:n].to(torch.int64, copy=True), arena[2 * i + 1][:n].clone())
             for i, n in enumerate(counts)]
 
 
