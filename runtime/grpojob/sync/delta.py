@@ -44,6 +44,16 @@ def index_dtype(bucket: bk.Bucket) -> torch.dtype:
     return torch.int32 if bucket.numel < 2**31 else torch.int64
 
 
+def values_at(bucket: bk.Bucket, n: int) -> int:
+    """Byte offset of the values in a payload of n changes (8-aligned: any dtype can view it)."""
+    return -(-n * index_dtype(bucket).itemsize // 8) * 8
+
+
+def payload_bytes(bucket: bk.Bucket, n: int) -> int:
+    """The bytes of n changes as one message: positions, then values (`inband`)."""
+    return values_at(bucket, n) + n * bk.torch_dtype(bucket.dtype).itemsize
+
+
 def arena_layout(layout: bk.Layout) -> bk.Layout:
     """Two flat buffers per bucket: positions (int32, or int64 past 2**31 values) and values."""
     out = []
@@ -273,8 +283,8 @@ def figures(layout: bk.Layout, counts: Counts, inline: Optional[Sequence[int]] =
         if inline is None:
             sent += b.nbytes if n is None else n * (index_dtype(b).itemsize + esize)
         else:  # as inband sends it: the head, then the bucket or a payload that did not fit in it
-            payload = b.nbytes if n is None else -(-n * index_dtype(b).itemsize // 8) * 8 + n * esize
-            sent += inline[i] + (payload if n is None or 8 + payload > inline[i] else 0)
+            payload = b.nbytes if n is None else payload_bytes(b, n)
+            sent += inline[i] + (payload if n is None or 8 + payload > inline[i] else 0)  # 8: inband.HEADER
     return {"values": sum(b.numel for b in layout.buckets),
             "sent_values": sum(n or 0 for n in counts or []), "sent_bytes": sent, "dense_bytes": layout.nbytes,
             "delta_buckets": 0 if counts is None else sum(n is not None for n in counts)}

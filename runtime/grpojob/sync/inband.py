@@ -24,24 +24,16 @@ import torch
 
 from grpojob.sync import buckets as bk
 from grpojob.sync import delta as dl
+from grpojob.sync.delta import payload_bytes, values_at
 from grpojob.sync.protocol import WeightSyncError
 
 WHOLE = -1
 HEADER = 8  # the int64 at the start of each head
 
 
-def _values_at(bucket: bk.Bucket, n: int) -> int:
-    """Byte offset of the values in a payload of n changes (8-aligned: any dtype can view it)."""
-    return -(-n * dl.index_dtype(bucket).itemsize // 8) * 8
-
-
-def payload_bytes(bucket: bk.Bucket, n: int) -> int:
-    return _values_at(bucket, n) + n * bk.torch_dtype(bucket.dtype).itemsize
-
-
 def split(bucket: bk.Bucket, n: int, payload: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The positions and values inside a payload of n changes."""
-    at = _values_at(bucket, n)
+    at = values_at(bucket, n)
     isize, esize = dl.index_dtype(bucket).itemsize, bk.torch_dtype(bucket.dtype).itemsize
     return (payload[:n * isize].view(dl.index_dtype(bucket)),
             payload[at:at + n * esize].view(bk.torch_dtype(bucket.dtype)))
@@ -85,19 +77,16 @@ def sent(layout: bk.Layout, counts: Sequence[Optional[int]], buffers: Sequence[t
                 yield head
                 yield buf
                 continue
-            msg = head[HEADER:] if _fits(bucket, n, inline[i]) else None
-            if not n or msg is not None:
-                _put(bucket, n, msg, arena, i)
-                yield head
-                continue
-            yield head
-            msg = torch.empty(payload_bytes(bucket, n), dtype=torch.uint8, device=device)
+            fits = _fits(bucket, n, inline[i])  # nothing changed always fits
+            msg = head[HEADER:] if fits else torch.empty(payload_bytes(bucket, n), dtype=torch.uint8, device=device)
             _put(bucket, n, msg, arena, i)
-            yield msg  # alive until the transfer ends: it holds its iterator (broadcasts are asynchronous)
+            yield head
+            if not fits:
+                yield msg  # alive until the transfer ends: it holds its iterator (broadcasts are asynchronous)
     return messages
 
 
-def _put(bucket: bk.Bucket, n: int, msg: Optional[torch.Tensor], arena: Sequence[torch.Tensor], i: int) -> None:
+def _put(bucket: bk.Bucket, n: int, msg: torch.Tensor, arena: Sequence[torch.Tensor], i: int) -> None:
     if n:
         pos, val = split(bucket, n, msg)
         pos.copy_(arena[2 * i][:n])
