@@ -258,11 +258,13 @@ def by_tensor(layout: bk.Layout, changes: Changes) -> dict[str, Optional[tuple[t
         which = torch.searchsorted(starts, pos, right=True) - 1
         order = torch.argsort(which, stable=True)  # positions come per tensor, but odd tensors last
         pos, val, which = pos[order], val[order], which[order]
-        at = 0
-        for e, n in zip(b.entries, torch.bincount(which, minlength=len(b.entries)).tolist()):
+        sizes = torch.bincount(which, minlength=len(b.entries)).tolist()
+        # one subtraction and one split for the bucket: slicing and arithmetic tensor by tensor
+        # cost 10 us a tensor
+        rel = (pos - starts[which]).to(pos.dtype)
+        for e, n, p, v in zip(b.entries, sizes, rel.split(sizes), val.split(sizes)):
             if n:
-                out[e.name] = (pos[at:at + n] - e.offset, val[at:at + n])
-            at += n
+                out[e.name] = (p, v)
     return out
 
 
