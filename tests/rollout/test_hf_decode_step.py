@@ -54,6 +54,7 @@ def test_decode_shapes_are_static_per_bucket_no_recompilation_as_rows_join_and_l
 
     model = load_model(tiny_dir)
     dec = hf_generate.Decoder(model, slots=8, max_len=64, eos_token_id=None)
+    dec.steps.threads = hf_decode_step.Threads(pinned=torch.get_num_threads())  # dynamo guards on the count
     compiled = torch.compile(dec.steps.run, backend="eager", dynamic=False, fullgraph=True)
     monkeypatch.setattr(dec.steps, "run", compiled)
     sampling = SamplingParams(temperature=1.0, max_tokens=6, seed=3)
@@ -157,3 +158,67 @@ def test_a_decode_step_that_cannot_compile_runs_eagerly_and_says_so_once(tiny_di
     assert got == want and not dec.steps.compiled
     failed = [r.getMessage() for r in caplog.records if "compiling the decode step failed" in r.getMessage()]
     assert len(failed) == 1 and "no C++ compiler on this machine" in failed[0]
+
+
+def test_cpu_decode_steps_time_both_thread_counts_then_keep_the_faster():
+    """hf_decode_step.Threads: after a warm-up step, torch's thread count and one thread take turns
+    for TRIALS steps each; the lower median wins until the next trial. A small model's step is
+    faster on one thread (fork and join per op), a large one's on all: both ways round."""
+    trials = hf_decode_step.Threads.TRIALS
+    for cost, winner in (({4: 0.005, 1: 0.002}, 1), ({4: 0.002, 1: 0.005}, 4)):
+        threads = hf_decode_step.Threads(available=4)
+        seen = []
+        while threads.chosen is None:
+            k = threads.next()
+            seen.append(k)
+            threads.record(k, cost[k])
+        assert threads.chosen == winner and threads.next() == winner
+        assert seen[:3] == [4, 4, 1] and sorted(seen) == [1] * trials + [4] * (trials + 1), seen
+    # the trial runs again after RETRY steps (the machine's load changes), and may choose otherwise
+    for _ in range(hf_decode_step.Threads.RETRY):
+        threads.record(threads.next(), 0.001)
+    assert threads.chosen is None and threads.next() == 4
+    while threads.chosen is None:
+        k = threads.next()
+        threads.record(k, {4: 0.005, 1: 0.002}[k])
+    assert threads.chosen == 1
+    pinned = hf_decode_step.Threads(pinned=3, available=4)
+    assert pinned.chosen == 3 and pinned.options == [3]
+    assert hf_decode_step.Threads(available=1).chosen == 1  # one core: nothing to choose
+
+
+def test_the_decode_thread_count_is_set_around_each_step_and_the_tokens_do_not_depend_on_it(tiny_dir, monkeypatch):
+    """The rule a GPU never meets: on the CPU a decode step runs with the chosen intra-op thread
+    count, which is per thread (OpenMP's and MKL's local count): the decoding thread's own count is
+    back after every step, so an in-process trainer on that thread keeps it; a prefill runs with
+    the chosen count. A seeded row's tokens are the same on one thread and on two."""
+    model = load_model(tiny_dir)
+    sampling = SamplingParams(temperature=1.0, max_tokens=12, seed=5)
+    outs = {}
+    for pinned in (None, 1, 2):
+        dec = hf_generate.Decoder(model, slots=4, max_len=64, eos_token_id=None)
+        dec.steps.threads = hf_decode_step.Threads(pinned=pinned, available=2)
+        seen, prefilled = [], []
+        run, prefill = dec.steps.run, dec._prefill
+        monkeypatch.setattr(dec.steps, "run", lambda *a, _run=run: seen.append(torch.get_num_threads()) or _run(*a))
+        monkeypatch.setattr(dec, "_prefill", lambda *a, _f=prefill: prefilled.append(torch.get_num_threads()) or _f(*a))
+        before = torch.get_num_threads()
+        rows = _rows(0, [5, 6, 7], 2, sampling)
+        dec.admit([rows], 0)
+        while dec.rows:
+            dec.step(0)
+            assert torch.get_num_threads() == before
+        assert set(seen) == ({1, 2} if pinned is None else {pinned}), seen
+        assert prefilled == [pinned or before]  # a prefill runs with the chosen count (none chosen yet: torch's)
+        if pinned is None:
+            assert dec.steps.threads.chosen in (1, 2)
+        outs[pinned] = [r.tokens for r in rows]
+    assert outs[1] == outs[2] == outs[None]
+
+
+def test_a_bad_decode_thread_count_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv(hf_decode_step.THREADS_ENV, "two")
+    with pytest.raises(ValueError, match="GRPOJOB_DECODE_THREADS='two'"):
+        hf_decode_step.Threads.from_env()
+    monkeypatch.setenv(hf_decode_step.THREADS_ENV, "2")
+    assert hf_decode_step.Threads.from_env().options == [2]

@@ -23,6 +23,15 @@ decoder runs eagerly from then on. Graphs read weights and KV buffers by address
 copy in place (hf_engine._swap), and freeing the KV buffers (sleep) drops the graphs.
 GRPOJOB_DECODE_GRAPHS=0 turns capture off. The CPU runs the same step, uncaptured.
 
+CPU threads: a decode step of a small model is hundreds of ops on a few KiB each, and every op
+that an intra-op thread team runs pays a fork and join (a wake-up from sleep under the passive
+waiting every grpojob process gets): the tiny model's step at 32 rows took 4.8 ms on 2 threads
+against about 1.8 ms on 1. A large model's step is the other way round. So the first decode
+steps alternate between torch's thread count and one thread (`Threads`) and the faster is kept
+for the engine's life (its prefills too), on the decoding thread only (the count is per thread: a trainer or a
+prefill beside it keeps its own). GRPOJOB_DECODE_THREADS=N pins N. A compiled step keeps torch's
+count (dynamo recompiles when it changes).
+
 Compiled (GRPOJOB_DECODE_COMPILE=1, where no graph is captured: the CPU): the step goes through
 torch.compile (inductor: a C++ compiler on the machine) once, with dynamic shapes, so one
 compilation serves every bucket (a row count of 1 gets a second). A step of a small model is
@@ -35,6 +44,9 @@ from __future__ import annotations
 
 import logging
 import os
+import statistics
+import time
+from contextlib import contextmanager
 from typing import Optional
 
 import torch
@@ -47,6 +59,7 @@ log = logging.getLogger("grpojob.rollout")
 KV_MIN = 64  # the smallest attention span a step reads
 GRAPHS_ENV = "GRPOJOB_DECODE_GRAPHS"
 COMPILE_ENV = "GRPOJOB_DECODE_COMPILE"
+THREADS_ENV = "GRPOJOB_DECODE_THREADS"
 COMPILE_BACKEND = "inductor"  # tests check dynamo's side with "eager" (no C++ compile in the suite)
 
 
@@ -56,6 +69,71 @@ def bucket(n: int, cap: int, least: int = 1) -> int:
     while b < n:
         b *= 2
     return min(b, cap)
+
+
+class Threads:
+    """The intra-op thread count of CPU decode steps: each candidate (torch's count, and one) runs
+    TRIALS steps, in turns after a first warm-up step, and the one with the lower median is kept
+    for RETRY steps; then the trial runs again (the machine's load changes: on 2 busy cores a
+    2-thread step took 3.7-460 ms against 2.5-13 ms on one, and a trial in a bad moment must not
+    decide for good)."""
+    TRIALS = 4
+    RETRY = 512
+
+    def __init__(self, pinned: Optional[int] = None, available: Optional[int] = None):
+        n = available or torch.get_num_threads()
+        self.options = [pinned] if pinned else sorted({n, 1}, reverse=True)
+        self.times: dict[int, list[float]] = {k: [] for k in self.options}
+        self.chosen: Optional[int] = self.options[0] if len(self.options) == 1 else None
+        self._warm = False
+        self._kept = 0  # steps run with `chosen` since the trial
+        self.chosen_before: Optional[int] = None  # the last trial's choice (a change is logged)
+
+    def next(self) -> int:
+        if self.chosen is not None:
+            return self.chosen
+        return min(self.options, key=lambda k: len(self.times[k]))  # the one with fewer steps timed
+
+    def record(self, threads: int, seconds: float) -> None:
+        if self.chosen is not None:
+            self._kept += 1
+            if len(self.options) > 1 and self._kept >= self.RETRY:
+                self.chosen, self._kept = None, 0
+                self.times = {k: [] for k in self.options}
+            return
+        if not self._warm:  # the first step allocates and warms caches: timed for nobody
+            self._warm = True
+            return
+        self.times[threads].append(seconds)
+        if all(len(t) >= self.TRIALS for t in self.times.values()):
+            med = {k: statistics.median(t) for k, t in self.times.items()}
+            last, self.chosen = self.chosen_before, min(med, key=med.get)
+            self.chosen_before = self.chosen
+            (log.info if self.chosen != last else log.debug)(
+                "hf engine: CPU decode steps run on %d thread(s) (median step: %s)", self.chosen,
+                ", ".join(f"{k} thread(s) {1e3 * v:.2f} ms" for k, v in med.items()))
+
+    @classmethod
+    def from_env(cls) -> "Threads":
+        raw = os.environ.get(THREADS_ENV, "").strip()
+        if raw and not (raw.isdecimal() and int(raw) > 0):
+            raise ValueError(f"{THREADS_ENV}={raw!r}: a positive number of threads, or unset (measured)")
+        return cls(int(raw) if raw else None)
+
+
+@contextmanager
+def threads_set(k: Optional[int]):
+    """This thread's intra-op thread count is k inside (OpenMP's and MKL's thread-local count:
+    other threads keep theirs); None: unchanged."""
+    before = torch.get_num_threads()
+    if not k or k == before:
+        yield
+        return
+    torch.set_num_threads(k)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 class SlotState:
@@ -106,6 +184,8 @@ class DecodeStep:
                           if compiled and not self.graphs else None)
         self._captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Tensor]] = {}
         self._pool = None
+        # a compiled step keeps the thread count it was compiled with (dynamo guards on it)
+        self.threads = Threads.from_env() if device.type == "cpu" and self._compiled is None else None
 
     def shape(self, rows: list) -> tuple:
         """(bucket rows, kv_len, sampling flags) from what the host knows of the rows."""
@@ -116,6 +196,21 @@ class DecodeStep:
     def __call__(self, rows: list) -> tuple[list[float], list[float]]:
         """Tokens (as floats) and log-probs of every row, read in one transfer."""
         shape = self.shape(rows)
+        if self.threads is None:
+            return self._step(shape)
+        k = self.threads.next()
+        with threads_set(k):
+            start = time.perf_counter()
+            try:
+                return self._step(shape)
+            finally:
+                self.threads.record(k, time.perf_counter() - start)
+
+    def prefill_threads(self):
+        """A prefill runs with the thread count the decode steps chose (torch's until then)."""
+        return threads_set(self.threads.chosen if self.threads is not None else None)
+
+    def _step(self, shape: tuple) -> tuple[list[float], list[float]]:
         if self.graphs:
             packed = self._replay(shape)
         elif self._compiled is not None:

@@ -160,7 +160,9 @@ class Decoder:
             at += len(g)
         if at > self.cache.slots:
             raise ValueError(f"{at - first} rows do not fit the {self.free} free slots")
-        hidden = torch.cat([self._prefill(seqs[i:j], slots[i:j]) for i, j in _chunks([len(q) for q in seqs], self._budget())])
+        with self.steps.prefill_threads():
+            hidden = torch.cat([self._prefill(seqs[i:j], slots[i:j])
+                                for i, j in _chunks([len(q) for q in seqs], self._budget())])
         fan = [(s, d, len(g[0].prompt)) for g, s in zip(groups, slots) for d in range(s + 1, s + len(g))]
         if fan:  # each prompt's KV to the other n-1 slots of its request, every group at once
             self.cache.copy_many([f[0] for f in fan], [f[1] for f in fan], max(f[2] for f in fan))
@@ -187,8 +189,9 @@ class Decoder:
         """Rebuild every active row's KV with the weights loaded now (after a weight swap): the
         prompt and the tokens so far except the last, which the next step feeds."""
         seqs = [r.prompt + r.tokens[:-1] for r in self.rows]
-        for i, j in _chunks([len(q) for q in seqs], self._budget()):
-            self._prefill(seqs[i:j], list(range(i, j)))
+        with self.steps.prefill_threads():
+            for i, j in _chunks([len(q) for q in seqs], self._budget()):
+                self._prefill(seqs[i:j], list(range(i, j)))
 
     def release(self) -> int:
         """Free every layer's KV slots (the engine sleeps); the rows in flight keep their tokens.
