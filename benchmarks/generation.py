@@ -93,7 +93,9 @@ def ours(model, prompts: list[list[int]], group: int, max_tokens: int, stall: fl
     # the first step of a bucket runs eagerly and captures its graph: reported apart
     later = steps[1:] or steps
     return {"prefill": prefill, "first": steps[0], "step": statistics.median(later), "steps": len(steps),
-            "peak": peak.bytes, "graphs": dec.steps.graphs, "total": prefill + sum(steps)}
+            "peak": peak.bytes, "graphs": dec.steps.graphs, "total": prefill + sum(steps),
+            # CPU: the intra-op threads its decode steps chose (hf_decode_step.Threads; None: still timing both)
+            "threads": dec.steps.threads.chosen if dec.steps.threads is not None else None}
 
 
 def theirs(model, prompts: list[list[int]], group: int, max_tokens: int, pad: int) -> dict:
@@ -215,6 +217,7 @@ def main() -> None:
     print(f"decode step: {med['step'] * 1e3:.2f} ms per step of {rows} rows ({'CUDA graphs' if graphs else 'eager'}; "
           f"first step {med['first'] * 1e3:.1f} ms, prefill {med['prefill'] * 1e3:.1f} ms); "
           f"{new_tokens / ours_total:.0f} tokens/s"
+          + ("" if cuda else f"; decode threads chosen {[x['threads'] for x in results['ours']]}")
           + (f"; decode step peak {peak / 2**20:.0f} MiB above its start" if cuda else ""))
     if "ours eager" in results:
         eager = statistics.median(x["step"] for x in results["ours eager"])
