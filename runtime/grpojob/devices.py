@@ -6,7 +6,9 @@ pin `cuda`. torch is imported only when a device is asked for (the core package 
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Optional
 
 ENV_DEVICE = "GRPOJOB_DEVICE"
 
@@ -38,3 +40,21 @@ def default(local_rank: int = 0):
     if want and ":" in want:
         return torch.device(want)
     return torch.device("cuda", local_rank % torch.cuda.device_count())
+
+
+@contextlib.contextmanager
+def intra_op_threads(k: Optional[int]):
+    """This thread's intra-op thread count is k inside (torch sets OpenMP's and MKL's per-thread
+    counts: other threads keep theirs); None: unchanged. Small ops on a shared pool pay a fork and
+    join each, which a busy core turns into milliseconds (sync.buckets, rollout.hf_decode_step)."""
+    import torch
+
+    before = torch.get_num_threads()
+    if not k or k == before:
+        yield
+        return
+    torch.set_num_threads(k)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -27,10 +27,10 @@ CPU threads: a decode step of a small model is hundreds of ops on a few KiB each
 that an intra-op thread team runs pays a fork and join (a wake-up from sleep under the passive
 waiting every grpojob process gets): the tiny model's step at 32 rows took 4.8 ms on 2 threads
 against about 1.8 ms on 1. A large model's step is the other way round. So the first decode
-steps alternate between torch's thread count and one thread (`Threads`) and the faster is kept
-for the engine's life (its prefills too), on the decoding thread only (the count is per thread: a trainer or a
-prefill beside it keeps its own). GRPOJOB_DECODE_THREADS=N pins N. A compiled step keeps torch's
-count (dynamo recompiles when it changes).
+steps alternate between torch's thread count and one thread (`Threads`); the faster is kept
+(for prefills too) until the trial runs again, set on the decoding thread only (the count is per
+thread: an in-process trainer keeps its own). GRPOJOB_DECODE_THREADS=N pins N. A compiled step
+keeps torch's count (dynamo recompiles when it changes).
 
 Compiled (GRPOJOB_DECODE_COMPILE=1, where no graph is captured: the CPU): the step goes through
 torch.compile (inductor: a C++ compiler on the machine) once, with dynamic shapes, so one
@@ -46,12 +46,12 @@ import logging
 import os
 import statistics
 import time
-from contextlib import contextmanager
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from grpojob.devices import intra_op_threads
 from grpojob.rollout import hf_attention, hf_sampling
 
 log = logging.getLogger("grpojob.rollout")
@@ -87,7 +87,7 @@ class Threads:
         self.chosen: Optional[int] = self.options[0] if len(self.options) == 1 else None
         self._warm = False
         self._kept = 0  # steps run with `chosen` since the trial
-        self.chosen_before: Optional[int] = None  # the last trial's choice (a change is logged)
+        self._last: Optional[int] = None  # the last trial's choice (a change is logged)
 
     def next(self) -> int:
         if self.chosen is not None:
@@ -107,8 +107,8 @@ class Threads:
         self.times[threads].append(seconds)
         if all(len(t) >= self.TRIALS for t in self.times.values()):
             med = {k: statistics.median(t) for k, t in self.times.items()}
-            last, self.chosen = self.chosen_before, min(med, key=med.get)
-            self.chosen_before = self.chosen
+            last, self.chosen = self._last, min(med, key=med.get)
+            self._last = self.chosen
             (log.info if self.chosen != last else log.debug)(
                 "hf engine: CPU decode steps run on %d thread(s) (median step: %s)", self.chosen,
                 ", ".join(f"{k} thread(s) {1e3 * v:.2f} ms" for k, v in med.items()))
@@ -119,21 +119,6 @@ class Threads:
         if raw and not (raw.isdecimal() and int(raw) > 0):
             raise ValueError(f"{THREADS_ENV}={raw!r}: a positive number of threads, or unset (measured)")
         return cls(int(raw) if raw else None)
-
-
-@contextmanager
-def threads_set(k: Optional[int]):
-    """This thread's intra-op thread count is k inside (OpenMP's and MKL's thread-local count:
-    other threads keep theirs); None: unchanged."""
-    before = torch.get_num_threads()
-    if not k or k == before:
-        yield
-        return
-    torch.set_num_threads(k)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 class SlotState:
@@ -199,7 +184,7 @@ class DecodeStep:
         if self.threads is None:
             return self._step(shape)
         k = self.threads.next()
-        with threads_set(k):
+        with intra_op_threads(k):
             start = time.perf_counter()
             try:
                 return self._step(shape)
@@ -208,7 +193,7 @@ class DecodeStep:
 
     def prefill_threads(self):
         """A prefill runs with the thread count the decode steps chose (torch's until then)."""
-        return threads_set(self.threads.chosen if self.threads is not None else None)
+        return intra_op_threads(self.threads.chosen if self.threads is not None else None)
 
     def _step(self, shape: tuple) -> tuple[list[float], list[float]]:
         if self.graphs:
