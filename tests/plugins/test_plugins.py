@@ -63,6 +63,12 @@ def code(tmp_path, monkeypatch):
         class SaysItSleeps(NoSync):
             weight_sync = ("auto", "shm")
             sleep_mode = True
+
+        class ReadsDeltas(GlooOnly):
+            delta_files = True
+
+        class SaysItReadsDeltas(GlooOnly):
+            delta_files = "yes"
     '''))
     monkeypatch.setenv(plugins.CODE_DIR_ENV, str(tmp_path))
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -149,6 +155,19 @@ def test_a_colocated_engine_must_declare_sleep_mode(code):
     with pytest.raises(ValueError, match="spec.rollout.backend: the engine engines:GlooOnly has no sleep mode"):
         engine.build("engines:GlooOnly", job(**{**colocated, "rollout": {"replicas": 1,
                                                                         "backend": "engines:GlooOnly"}}).spec)
+
+
+def test_an_engine_that_declares_delta_files_gets_them_and_a_wrong_declaration_is_named(code):
+    """delta_files = True: the rollout server registers it, and the trainer writes it delta versions
+    on backend checkpoint (tests/sync/test_delta_files.py); anything but a bool is refused."""
+    from grpojob.rollout import engine
+
+    assert engine.applies_file_deltas(plugins.resolve("engines:ReadsDeltas"))
+    assert not engine.applies_file_deltas(plugins.resolve("engines:GlooOnly"))
+    assert engine.applies_file_deltas(engine.engine_class("hf"))
+    assert check_plugins(job(rollout={"backend": "engines:ReadsDeltas"})) == []
+    errors = check_plugins(job(rollout={"backend": "engines:SaysItReadsDeltas"}))
+    assert "declares delta_files, which must be True" in errors[0].message
 
 
 def test_grpojob_validate_imports_every_plugin_and_names_the_field(code, tmp_path, capsys):

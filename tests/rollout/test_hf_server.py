@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+import torch
 
 from grpojob.sync.publisher import WeightPublisher
 
@@ -187,11 +188,29 @@ def test_checkpoint_backend_serves_the_pushed_weights(tmp_path, tiny_dir, tokeni
         stats = pub.push(trainer.state_dict().items(), version=1)
         assert stats["servers"] == 1 and stats["backend"] == "checkpoint"
         assert (shared / "rollout-weights" / "v000000001" / "model.safetensors").exists()
+        before = []
         for text in PROMPTS:
             p = tokenizer.encode(text)
             out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
             assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, MAX_TOKENS)[0]
             assert out["policy_version"] == 1
+            before.append(out["completions"][0]["completion_ids"])
+        # One tensor changes (the final norm, negated: every logit flips): the hf engine declares
+        # delta_files, so version 2 is written as a delta of that tensor alone and applied in place.
+        with torch.no_grad():
+            trainer.model.norm.weight.neg_()
+        stats = pub.push(trainer.state_dict().items(), version=2)
+        assert stats["servers"] == 1 and stats["delta"]["sent_values"] == trainer.model.norm.weight.numel()
+        assert (shared / "rollout-weights" / "v000000002-delta").is_dir()
+        assert not (shared / "rollout-weights" / "v000000002").exists()
+        after = []
+        for text in PROMPTS:
+            p = tokenizer.encode(text)
+            out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
+            assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, MAX_TOKENS)[0]
+            assert out["policy_version"] == 2
+            after.append(out["completions"][0]["completion_ids"])
+        assert after != before  # the delta reached what generates
     finally:
         srv.stop()
         pub.close()

@@ -27,14 +27,14 @@ def vllm_server(tmp_path_factory, tiny_tied_dir):
                           token=TOKEN)
     state = {"pub": pub}
     srv = RolloutProcess(write_config(job, tmp / "job.json"), tmp, replica="vllm-0", backend="vllm",
-                         sync_addr=f"127.0.0.1:{pub.port}").start()
+                         sync_addr=f"127.0.0.1:{pub.port}", checkpoint_dir=str(tmp / "shared")).start()
     try:
         # While vLLM starts (tens of seconds) the server keeps answering: it says it is loading.
         states = []
         wait_for(lambda: states.append(srv.status("/info")[1].get("engine")) or states[-1] in ("up", "failed"),
                  240, "vLLM start-up", interval=0.5, proc=srv.proc)
         srv.wait_ready(timeout=60)
-        state = {"pub": pub, "srv": srv, "model_dir": tiny_tied_dir, "engine_states": states}
+        state = {"pub": pub, "srv": srv, "model_dir": tiny_tied_dir, "engine_states": states, "shared": tmp / "shared"}
         yield state
     finally:
         srv.stop()
@@ -166,6 +166,33 @@ def test_a_restarted_trainer_gets_the_model_directory_back(vllm_server, tied_tok
     srv.wait_ready(timeout=60)
     assert srv.status("/info")[1]["policy_version"] == 0
     _check_greedy(srv, load_model(vllm_server["model_dir"]), tied_tokenizer, version=0)
+
+
+def test_vllm_gets_every_checkpoint_version_whole(vllm_server, tied_tokenizer):
+    """Backend checkpoint with delta pushes on: vLLM does not declare delta_files (its CPU path
+    repacks the weights it loads), so a version that changed one tensor is still written whole,
+    and the server serves it."""
+    pub, srv, shared = vllm_server["pub"], vllm_server["srv"], vllm_server["shared"]
+    port, sync = pub.port, pub.sync
+    pub.close()
+    ckpt = sync.model_copy(update={"backend": "checkpoint"})
+    pub = vllm_server["pub"] = WeightPublisher(ckpt, host="127.0.0.1", port=port, device="cpu", heartbeat_timeout=10,
+                                               token=TOKEN, checkpoint_dir=str(shared))
+    try:
+        srv.wait_ready(timeout=60)
+        model = perturb(load_model(vllm_server["model_dir"]), seed=41, scale=1.0)
+        pub.push(model.state_dict().items(), version=41)
+        with torch.no_grad():
+            model.model.norm.weight.neg_()
+        stats = pub.push(model.state_dict().items(), version=42)
+        assert stats["servers"] == 1 and stats["dropped"] == [] and stats["delta"]["delta_buckets"] == 0
+        assert sorted(p.name for p in (shared / "rollout-weights").iterdir()) == ["v000000041", "v000000042"]
+        _check_greedy(srv, model, tied_tokenizer, version=42)
+    finally:  # the module's other tests push over the default path again
+        pub.close()
+        vllm_server["pub"] = WeightPublisher(sync, host="127.0.0.1", port=port, device="cpu", heartbeat_timeout=10,
+                                             token=TOKEN)
+        srv.wait_ready(timeout=60)
 
 
 # ---- a push that lands while a request is being generated --------------------------------------------

@@ -7,6 +7,7 @@ import threading
 
 import torch
 
+from grpojob.plugins import is_delta, read_delta
 from grpojob.sync import placement, tensorfiles
 from grpojob.sync.protocol import DISK
 from grpojob.sync.receiver import PushReceiver
@@ -44,3 +45,36 @@ class TensorSink:
                 self.tensors[n] = t.to(self.device, copy=True)
             self.version, self.weights = version, weights
             self.loads += 1
+
+
+class DeltaFileSink(TensorSink):
+    """A sink that declares `delta_files`: its load_dir also applies delta versions in place, onto
+    the weights it holds only (as the hf engine does). `kinds`: per load, "delta" or "whole"."""
+    delta_files = True
+
+    def __init__(self, shapes: dict[str, tuple], device: torch.device | str = "cpu"):
+        super().__init__(shapes, device)
+        self.kinds: list[str] = []
+        self.fail_next = False
+
+    def load_dir(self, path, version, weights):
+        if self.fail_next:
+            self.fail_next = False
+            raise ValueError("this server failed to load a version (the test's doing)")
+        if not is_delta(path):
+            super().load_dir(path, version, weights)
+            self.kinds.append("whole")
+            return
+        delta = read_delta(path)  # the public helper an engine plug-in uses (grpojob.plugins)
+        if delta.base != self.weights:
+            raise ValueError(f"a delta against {delta.base}, but this sink holds {self.weights}")
+        with self.lock:
+            for n, change in delta.changes.items():
+                if change is None:
+                    self.tensors[n] = delta.whole[n].to(self.device, copy=True)
+                else:
+                    t = self.tensors[n]
+                    t.view(-1).index_copy_(0, change[0].to(t.device), change[1].to(t.device, t.dtype))
+            self.version, self.weights = version, weights
+            self.loads += 1
+        self.kinds.append("delta")

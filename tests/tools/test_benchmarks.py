@@ -49,12 +49,14 @@ def test_weight_sync():
 
 
 @pytest.mark.filterwarnings("ignore")
-def test_weight_sync_delta():
+@pytest.mark.parametrize("backend", ["gloo", "checkpoint"])
+def test_weight_sync_delta(backend):
     out = run("weight_sync", "--delta", "--layers", "2", "--hidden", "64", "--vocab", "512", "--rounds", "2",
-              "--receivers", "1", "--lr", "1e-3", "--device", "cpu")
-    figures(rf"push seconds: delta {NUMBER}, dense {NUMBER}; delta / dense: {NUMBER}", out)
+              "--receivers", "1", "--lr", "1e-3", "--device", "cpu", "--backend", backend)
+    figures(rf"push seconds: delta {NUMBER}, dense {NUMBER}; all pushes' total, delta / dense: {NUMBER}; "
+            rf"delta / dense: {NUMBER}", out)
     doc = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
-    assert 0 < doc["changed_fraction"] < 1 and 0 < doc["sent_fraction"] <= 1 and doc["path"] == "gloo"
+    assert 0 < doc["changed_fraction"] < 1 and 0 < doc["sent_fraction"] <= 1 and doc["path"] == backend
 
 
 def test_trainer_throughput():

@@ -17,6 +17,9 @@ class Engine(Protocol):
     backend: its name in logs and /info.
     weight_sync: the spec.weightSync.backend values it can receive (a subset of ALL_SYNC; include
         "auto"). `receive_push` gets every path but checkpoint, `load_dir` the checkpoint path.
+    delta_files (optional, default False): True when `load_dir` also takes delta versions
+        (backend checkpoint with weightSync.delta: what changed since the weights it holds, read
+        with grpojob.sync.files.read_delta); other engines get every version whole.
 
     Instance state: `version` (policy version of the weights loaded now; 0 = the model on disk),
     `weights` (the weights id of grpojob.sync.protocol, DISK at start), `last_pause_seconds` (how long
@@ -63,7 +66,9 @@ class Engine(Protocol):
 
     def load_dir(self, path: str, version: int, weights: str) -> None:
         """Load a Hugging Face model directory (grpojob.sync.tensorfiles.iter_dir), then switch version;
-        with LoRA a version is a PEFT adapter directory (grpojob.sync.adapter.is_adapter_dir)."""
+        with LoRA a version is a PEFT adapter directory (grpojob.sync.adapter.is_adapter_dir). With
+        `delta_files`, a delta version (grpojob.sync.files.is_delta): apply it in place only when
+        its `base` is the engine's `weights` (else raise), then switch."""
         ...
 
     def errored(self) -> Optional[str]:

@@ -12,7 +12,7 @@ against tests/plugins/public_surface.json.
 - what hooks and callbacks receive: Prepared, TrainSeq, MicroBatch, LossTerms, StepRecord,
   EvalRecord; TrainerError refuses a spec;
 - `dist`: the collectives a custom trainer calls (grpojob.plugins.dist);
-- weights for an engine: WeightReceiver, read_dir, INITIAL_WEIGHTS (grpojob.plugins.weights);
+- weights for an engine: WeightReceiver, read_dir, read_delta, is_delta, INITIAL_WEIGHTS (grpojob.plugins.weights);
 - the job's rewards inside a workflow (RewardScorer); the built-in datasets and rewards by name.
 
 Each name is imported when first used, as `from grpojob import GRPOTrainer` is: a reward function
@@ -59,6 +59,8 @@ _EXPORTS = {
     "WeightReceiver": "grpojob.plugins.weights",
     "WeightSyncError": "grpojob.plugins.weights",
     "read_dir": "grpojob.plugins.weights",
+    "read_delta": "grpojob.plugins.weights",
+    "is_delta": "grpojob.plugins.weights",
     "INITIAL_WEIGHTS": "grpojob.plugins.weights",
     "builtin_dataset": "grpojob.plugins.builtins",
     "builtin_reward": "grpojob.plugins.builtins",
@@ -99,6 +101,6 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors (the lazy
     from grpojob.learner.trainer import GRPOTrainer
     from grpojob.plugins import dist
     from grpojob.plugins.builtins import TOY_CATEGORIES, builtin_dataset, builtin_reward
-    from grpojob.plugins.weights import INITIAL_WEIGHTS, WeightReceiver, WeightSyncError, read_dir
+    from grpojob.plugins.weights import INITIAL_WEIGHTS, WeightReceiver, WeightSyncError, is_delta, read_delta, read_dir
     from grpojob.rewards import RewardScorer
     from grpojob.rollout.hf_engine import HFEngine

@@ -11,6 +11,11 @@ The contract (the Engine protocol's weight half, docs/plugins.md#rollout-engines
   is whole and raises WeightSyncError (a RuntimeError naming the trainer and the path) when it is
   not; the engine must then keep its old weights and version.
 - `read_dir(path)` gives the same pairs from a model directory (the engine's `load_dir`).
+- An engine class that declares `delta_files = True` also gets delta versions in `load_dir` (backend
+  checkpoint with weightSync.delta): `is_delta(path)` tells them apart, `read_delta(path)` gives
+  `.base` (the weights id they apply to: raise unless it is the engine's `weights`), `.changes`
+  ({name: (flat positions, new values)} for each tensor that changed, None for one in `.whole`)
+  and `.whole` ({name: tensor}); tensors not named did not change.
 - `INITIAL_WEIGHTS` is the `weights` id of the model on disk, an engine's value before any push.
 
 The sync internals (grpojob.sync: routes, buckets, key spaces) may change in any release; this
@@ -23,18 +28,28 @@ from typing import Iterator, Optional
 
 import torch
 
-from grpojob.sync import placement, tensorfiles
+from grpojob.sync import files, placement, tensorfiles
 from grpojob.sync.protocol import DISK, WeightSyncError
 from grpojob.sync.receiver import PushReceiver
 
 INITIAL_WEIGHTS = DISK
 
-__all__ = ["INITIAL_WEIGHTS", "WeightReceiver", "WeightSyncError", "read_dir"]
+__all__ = ["INITIAL_WEIGHTS", "WeightReceiver", "WeightSyncError", "is_delta", "read_delta", "read_dir"]
 
 
 def read_dir(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) of every *.safetensors tensor in a model directory, one at a time."""
     return tensorfiles.iter_dir(path)
+
+
+def is_delta(path: str | os.PathLike) -> bool:
+    """Whether a directory `load_dir` got is a delta version (only for engines declaring delta_files)."""
+    return files.is_delta(path)
+
+
+def read_delta(path: str | os.PathLike) -> files.Delta:
+    """A delta version: `.base`, `.changes`, `.whole` (see the module doc)."""
+    return files.read_delta(path)
 
 
 class WeightReceiver:

@@ -61,6 +61,8 @@ def check_class(cls) -> Optional[str]:
         return f"must declare weight_sync, a tuple of the weightSync.backend values it receives ({', '.join(ALL_SYNC)})"
     if not isinstance(getattr(cls, "backend", None), str):
         return "must declare backend, its name (a str class attribute)"
+    if not isinstance(getattr(cls, "delta_files", False), bool):
+        return "declares delta_files, which must be True (its load_dir applies delta versions) or False"
     if sleeps(cls) and not all(inspect.iscoroutinefunction(getattr(cls, m, None)) for m in ("sleep", "wake")):
         return "declares sleep_mode, and must define sleep and wake with `async def`"
     return None
@@ -69,6 +71,12 @@ def check_class(cls) -> Optional[str]:
 def sleeps(cls) -> bool:
     """The engine class declares sleep mode (`sleep_mode = True`): it can be colocated."""
     return getattr(cls, "sleep_mode", False) is True
+
+
+def applies_file_deltas(cls) -> bool:
+    """The engine class declares `delta_files = True`: its `load_dir` also applies delta versions
+    (backend checkpoint with weightSync.delta: grpojob.sync.files.read_delta)."""
+    return getattr(cls, "delta_files", False) is True
 
 
 def engine_class(backend: str):

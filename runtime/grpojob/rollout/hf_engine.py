@@ -39,15 +39,13 @@ import torch
 
 from grpojob import devices
 from grpojob.api.spec import GRPOJobSpec
-from grpojob.sync import adapter as lora
-from grpojob.sync import buckets as bk
-from grpojob.sync import placement, tensorfiles
+from grpojob.sync import adapter as lora, buckets as bk, files, placement, tensorfiles
 from grpojob.sync.placement import Endpoint
 from grpojob.sync.protocol import DISK
 from grpojob.sync.receiver import PushReceiver
 from grpojob.rollout.engine import torch_dtype_name
 from grpojob.rollout.hf_generate import Decoder, Row, noise_keys, request_rows
-from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, settle, write
+from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, delta_swap, settle, write
 from grpojob.contracts.rollout import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
@@ -56,6 +54,7 @@ log = logging.getLogger("grpojob.rollout")
 class HFEngine:
     backend = "hf"
     sleep_mode = True  # sleep/wake (grpojob.rollout.engine.Engine): spec.placement colocated
+    delta_files = True  # load_dir applies delta versions in place (backend checkpoint, weightSync.delta)
     last_pause_seconds: Optional[float] = None  # generation stopped by the last weight load
 
     def __init__(self, spec: GRPOJobSpec, *, device: Optional[str] = None, max_batch: int = 256):
@@ -335,6 +334,8 @@ class HFEngine:
         if lora.is_adapter_dir(path):  # backend checkpoint with LoRA: a PEFT adapter directory
             config, named = lora.read(path)
             self.load_adapter(named, config, version, weights)
+        elif files.is_delta(path):  # what changed since the weights it holds: written in place
+            self._apply(*delta_swap(path, self._params, self.weights, version), version, weights)
         else:
             self.load(tensorfiles.iter_dir(path), version, weights)
 
@@ -351,20 +352,19 @@ class HFEngine:
         swapped = lora.merged(self._base, adapted, config)
         touched = {n for n, _ in swapped}
         swapped += [(n, w) for n, w in self._base.items() if n not in touched]
-        self._apply(swapped, version, weights)
+        self._apply(swapped, None, version, weights)
 
     def load(self, named: Iterable[tuple[str, torch.Tensor]], version: int, weights: str) -> None:
         """Swap in named tensors and switch the version at a decode-step boundary; returns once
         generation uses them (see the module docstring for what happens to requests in flight)."""
         self._load(named, version, weights)
 
-    def _load(self, named, version: int, weights: str, changes: Optional[dict] = None) -> None:
-        """`changes`: what changed since the weights the engine holds (hf_requests.write)."""
+    def _load(self, named, version: int, weights: str, changes: Optional[dict] = None) -> None:  # changes: see write
         named = list(named)
         check_swap(named, self._params, self._required, version, self.spec.model.path)
-        self._apply(named, version, weights, changes)
+        self._apply(named, changes, version, weights)
 
-    def _apply(self, named: list, version: int, weights: str, changes: Optional[dict] = None) -> None:
+    def _apply(self, named: list, changes: Optional[dict], version: int, weights: str) -> None:
         swap = Swap(named, version, weights, changes=changes)
         with self._cond:
             if self._error:

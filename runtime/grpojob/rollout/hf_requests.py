@@ -48,13 +48,16 @@ def write(params: dict, swap: Swap) -> int:
     whole, written = dict(swap.named), 0
     for name, change in swap.changes.items():
         p = params[name]
-        if change is None or not p.is_contiguous():
+        if change is None or (not p.is_contiguous() and name in whole):
             p.copy_(whole[name])
             written += p.numel()
-        else:
-            pos, val = change
-            p.view(-1).index_copy_(0, pos.to(p.device), val.to(p.device, p.dtype))
-            written += len(pos)
+            continue
+        pos, val = change
+        flat = p.view(-1) if p.is_contiguous() else p.reshape(-1)  # reshape: a copy, written back below
+        flat.index_copy_(0, pos.to(p.device), val.to(p.device, p.dtype))
+        if not p.is_contiguous():
+            p.copy_(flat.view(p.shape))
+        written += len(pos)
     return written
 
 
@@ -83,3 +86,24 @@ def check_swap(named: list, params: dict, required: set, version: int, model: st
         if tuple(t.shape) != tuple(params[n].shape):
             raise ValueError(f"tensor {n}: shape {tuple(t.shape)} does not match the model's "
                              f"{tuple(params[n].shape)}")
+
+
+def delta_swap(path: str, params: dict, held: str, version: int) -> tuple[list, dict]:
+    """A delta version's whole tensors and changes (grpojob.sync.files.read_delta), checked against
+    the weights the engine holds (`held`: its weights id) and the model: ValueError unless it is
+    taken against them, names known tensors, whole ones in their shapes, positions inside them."""
+    from grpojob.sync import files
+
+    delta = files.read_delta(path)
+    if delta.base != held:
+        raise ValueError(f"{path} is a delta against weights {delta.base}; the engine holds {held}")
+    unknown = [n for n in delta.changes if n not in params]
+    if unknown:
+        raise ValueError(f"weights version {version}: the delta names tensors the model lacks: {unknown[:5]}")
+    for n, change in delta.changes.items():
+        if change is None:
+            check_swap([(n, delta.whole[n])], {n: params[n]}, set(), version, "")
+        elif len(change[0]) and not 0 <= int(change[0].min()) <= int(change[0].max()) < params[n].numel():
+            raise ValueError(f"weights version {version}: the delta's positions of {n} lie outside its "
+                             f"{params[n].numel()} values")
+    return list(delta.whole.items()), delta.changes

@@ -129,7 +129,8 @@ async def _run(server: Server, stop: asyncio.Event, *, sync_addr: Optional[str],
     server.started = True
     if sync_addr:
         server.agent = SyncAgent(engine, sync_addr, replica=replica, url=url, model_dir=server.model_path,
-                                 checkpoint_dir=checkpoint_dir, token=server.auth.token).start()
+                                 checkpoint_dir=checkpoint_dir, token=server.auth.token,
+                                 delta_files=engines.applies_file_deltas(type(engine))).start()
     log.info("rollout server %s: engine up (policy version %d)", replica, engine.version)
     while not stop.is_set():
         dead = server.broken()

@@ -41,8 +41,10 @@ HOT_POLL_SECONDS = {"cuda": 0.0005, "cpu": 0.005}
 class SyncAgent:
     def __init__(self, sink: WeightSink, store_addr: str, *, token: str, replica: str, url: str, model_dir: str,
                  checkpoint_dir: Optional[str] = None, heartbeat_seconds: float = 1.0,
-                 connect_timeout: float = 10.0):
-        """`token`: the job's token (grpojob.auth), proven to the publisher at registration."""
+                 connect_timeout: float = 10.0, delta_files: bool = False):
+        """`token`: the job's token (grpojob.auth), proven to the publisher at registration;
+        `delta_files`: the sink's `load_dir` also applies delta versions (`files.read_delta`) onto
+        the weights it holds (backend checkpoint with weightSync.delta)."""
         if not token:
             raise ValueError("SyncAgent needs the job's token (grpojob.auth)")
         self.sink = sink
@@ -52,6 +54,7 @@ class SyncAgent:
         self.url = url
         self.model_dir = model_dir
         self.checkpoint_dir = checkpoint_dir
+        self.delta_files = delta_files
         self.heartbeat_seconds = heartbeat_seconds
         self.connect_timeout = connect_timeout
         self.held: tuple[int, str] = (0, DISK)  # the engine starts from the model directory
@@ -150,7 +153,7 @@ class SyncAgent:
         endpoints = [e.to_json() for e in self.sink.endpoints()]
         shared = placement.shares_memory(self._sealed(store, creds, creds.key("probe")))
         doc = {"instance": self.instance, "replica": self.replica, "url": self.url, "endpoints": endpoints,
-               "shares_memory": shared, "version": version, "weights": weights}
+               "shares_memory": shared, "version": version, "weights": weights, "delta_files": self.delta_files}
         doc["proof"] = creds.prove(doc)
         i = store.add(door("reg", "n"), 1)
         set_json(store, door("reg", i), doc)
@@ -227,6 +230,11 @@ class SyncAgent:
                                         "layout": self._layout(store, creds, lid)}, self.addr, self.instance)
             else:
                 path = self.model_dir if cmd["path"] is None else self._checkpoint_path(cmd["path"])
+                base = cmd.get("base")  # a delta version: only onto the weights it was taken against
+                if base is not None and base != self.held[1]:
+                    ack["wrong_base"] = True  # the publisher sends the version whole at once
+                    raise WeightSyncError(f"weights version {cmd['version']} on disk is a delta against {base}, "
+                                          f"but this server holds {self.held[1]}")
                 self.sink.load_dir(path, cmd["version"], cmd["weights"])
             self.held = (cmd["version"], cmd["weights"])
             # The publisher makes a version current once it has delivered it (to whoever survived),

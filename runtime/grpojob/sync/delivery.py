@@ -22,6 +22,9 @@ delivery get a delta against it instead: every bucket is packed and compared wit
 (so a collective path sends once the sizes are known), then the changed positions and values of
 each bucket that changed little go, the rest whole; the other targets get the version whole.
 
+Backend checkpoint writes each version as files (`filepush`): whole, or with delta pushes a
+delta directory for the servers whose engines hold the previous version and can apply one.
+
 The buckets stay after the push: a server that registers later is brought to the same version
 from them (filling another medium from a filled one when its path needs it). Cost: one copy of the
 weights per medium in use (GPU memory for nccl/cuda-ipc, host memory for gloo, /dev/shm for shm).
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from typing import Callable, Optional
 
 import torch
@@ -39,22 +41,21 @@ from torch.distributed import DistError, TCPStore
 from grpojob.api.spec import WeightSyncSpec
 from grpojob.sync import buckets as bk
 from grpojob.sync import delta as dl
-from grpojob.sync import files
+from grpojob.sync import filepush
 from grpojob.sync import group as grp
 from grpojob.sync import handoff
 from grpojob.sync import inband
 from grpojob.sync.membership import Member, Membership
 from grpojob.sync.placement import COLLECTIVES, SHM_DIR
-from grpojob.sync.credentials import Credentials, Forged
+from grpojob.sync.credentials import Credentials
 from grpojob.sync.protocol import Deadline, WeightSyncError, short_error
-from grpojob.sync.retained import Base, Outcome, Retained  # noqa: F401 - also imported from here
+from grpojob.sync.retained import Base, Outcome, Retained, home  # noqa: F401 - also imported from here
 from grpojob.sync.stream import TensorStream
+from grpojob.sync.waits import Waits
 
 log = logging.getLogger("grpojob.sync")
 
 MAX_ATTEMPTS = 3
-ACK_POLL_SECONDS = 0.00025  # only while a command waits for its acknowledgements (part of a push's fixed cost)
-NACK_POLL_SECONDS = 0.05  # a store round trip: not on every 10 ms poll of a transfer
 MEDIUM = {"nccl": "device", "cuda-ipc": "device", "gloo": "host", "shm": "shm"}
 HANDOFF = ("cuda-ipc", "shm")
 
@@ -63,16 +64,18 @@ class Delivery:
     def __init__(self, store: TCPStore, creds: Credentials, device: torch.device, sync: WeightSyncSpec,
                  members: Membership, checkpoint_dir: Optional[str]):
         self.store, self.creds, self.device, self.members = store, creds, device, members
+        self.waits = Waits(store, creds, members)
         self.run = creds.run
         self.timeout = float(sync.timeout_seconds)
         self.bucket_bytes = int(sync.bucket_size_mb * 2**20)
         self.checkpoint_dir = checkpoint_dir if sync.backend == "checkpoint" else None
-        self.delta = sync.delta and not self.checkpoint_dir
+        self.delta = sync.delta
         self.last_delta: Optional[dict] = None  # the last push's delta figures (publisher stats)
         # instance -> weights its receivers got whole from this delivery: a delta goes only where
         # a push of ours put the base (not a registration's word: a re-registered server has new buffers)
         self._holds: dict[str, str] = {}
         self._probe = False
+        self._rested = 0  # backend checkpoint: versions written from the stream since the last delta try
         self._plan: tuple = (None, None)  # (state-dict signature, its layout)
         self.retained: Optional[Retained] = None
         self._groups: dict[str, tuple[str, tuple, object]] = {}  # path -> (id, endpoints, group)
@@ -95,22 +98,24 @@ class Delivery:
                 r.close()
             r = self.retained = Retained(layout)
         r.version, r.weights, r.filled, r.adapter, r.base = version, wid, set(), stream.adapter, base
+        r.path = None
         # The buffers of every medium stay while the layout does: a cuda-ipc receiver maps them
         # once (handoff.CudaReader) and copies out of them at each push.
-        if self.checkpoint_dir:
-            r.path = files.save(self.checkpoint_dir, version, stream)
         return r
 
     def keep(self, stream: TensorStream) -> None:
-        """Pack the retained version for servers that come later (the trainer's device keeps it)."""
-        if not self.checkpoint_dir and not stream.exhausted:
-            self._packer(["device" if self.device.type == "cuda" else "host"], stream).finish()
+        """Keep the retained version for servers that come later (the trainer's device keeps it;
+        backend checkpoint: written whole)."""
+        if self.checkpoint_dir:
+            filepush.whole(self.checkpoint_dir, self.retained, stream)
+        elif not stream.exhausted:
+            self._packer([home(self.device)], stream).finish()
 
     def close(self) -> None:
         self._groups.clear()
         if self.retained:
             self.retained.close()
-        self.store = None  # the publisher's store shuts down with its last reference
+        self.store = self.waits.store = None  # the publisher's store shuts down with its last reference
 
     # ---- commands ---------------------------------------------------------------------------------
     def push(self, targets: list[Member], stream: Optional[TensorStream], *, main: bool) -> Outcome:
@@ -119,36 +124,55 @@ class Delivery:
         stream is exhausted when this returns (every bucket packed, whatever the targets did)."""
         r = self.retained
         assert r is not None
-        if self.checkpoint_dir:
-            return self._attempts(targets, r, lambda seq, ts: self._load_cmd(seq, ts, r.version, r.weights, r.path))
+        on_disk = self.checkpoint_dir is not None
         packer, self.last_delta = None, None
-        based = [m for m in targets if r.base and self._holds.get(m.instance) == r.base.weights == m.weights]
+        # backend checkpoint: a delta only to engines that declared they apply one from files
+        based = [m for m in targets if r.base and self._holds.get(m.instance) == r.base.weights == m.weights
+                 and (m.reg.delta_files or not on_disk)]
+        pack = stream is not None and not stream.exhausted
+        if on_disk:
+            pack = pack and filepush.packs(self.delta, r, targets) and not self._resting()
         probe = self._probe  # the last delta push found no bucket worth it: send whole, streamed
-        if stream is not None and not stream.exhausted:
-            media = sorted({MEDIUM[p] for m in targets for p in m.routes})
+        if pack:
+            media = [home(self.device)] if on_disk else sorted({MEDIUM[p] for m in targets for p in m.routes})
             packer = self._delta_packer(media, stream, probe) if based else self._packer(media, stream)
+            if on_disk:
+                packer.finish()  # the files are written from the packed buckets
         if based and packer is not None and not probe:  # a delta to the servers holding the base, the rest whole
             tries: list[int] = []
 
             def send(seq, ts):  # a retry goes dense: a survivor may already hold what the failed one sent
                 tries.append(seq)
-                return self._push_cmd(seq, ts, packer, main, delta=len(tries) == 1)
+                return self._command(seq, ts, stream, packer, main, delta=len(tries) == 1)
             out = self._attempts(based, r, send)
             rest = [m for m in targets if m not in based]
-            more = self._attempts(rest, r, lambda seq, ts: self._push_cmd(seq, ts, None, False)) if rest else None
+            more = self._attempts(rest, r, lambda seq, ts: self._command(seq, ts, stream, None, False)) if rest else None
             if more:
                 out = Outcome(out.ok + more.ok, out.dropped + more.dropped,
                               max((p for p in (out.paused_seconds, more.paused_seconds) if p is not None), default=None))
         else:
-            out = self._attempts(targets, r, lambda seq, ts: self._push_cmd(seq, ts, packer, main))
+            out = self._attempts(targets, r, lambda seq, ts: self._command(seq, ts, stream, packer, main))
         if packer is not None:
             packer.finish()  # every target dropped before packing began: still keep it for later servers
+        elif on_disk and stream is not None and not stream.exhausted:
+            filepush.whole(self.checkpoint_dir, r, stream)
         if isinstance(packer, dl.DeltaPacker):
             self._probe, r.last_counts = not packer.worth_it, packer.counts
         if main:
             self._holds = {m.instance: w for m in targets if (w := self._holds.get(m.instance))}
         self._holds.update((m.instance, r.weights) for m in out.ok)
         return out
+
+    def _resting(self) -> bool:
+        """Backend checkpoint, after a push found no bucket worth a delta: write the next versions
+        from the stream, and keep every `filepush.REST + 1`-th (the one after it tries a delta)."""
+        if not self._probe:
+            return False
+        self._rested += 1
+        if self._rested <= filepush.REST:
+            return True
+        self._rested, self._probe = 0, False
+        return False
 
     def load(self, targets: list[Member], version: int, wid: str, path: Optional[str]) -> Outcome:
         """Have `targets` load `path` (relative to the checkpoint dir; None: the model directory)."""
@@ -166,7 +190,7 @@ class Delivery:
                 acks = send(seq, targets)
             except WeightSyncError as e:
                 self.store.set(self.creds.key("cancel", seq), str(e))
-                alive, lost = self._triage(seq, targets, e)
+                alive, lost = self.waits.triage(seq, targets, e)
                 for m, why in lost:
                     log.error("weights version %d: %s %s; removing it from the group", r.version, m, why)
                     self.members.drop(m, why)
@@ -201,6 +225,13 @@ class Delivery:
             self.members.drop(m, f"could not be brought to version {r.version} in {MAX_ATTEMPTS} attempts")
             dropped.append(m)
         return Outcome([], dropped)
+
+    def _command(self, seq: int, targets: list[Member], stream: Optional[TensorStream], packer: Optional[bk.Packer],
+                 main: bool, delta: bool = False) -> dict:
+        """A push, or with backend checkpoint a load of the version's files; returns the acknowledgements."""
+        if self.checkpoint_dir:
+            return self._file_cmd(seq, targets, stream, packer if delta else None)
+        return self._push_cmd(seq, targets, packer, main, delta)
 
     def _push_cmd(self, seq: int, targets: list[Member], packer: Optional[bk.Packer], main: bool,
                   delta: bool = False) -> dict:
@@ -260,7 +291,7 @@ class Delivery:
         try:
             transfers = []
             for p, (gid, eps, pg) in plans.items():
-                poll = self._liveness(targets, nack=self.creds.key("nack", seq, p))
+                poll = self.waits.liveness(targets, nack=self.creds.key("nack", seq, p))
                 if pg is None:
                     pg = self._form(p, cmd["groups"][p], targets, poll, deadline, what)
                 used.append((p, pg))
@@ -278,7 +309,7 @@ class Delivery:
                 self.last_delta = dl.figures(r.layout, packer.counts if delta else None, inline)
             for p, poll, t in transfers:
                 t.wait(poll, deadline, f"{what} over {p}")
-            return self._acks(seq, targets, self._liveness(targets), deadline, what)
+            return self.waits.acks(seq, targets, self.waits.liveness(targets), deadline, what)
         except WeightSyncError:
             for p, pg in used:
                 grp.abandon(pg, self.timeout)
@@ -297,19 +328,41 @@ class Delivery:
         owner = {self.creds.key("join", g["id"], rank): by_instance[inst]
                  for inst, ranks in g["ranks"].items() for rank in ranks if rank is not None}
         what = f"{what}: forming the {path} group {g['id']}"
-        self._wait_keys(list(owner), poll, deadline, what, lambda k: owner[k])
+        self.waits.keys(list(owner), poll, deadline, what, lambda k: owner[k])
         self.store.set(self.creds.key("join", g["id"], 0), "1")
         try:
             return grp.new_group(self.store, self.creds.space, g["id"], 0, g["world"], path, deadline.left)
         except DistError as e:
             raise WeightSyncError(f"{what}: {short_error(e)}") from e
 
-    def _load_cmd(self, seq: int, targets: list[Member], version: int, wid: str, path: Optional[str]) -> dict:
+    def _file_cmd(self, seq: int, targets: list[Member], stream: Optional[TensorStream],
+                  packer: Optional[dl.DeltaPacker]) -> dict:
+        """Backend checkpoint: `targets` load the retained version from files; with `packer`, its
+        delta against the base they hold, and whoever turns out to hold another (`wrong_base`) the
+        whole version at once."""
+        r, root = self.retained, self.checkpoint_dir
+        if packer is None or all(n is None for n in packer.counts):  # nothing worth a delta: whole, for all
+            path = filepush.whole(root, r, stream)
+            if self.delta and self.last_delta is None:
+                self.last_delta = dl.figures(r.layout, None)
+            return self._load_cmd(seq, targets, r.version, r.weights, path)
+        path, _ = filepush.delta(root, r, packer)
+        self.last_delta = dl.figures(r.layout, packer.counts)
+        acks = self._load_cmd(seq, targets, r.version, r.weights, path, base=r.base.weights)
+        redo = [m for m in targets if acks[m.instance].get("wrong_base")]
+        if redo:
+            again = self.store.add(self.creds.key("cmd", "n"), 1)
+            acks.update(self._load_cmd(again, redo, r.version, r.weights, filepush.whole(root, r, stream)))
+        return acks
+
+    def _load_cmd(self, seq: int, targets: list[Member], version: int, wid: str, path: Optional[str],
+                  base: Optional[str] = None) -> dict:
+        """`base`: `path` is a delta version against the weights id `base` (`files.save_delta`)."""
         self.creds.set_json(self.store, self.creds.key("cmd", seq), {
             "seq": seq, "kind": "load", "version": version, "weights": wid, "path": path,
-            "targets": [m.instance for m in targets]})
+            "targets": [m.instance for m in targets], **({"base": base} if base else {})})
         what = f"loading weights version {version} ({path or 'the model directory'})"
-        return self._acks(seq, targets, self._liveness(targets), Deadline(self.timeout), what)
+        return self.waits.acks(seq, targets, self.waits.liveness(targets), Deadline(self.timeout), what)
 
     # ---- media ------------------------------------------------------------------------------------
     def _buffers(self, medium: str, arena: bool = False) -> list[torch.Tensor]:
@@ -328,73 +381,8 @@ class Delivery:
         packed = sorted(set(media) | {base})
         return dl.DeltaPacker(r.layout, stream, {m: self._buffers(m) for m in packed}, base=base,
                               based=set(r.base.media), arenas={m: self._buffers(m, arena=True) for m in media},
-                              probe=probe, on_done=lambda: r.filled.update(packed))
+                              probe=probe, on_done=lambda: r.filled.update(packed),
+                              sample_first=r.last_counts is None or None in r.last_counts)
 
     def _copy_into(self, medium: str) -> None:
         self.retained.copy_into(medium, self._buffers(medium), self.device)
-
-    # ---- waiting ----------------------------------------------------------------------------------
-    def _acks(self, seq, targets, poll, deadline, what) -> dict[str, dict]:
-        keys = {self.creds.key("ack", seq, m.instance): m for m in targets}
-        self._wait_keys(list(keys), poll, deadline, f"{what}: waiting for acknowledgements", lambda k: keys[k])
-        return {m.instance: self._ack(k) for k, m in keys.items()}
-
-    def _ack(self, k: str) -> dict:
-        """An acknowledgement; one the job's token did not seal counts as a failure to load."""
-        try:
-            return self.creds.get_json(self.store, k)
-        except Forged as e:
-            log.error("weight sync: %s (ignored)", e)
-            return {"ok": False, "error": "its acknowledgement was not sealed with the job's token"}
-
-    def _wait_keys(self, keys, poll, deadline, what, owner) -> None:
-        """Wait until every key is set. Polls often (the push's own latency), checking all keys
-        in one round trip; liveness and the deadline are checked every 50 ms."""
-        pending = list(keys)
-        checked = time.monotonic()
-        while pending and not self.store.check(pending):
-            time.sleep(ACK_POLL_SECONDS)
-            if time.monotonic() - checked < 0.05:
-                continue
-            checked = time.monotonic()
-            pending = [k for k in pending if not self.store.check([k])]
-            reason = poll()
-            if reason:
-                raise WeightSyncError(f"{what}: {reason}")
-            if deadline.expired and pending:
-                late = ", ".join(sorted({str(owner(k)) for k in pending}))
-                raise WeightSyncError(f"{what}: no answer within {deadline.seconds:.0f} s from {late}")
-
-    def _liveness(self, targets: list[Member], nack: Optional[str] = None):
-        """A poll: the first target that died, or (for one path's transfer) one that failed to receive."""
-        by_instance = {m.instance: m for m in targets}
-        checked = [0.0]
-
-        def poll() -> Optional[str]:
-            for m in targets:
-                if m.dead:
-                    return f"{m} {m.dead}"
-            if not nack or time.monotonic() - checked[0] < NACK_POLL_SECONDS:
-                return None
-            checked[0] = time.monotonic()
-            if self.store.check([nack]):
-                instance, _, error = self.store.get(nack).decode().partition("\n")
-                return f"{by_instance.get(instance, instance)} failed to receive: {error}"
-            return None
-        return poll
-
-    def _triage(self, seq: int, targets: list[Member], error: WeightSyncError):
-        """After a failed command: who is alive (answers the cancelled command) and who is lost."""
-        deadline = Deadline(self.members.heartbeat_timeout + 2)
-        pending = {m.instance: m for m in targets}
-        alive = []
-        while pending and not deadline.expired:
-            for inst, m in list(pending.items()):
-                if m.dead:
-                    pending.pop(inst)
-                elif self.store.check([self.creds.key("ack", seq, inst)]):
-                    alive.append(pending.pop(inst))
-            time.sleep(grp.POLL_SECONDS)
-        lost = [(m, m.dead or f"did not answer after the failure ({error})")
-                for m in targets if m not in alive]
-        return alive, lost

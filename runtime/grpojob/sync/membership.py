@@ -55,6 +55,7 @@ class Registration:
     shares_memory: bool
     version: int
     weights: str
+    delta_files: bool = False  # its engine applies delta versions from files (backend checkpoint: `filepush`)
     signed: dict = field(repr=False, compare=False, default_factory=dict)  # what the proof covers
     proof: Optional[str] = field(repr=False, compare=False, default=None)
 
@@ -69,7 +70,7 @@ class Registration:
             signed = {k: v for k, v in doc.items() if k != "proof"}
             return cls(str(doc["instance"]), str(doc["replica"]), str(doc["url"]), endpoints,
                        bool(doc.get("shares_memory")), int(doc["version"]), str(doc["weights"]),
-                       signed, doc.get("proof"))
+                       doc.get("delta_files") is True, signed, doc.get("proof"))
         except (KeyError, TypeError, ValueError) as e:
             raise Refused(f"malformed registration ({type(e).__name__}: {e}); is this rollout server "
                           f"the trainer's grpojob version?") from e

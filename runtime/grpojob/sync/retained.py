@@ -22,6 +22,12 @@ from grpojob.sync.membership import Member
 from grpojob.sync.protocol import WeightSyncError
 
 
+def home(device: torch.device) -> str:
+    """The medium a version is kept in for servers that come later (and, with backend checkpoint,
+    compared with the next one in): the trainer's device."""
+    return "device" if device.type == "cuda" else "host"
+
+
 @dataclass(frozen=True)
 class Base:
     """The previous push a delta is taken against: its weights id and the media that hold it whole."""

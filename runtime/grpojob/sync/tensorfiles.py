@@ -13,6 +13,10 @@ import torch
 
 from grpojob.sync.stream import TensorStream
 
+# A delta version of the checkpoint backend (grpojob.sync.files): what changed since a base version,
+# which only an engine holding that base can apply; `iter_dir` refuses it.
+DELTA_FILE = "delta.safetensors"
+
 
 # safetensors' dtype names (https://huggingface.co/docs/safetensors/index#format)
 _ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -49,6 +53,9 @@ def iter_dir(path: str | os.PathLike) -> Iterator[tuple[str, torch.Tensor]]:
     """Every tensor of the *.safetensors files in a directory (a model dir or a pushed version)."""
     from safetensors import safe_open
 
+    if (Path(path) / DELTA_FILE).exists():
+        raise ValueError(f"{path} is a delta version (changes against a version the engine holds), not a whole "
+                         f"model: only an engine that declares delta_files loads it (grpojob.sync.files.read_delta)")
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no *.safetensors files in {path}")
