@@ -94,3 +94,32 @@ def test_twenty_delta_pushes_over_cuda_ipc_leave_the_receiver_bit_identical(tmp_
             assert kinds == {"delta", "dense"}
         finally:
             reap(peer)
+
+
+@pytest.mark.gpu
+def test_delta_versions_on_files_from_a_gpu_trainer_leave_the_server_bit_identical(tmp_path):
+    """Backend checkpoint from a trainer on CUDA: the version is kept and compared on the device
+    (the device's way of sync.delta), the delta files written from there; a server that declares
+    delta_files holds the trainer's serving view bit for bit after every version."""
+    from grpojob.sync.agent import SyncAgent
+
+    from ..sync.peer import SHAPES
+    from ..sync.sinks import DeltaFileSink
+    from ..sync.test_delta import Trainer, bitwise_equal
+
+    trainer, sink = Trainer(6), DeltaFileSink(SHAPES)
+    ckpt = SYNC.model_copy(update={"backend": "checkpoint"})
+    with WeightPublisher(ckpt, host="127.0.0.1", port=0, device="cuda:0", heartbeat_timeout=10, token=TOKEN,
+                         checkpoint_dir=str(tmp_path)) as pub:
+        agent = SyncAgent(sink, f"127.0.0.1:{pub.port}", token=TOKEN, replica="files", url="http://files:1",
+                          model_dir="x", checkpoint_dir=str(tmp_path), heartbeat_seconds=0.2, delta_files=True).start()
+        try:
+            wait_for(lambda: pub.rollout_addresses(), 60, "the server to register")
+            for version in range(1, 11):
+                trainer.step(1e-4)
+                view = trainer.serving()
+                pub.push({n: t.cuda() for n, t in view.items()}.items(), version=version)
+                assert bitwise_equal(sink, view), f"version {version}"
+            assert sink.kinds[0] == "whole" and set(sink.kinds[1:]) == {"delta"}
+        finally:
+            agent.stop()
