@@ -178,10 +178,10 @@ def test_vllm_gets_every_checkpoint_version_whole(vllm_server, tied_tokenizer):
     ckpt = sync.model_copy(update={"backend": "checkpoint"})
     pub = vllm_server["pub"] = WeightPublisher(ckpt, host="127.0.0.1", port=port, device="cpu", heartbeat_timeout=10,
                                                token=TOKEN, checkpoint_dir=str(shared))
-    try:
-        srv.wait_ready(timeout=60)
+    try:  # the server registers with the new trainer (and reloads version 0 if it held another)
+        wait_for(lambda: pub.rollout_addresses(), 120, "the server in sync with the new trainer", proc=srv.proc)
         model = perturb(load_model(vllm_server["model_dir"]), seed=41, scale=1.0)
-        pub.push(model.state_dict().items(), version=41)
+        assert pub.push(model.state_dict().items(), version=41)["servers"] == 1
         with torch.no_grad():
             model.model.norm.weight.neg_()
         stats = pub.push(model.state_dict().items(), version=42)
@@ -190,9 +190,9 @@ def test_vllm_gets_every_checkpoint_version_whole(vllm_server, tied_tokenizer):
         _check_greedy(srv, model, tied_tokenizer, version=42)
     finally:  # the module's other tests push over the default path again
         pub.close()
-        vllm_server["pub"] = WeightPublisher(sync, host="127.0.0.1", port=port, device="cpu", heartbeat_timeout=10,
-                                             token=TOKEN)
-        srv.wait_ready(timeout=60)
+        pub = vllm_server["pub"] = WeightPublisher(sync, host="127.0.0.1", port=port, device="cpu",
+                                                   heartbeat_timeout=10, token=TOKEN)
+        wait_for(lambda: pub.rollout_addresses(), 120, "the server back on the default path", proc=srv.proc)
 
 
 # ---- a push that lands while a request is being generated --------------------------------------------
