@@ -174,6 +174,18 @@ def test_metrics_report_generation_and_version(synced):
     assert values["grpojob_rollout_last_sync_seconds"] > 0
 
 
+def _greedy_as_the_trainer(srv, trainer, tokenizer, version: int) -> list[list[int]]:
+    """The server's greedy completion of each prompt, checked equal to the trainer's and tagged `version`."""
+    outs = []
+    for text in PROMPTS:
+        p = tokenizer.encode(text)
+        out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
+        assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, MAX_TOKENS)[0]
+        assert out["policy_version"] == version
+        outs.append(out["completions"][0]["completion_ids"])
+    return outs
+
+
 def test_checkpoint_backend_serves_the_pushed_weights(tmp_path, tiny_dir, tokenizer):
     """weightSync.backend checkpoint: the weights go through a shared directory, not a collective."""
     job = make_job(tiny_dir, weightSync={"backend": "checkpoint"})
@@ -188,13 +200,7 @@ def test_checkpoint_backend_serves_the_pushed_weights(tmp_path, tiny_dir, tokeni
         stats = pub.push(trainer.state_dict().items(), version=1)
         assert stats["servers"] == 1 and stats["backend"] == "checkpoint"
         assert (shared / "rollout-weights" / "v000000001" / "model.safetensors").exists()
-        before = []
-        for text in PROMPTS:
-            p = tokenizer.encode(text)
-            out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
-            assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, MAX_TOKENS)[0]
-            assert out["policy_version"] == 1
-            before.append(out["completions"][0]["completion_ids"])
+        before = _greedy_as_the_trainer(srv, trainer, tokenizer, version=1)
         # One tensor changes (the final norm, negated: every logit flips): the hf engine declares
         # delta_files, so version 2 is written as a delta of that tensor alone and applied in place.
         with torch.no_grad():
@@ -203,13 +209,7 @@ def test_checkpoint_backend_serves_the_pushed_weights(tmp_path, tiny_dir, tokeni
         assert stats["servers"] == 1 and stats["delta"]["sent_values"] == trainer.model.norm.weight.numel()
         assert (shared / "rollout-weights" / "v000000002-delta").is_dir()
         assert not (shared / "rollout-weights" / "v000000002").exists()
-        after = []
-        for text in PROMPTS:
-            p = tokenizer.encode(text)
-            out = srv.generate(p, temperature=0, max_tokens=MAX_TOKENS)
-            assert out["completions"][0]["completion_ids"] == greedy(trainer, tokenizer, p, MAX_TOKENS)[0]
-            assert out["policy_version"] == 2
-            after.append(out["completions"][0]["completion_ids"])
+        after = _greedy_as_the_trainer(srv, trainer, tokenizer, version=2)
         assert after != before  # the delta reached what generates
     finally:
         srv.stop()
