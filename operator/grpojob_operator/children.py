@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from grpojob import auth, plan
-from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob
+from grpojob.api import API_VERSION, KIND, FieldError, GRPOJob, validate
 from grpojob.api.operations import CODE_DIR, EPHEMERAL
 from grpojob.api.spec import GROUP
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, WorkloadSpec
@@ -63,9 +63,10 @@ class Scale:
 
 
 def checkpoint_dir(job: GRPOJob) -> str:
-    """spec.checkpoint.path in the pods; a relative path (the local default) lives in the run dir."""
+    """spec.checkpoint.path in the pods; a relative path (the local default) lives in the run dir;
+    an object store's URL is itself."""
     path = job.spec.checkpoint.path
-    return path if path.startswith("/") else f"{n.RUN_DIR}/{path}"
+    return path if path.startswith("/") or job.spec.checkpoint.in_store else f"{n.RUN_DIR}/{path}"
 
 
 def placement(job: GRPOJob, namespace: str, cluster: Cluster) -> plan.Placement:
@@ -87,11 +88,7 @@ def placement(job: GRPOJob, namespace: str, cluster: Cluster) -> plan.Placement:
 
 def cluster_errors(job: GRPOJob) -> list[FieldError]:
     """Spec problems that only exist on a cluster (the local runner shares one filesystem)."""
-    spec = job.spec
-    errors = []
-    if spec.weight_sync.backend == "checkpoint" and not spec.checkpoint.volume_claim:
-        errors.append(FieldError("spec.checkpoint.volumeClaim", "required when weightSync.backend is "
-                                 "checkpoint: rollout pods read the trainer's checkpoints from it"))
+    errors = validate.cluster_errors(job)
     if colocated.one_container(job):
         errors += colocated.one_container_errors(job)
     return errors
@@ -196,7 +193,8 @@ def checkpoint_claim_template(job: GRPOJob) -> Optional[dict[str, Any]]:
     resumes from its checkpoint (an emptyDir is deleted with its pod). Only pod 0 writes checkpoints;
     every pod gets a claim, as a StatefulSet's pods share one template."""
     c, w = job.spec.checkpoint, job.spec.trainer
-    if c.volume_claim or c.storage == EPHEMERAL or checkpoint_dir(job) in {m["mountPath"] for m in w.volume_mounts}:
+    if c.volume_claim or c.storage == EPHEMERAL or c.in_store or \
+            checkpoint_dir(job) in {m["mountPath"] for m in w.volume_mounts}:
         return None
     spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": c.size}}}
     if c.storage_class_name:
@@ -211,10 +209,12 @@ CLAIM_RETENTION = {"whenDeleted": "Delete", "whenScaled": "Retain"}
 
 
 def dataset_secrets(job: GRPOJob) -> list[str]:
-    """The Secrets named by spec.dataset.credentialsSecret and the evaluation set's, once each: only
-    the trainer reads data, so only its container gets them."""
+    """The Secrets named by spec.dataset.credentialsSecret, the evaluation set's and
+    spec.checkpoint.credentialsSecret, once each: only the trainer reads data and writes
+    checkpoints, so only its container gets them."""
     sets = [job.spec.dataset] + ([job.spec.evaluation.dataset] if job.spec.evaluation is not None else [])
-    return list(dict.fromkeys(d.credentials_secret for d in sets if d is not None and d.credentials_secret))
+    named = [d.credentials_secret for d in sets if d is not None] + [job.spec.checkpoint.credentials_secret]
+    return list(dict.fromkeys(name for name in named if name))
 
 
 def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: str, replicas: int,
@@ -229,8 +229,9 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
         source = {"name": pods.CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": spec.checkpoint.volume_claim}}
     else:  # checkpoint.storage ephemeral: survives container restarts, not the pod (suspend is refused)
         source = {"name": pods.CHECKPOINTS_VOLUME, "emptyDir": {}}
-    volumes, mounts = pods.volumes(_base_volumes(job) + [(
-        source, {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})], w)
+    checkpoints = [] if spec.checkpoint.in_store else [  # an object store needs no volume
+        (source, {"name": pods.CHECKPOINTS_VOLUME, "mountPath": checkpoint_dir(job)})]
+    volumes, mounts = pods.volumes(_base_volumes(job) + checkpoints, w)
     shared = engine is not None and colocated.one_container(job)
     if shared:  # the engine runs in this container, next to the trainer
         role = colocated.container_role(job, role, engine)
@@ -239,7 +240,7 @@ def trainer_statefulset(job: GRPOJob, role: plan.Role, namespace: str, image: st
                            "periodSeconds": 10, "failureThreshold": 3},
     })
     secrets = dataset_secrets(job)
-    if secrets:  # the datasets' credentials: every key of each Secret a variable (docs/data.md)
+    if secrets:  # the stores' credentials: every key of each Secret a variable (docs/data.md)
         container["envFrom"] = [{"secretRef": {"name": name}} for name in secrets]
     pod = pods.pod_spec(w, container, volumes, plan.TRAINER_GRACE_SECONDS, gang.scheduler(job),
                         pods.init_containers(role, container))

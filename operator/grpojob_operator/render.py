@@ -56,8 +56,11 @@ def render(doc: dict, namespace: str, image: str | None = None, token: bool = Fa
     cluster = OperatorConfig.from_env().cluster
     objs = children.build(job, namespace=namespace, image=image, cluster=cluster)
     name = job.metadata.name
-    data = "".join(f"# The trainer pods read Secret {namespace}/{secret} (spec.dataset.credentialsSecret: the "
-                   "data store's credentials, docs/data.md), which this output does not hold either.\n"
+    ckpt = job.spec.checkpoint.credentials_secret
+    data = "".join(f"# The trainer pods read Secret {namespace}/{secret} ("
+                   + ("spec.checkpoint.credentialsSecret: the checkpoint store's" if secret == ckpt else
+                      "spec.dataset.credentialsSecret: the data store's")
+                   + " credentials, docs/data.md), which this output does not hold either.\n"
                    for secret in children.dataset_secrets(job))
     if token:
         secret = children.token_secret(name, namespace, None, auth.generate(), note=RENDERED_TOKEN_NOTE)

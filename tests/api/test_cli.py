@@ -82,11 +82,31 @@ def test_checkpoint_storage_choices_are_checked_and_ephemeral_warns():
     assert "warning: spec.checkpoint.storage: ephemeral: checkpoints live in an emptyDir" in r.stderr
     assert "refuses to suspend" in r.stderr
     assert "warning" not in grpojob("validate", tiny).stderr  # the default (a claim per trainer pod) is quiet
-    # Sharded checkpoints from several trainer pods need one shared claim (the trainer refuses to start otherwise).
+    # Several trainer pods: a claim per pod keeps each pod's own shards; an emptyDir per pod goes with
+    # its pod and a resume needs every pod's: refused before any pod starts.
     r = grpojob("validate", tiny, "--set", "trainer.replicas=2")
-    assert r.returncode == 0 and "warning: spec.checkpoint.volumeClaim: unset with trainer.replicas 2" in r.stderr
-    assert "warning" not in grpojob("validate", tiny, "--set", "trainer.replicas=2",
-                                    "--set", "checkpoint.volumeClaim=ckpt").stderr
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    r = grpojob("validate", tiny, "--set", "trainer.replicas=2", "--set", "checkpoint.storage=ephemeral")
+    assert r.returncode == 1 and "spec.checkpoint.storage: ephemeral with trainer.replicas 2" in r.stderr, r.stderr
+    r = grpojob("validate", tiny, "--set", "trainer.replicas=2", "--set", "checkpoint.volumeClaim=ckpt")
+    assert r.returncode == 0 and "warning" not in r.stderr
+    # an object store is one place for every trainer pod; another URL is refused, not taken as a
+    # directory (it became a local folder named "s3:")
+    r = grpojob("validate", tiny, "--set", "trainer.replicas=2", "--set", "checkpoint.path=s3://ckpt/run1",
+                "--set", "checkpoint.credentialsSecret=ckpt-s3")
+    assert r.returncode == 0 and "warning" not in r.stderr, r.stderr
+    r = grpojob("validate", tiny, "--set", "checkpoint.path=ftp://ckpt/run1")
+    assert r.returncode == 1 and "spec.checkpoint.path: 'ftp://' is not a store checkpoints are written to" \
+        in r.stderr, r.stderr
+    for bad, path, said in (({"checkpoint.path": "s3://"}, "path", "names no valid bucket"),
+                            ({"checkpoint.credentialsSecret": "x"}, "credentialsSecret", "is for an object-store path"),
+                            ({"checkpoint.path": "gs://b/p", "checkpoint.volumeClaim": "c"}, "volumeClaim",
+                             "mounts a directory, but path gs://b/p is an object store"),
+                            ({"checkpoint.path": "az://c/p", "weightSync.backend": "checkpoint"}, None,
+                             "spec.weightSync.backend: checkpoint: rollout servers read the weights")):
+        r = grpojob("validate", tiny, *[x for k, v in bad.items() for x in ("--set", f"{k}={v}")])
+        where = f"spec.checkpoint.{path}: " if path else ""
+        assert r.returncode == 1 and f"{where}" in r.stderr and said in r.stderr, r.stderr
     r = grpojob("validate", tiny, "--set", "checkpoint.storage=ephemeral", "--set", "checkpoint.volumeClaim=ckpt")
     assert r.returncode == 1 and "spec.checkpoint.storage: ephemeral contradicts volumeClaim" in r.stderr
     r = grpojob("validate", tiny, "--set", "checkpoint.size=lots")

@@ -22,8 +22,9 @@ from .test_images import DOCKERFILES, read_dockerfile
 
 EXAMPLES = sorted(p for p in (ROOT / "examples").rglob("*.yaml") if "kind: GRPOJob" in p.read_text())
 CLUSTER = [p for p in EXAMPLES if "on a cluster" in re.search(r"^# Runs: (.*)$", p.read_text(), re.M).group(1)]
-# the recipe's builders: the tiny policy (`grpojob tiny`) and the toy task's reward model (a judge's)
-BUILDERS = {"policy": r"grpojob tiny (\S+)", "judge": r"grpojob\.judge\.tiny (\S+)"}
+# the recipe's builders: the tiny policy (`grpojob tiny`), a policy converted from a GGUF file
+# (`grpojob model convert SOURCE --out PATH`) and the toy task's reward model (a judge's)
+BUILDERS = {"policy": r"grpojob (?:tiny|model convert \S+ --out) (\S+)", "judge": r"grpojob\.judge\.tiny (\S+)"}
 
 
 def built_in_image() -> dict[str, set[str]]:
@@ -51,7 +52,12 @@ def test_every_example_says_where_it_runs():
 
 
 def test_the_image_recipe_builds_the_models_the_cluster_examples_name():
-    assert built_in_image() == {"policy": {"/opt/grpojob/models/tiny"}, "judge": {"/opt/grpojob/models/tiny-reward"}}
+    assert built_in_image() == {"policy": {"/opt/grpojob/models/tiny", "/opt/grpojob/models/smollm2-135m-instruct"},
+                                "judge": {"/opt/grpojob/models/tiny-reward"}}
+    # and `grpojob run` makes the converted one from the same source where the image is not
+    runs = " ".join(read_dockerfile(DOCKERFILES["runtime"])[-1].all("RUN"))
+    for path, source in image_models.CONVERTED.items():
+        assert f"grpojob model convert {source} --out {path}" in runs
 
 
 def pods_and_models(path: Path) -> list[tuple[str, dict, str, str]]:

@@ -204,7 +204,7 @@ def installed_extras(stages: list[Stage]) -> set[str]:
     extras = set()
     for s in stages:
         for run in s.all("RUN"):
-            for m in re.finditer(r"pip install[^&]*?[\"']?[^\s\"']*\[([a-z,]+)\]", run):
+            for m in re.finditer(r"pip install[^&]*?[\"']?[^\s\"']*\[([a-z,-]+)\]", run):
                 extras.update(m.group(1).split(","))
     return extras
 
@@ -219,7 +219,9 @@ def test_each_image_installs_its_extras(image):
         assert not any(Requirement(r).name in ("torch", "vllm", "transformers") for r in closure)
     else:
         # tinker: a service-mode trainer serves Tinker's wire with the SDK's own types (grpojob.service.tinker_api)
-        assert extras == {"runtime", "vllm", "trackers", "tinker"}
+        # gguf: spec.model.path naming a GGUF file, and the image's own converted model
+        # reasoning-gym: the built-in dataset and reward of that name (examples/smollm2-reasoning-cluster.yaml)
+        assert extras == {"runtime", "vllm", "trackers", "tinker", "gguf", "reasoning-gym"}
         run = " ".join(stages[-1].all("RUN"))
         tiny = re.search(r"grpojob tiny (\S+)", run)  # the model the chart's NOTES first job uses
         assert tiny and tiny.group(1) == "/opt/grpojob/models/tiny"
@@ -280,7 +282,7 @@ def test_operator_pins_cover_and_satisfy_pyproject():
 def test_runtime_pins_satisfy_pyproject_and_are_excluded_from_the_base_pins():
     constraints = pins(ROOT / "images" / "runtime" / "constraints.txt")
     extras = PYPROJECT["project"]["optional-dependencies"]
-    wanted = _reqs(extras["runtime"] + extras["tinker"])  # the extras the base image does not bring
+    wanted = _reqs(extras["runtime"] + extras["tinker"] + extras["gguf"] + extras["reasoning-gym"])  # not in the base image
     for name, version in constraints.items():
         assert name in wanted and wanted[name].specifier.contains(version), f"{name}=={version}"
     # The Dockerfile drops these names from the base image's freeze, or pip sees two pins.

@@ -12,6 +12,11 @@ from typing import Iterator
 import pytest
 
 
+def remount_read_only(path: Path) -> None:
+    """A mounted small_disk, read-only from now on (writes fail with EROFS)."""
+    subprocess.run(["mount", "-o", "remount,ro", str(path)], check=True, capture_output=True)
+
+
 @contextlib.contextmanager
 def small_disk(path: Path, size_kib: int) -> Iterator[Path]:
     path.mkdir(parents=True, exist_ok=True)

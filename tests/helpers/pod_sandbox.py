@@ -9,8 +9,8 @@ out with Linux mount namespaces (no container runtime or cluster is available he
   makes them), a persistentVolumeClaim a directory given by the test;
 - the process runs as the securityContext's uid/gid, with every capability dropped when it drops
   ALL, and no_new_privs when allowPrivilegeEscalation is false;
-- its environment is the container's env, the downward API resolved, the addresses of other pods
-  given by the test (they share this machine's network), and the image's PATH.
+- its environment is the container's envFrom Secrets and env, the downward API resolved, the
+  addresses of other pods given by the test (they share this machine's network), and the image's PATH.
 
 It needs root (mount namespaces, overlayfs); `available()` says whether this machine allows it.
 """
@@ -59,6 +59,10 @@ def env_of(container: dict[str, Any], pod_name: str, index: int, overrides: Mapp
     share this machine's ports)."""
     out = {"PATH": IMAGE_PATH}
     fields = _fields(pod_name, index)
+    for source in container.get("envFrom", []):  # every key of a Secret a variable (before env: env wins)
+        if "secretRef" not in source:
+            raise ValueError(f"the sandbox resolves envFrom secretRef only: {source}")
+        out.update((secrets or {})[source["secretRef"]["name"]])
     for e in container.get("env", []):
         secret = e.get("valueFrom", {}).get("secretKeyRef")
         if secret:
@@ -72,6 +76,11 @@ def env_of(container: dict[str, Any], pod_name: str, index: int, overrides: Mapp
         else:
             value = e.get("value", "")
         out[e["name"]] = value
+    # A checkout the tests run through PYTHONPATH (a worktree beside the venv's editable install):
+    # its pods run it too, after the pod's own entries and before the image's site-packages.
+    here = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p.startswith(str(REPO))]
+    if here:
+        out["PYTHONPATH"] = os.pathsep.join([*filter(None, [out.get("PYTHONPATH")]), *here])
     return {**out, **overrides}
 
 

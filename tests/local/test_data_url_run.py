@@ -85,3 +85,23 @@ def test_an_air_gapped_run_trains_from_a_plain_http_store_and_on_a_changed_objec
         assert "plain http (AWS_ENDPOINT_URL=http://127.0.0.1" in log and "unencrypted" in log
     assert len(trained[0]) == 2 * 16 and max(trained[0]) < 16  # the 16 rows, twice over
     assert max(trained[1]) >= 16, "the second run trained on the old object's 16 rows"
+
+
+def test_a_run_checkpoints_into_s3_is_interrupted_and_resumes_from_the_store(s3, workdir):
+    """spec.checkpoint.path an S3 URL (issue #56): Ctrl-C checkpoints into the store (the trainer
+    suspends), the next run resumes from there; nothing is written to a local checkpoint folder."""
+    run_dir = workdir / "run"
+    url = f"s3://{s3.name}/ckpt"
+    sets = ("training.steps=6", "checkpoint.everySteps=100", f"checkpoint.path={url}")
+    proc = grpojob_run(run_dir, *sets, cwd=workdir)
+    wait_steps(run_dir, 2, proc)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    done = len(read_records(run_dir / "metrics.jsonl"))
+    assert proc.returncode != 0 and f"stopped: checkpoint {url}/step-{done:06d}" in out, out
+    proc = grpojob_run(run_dir, *sets, cwd=workdir)
+    out, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, out
+    assert f"resuming after step {done}" in out, out
+    assert [r["step"] for r in read_records(run_dir / "metrics.jsonl")] == list(range(1, 7))
+    assert not (run_dir / "checkpoints").exists() and not list(workdir.rglob("s3:*"))

@@ -29,7 +29,13 @@ JOB_SPEC: dict[str, Any] = {
     "training": {"steps": 20, "promptsPerStep": 4, "microBatchTokens": 512},
     "trainer": {"replicas": 2, "processesPerReplica": 2},
     "rollout": {"replicas": 2, "backend": "hf", "sampling": {"maxTokens": 8}},
+    # Two trainer pods write each checkpoint's shards into one directory: one shared claim.
+    "checkpoint": {"volumeClaim": "grpo-checkpoints"},
 }
+# The default storage (a claim per trainer pod, the StatefulSet's volumeClaimTemplates), which
+# one trainer pod needs: spread over job_manifest's trainer and checkpoint overrides.
+ONE_POD = {"replicas": 1}
+PER_POD: dict[str, Any] = {"volumeClaim": None}
 
 
 def job_manifest(name: str, ns: str = NS, **spec_overrides: Any) -> dict[str, Any]:

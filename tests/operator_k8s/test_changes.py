@@ -46,16 +46,17 @@ def test_checkpoint_storage_never_changes_not_even_while_suspended():
     """It shapes the trainer StatefulSet's volumeClaimTemplates, which the API server refuses to
     change ("updates to statefulset spec for fields other than 'replicas', 'ordinals', 'template',
     'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and 'minReadySeconds' are forbidden")."""
-    applied = job(runPolicy={"suspend": True})
+    per_pod = {"volumeClaim": None}  # the claims of the StatefulSet's volumeClaimTemplates
+    applied = job(checkpoint=per_pod, runPolicy={"suspend": True})
     for change in ({"size": "50Gi"}, {"storageClassName": "fast"}, {"storage": "ephemeral"}, {"volumeClaim": "c"}):
-        new = job(checkpoint=change, runPolicy={"suspend": False})
+        new = job(checkpoint={**per_pod, **change}, runPolicy={"suspend": False})
         eff, refused = effective(new, applied, "suspended")
         field = next(iter(change))
         assert eff == applied and refused[0].startswith(f"spec.checkpoint.{field} cannot change after the job is "
                                                         "created"), refused
         assert refused[-1] == ("the rest of the edit (spec.runPolicy.suspend) is not applied either: an edit "
                                "applies whole or not at all")
-    moved = job(checkpoint={"path": "/elsewhere"}, runPolicy={"suspend": True})  # the mount path is the pod template's: it may change
+    moved = job(checkpoint={**per_pod, "path": "/elsewhere"}, runPolicy={"suspend": True})  # the mount path is the pod template's: it may change
     assert effective(moved, applied, "suspended") == (moved, [])
 
 

@@ -14,7 +14,7 @@ from grpojob_operator import names as n
 from grpojob_operator import pods
 from tests.helpers.k8s_schema import ROOT, validate_all
 
-from .conftest import job_manifest
+from .conftest import ONE_POD, PER_POD, job_manifest
 
 UID = "0f6c2c35-2d1b-4ad0-9d43-0a1b2c3d4e5f"
 OWNER = children.owner_reference("j", UID)
@@ -253,7 +253,7 @@ def test_checkpoints_default_to_a_claim_per_trainer_pod_that_outlives_suspend():
     """A StatefulSet's claim template (its controller makes <template>-<sts>-<ordinal> per pod and
     adds the volume to the pod), kept on scale-down, deleted with the StatefulSet:
     https://kubernetes.io/docs/concepts/workloads/controllers/statefulset/#persistentvolumeclaim-retention"""
-    sts = build(job_manifest("j"))[("StatefulSet", "j-trainer")]
+    sts = build(job_manifest("j", checkpoint=PER_POD))[("StatefulSet", "j-trainer")]
     (template,) = sts["spec"]["volumeClaimTemplates"]
     assert template["metadata"]["name"] == pods.CHECKPOINTS_VOLUME
     assert template["metadata"]["labels"][n.LABEL_JOB] == "j"
@@ -262,7 +262,7 @@ def test_checkpoints_default_to_a_claim_per_trainer_pod_that_outlives_suspend():
     assert sts["spec"]["persistentVolumeClaimRetentionPolicy"] == {"whenDeleted": "Delete", "whenScaled": "Retain"}
     assert _checkpoint_volume(sts) is None
     assert {"name": pods.CHECKPOINTS_VOLUME, "mountPath": "/checkpoints"} in container(sts)["volumeMounts"]
-    sized = build(job_manifest("j", checkpoint={"size": "200Gi", "storageClassName": "fast-ssd"}))
+    sized = build(job_manifest("j", checkpoint={**PER_POD, "size": "200Gi", "storageClassName": "fast-ssd"}))
     assert sized[("StatefulSet", "j-trainer")]["spec"]["volumeClaimTemplates"][0]["spec"] == {
         "accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "200Gi"}}, "storageClassName": "fast-ssd"}
     validate_all([sts, sized[("StatefulSet", "j-trainer")]])
@@ -270,7 +270,7 @@ def test_checkpoints_default_to_a_claim_per_trainer_pod_that_outlives_suspend():
 
 @pytest.mark.parametrize("checkpoint,trainer,volume", [
     ({"volumeClaim": "ckpt"}, {}, {"name": pods.CHECKPOINTS_VOLUME, "persistentVolumeClaim": {"claimName": "ckpt"}}),
-    ({"storage": "ephemeral"}, {}, {"name": pods.CHECKPOINTS_VOLUME, "emptyDir": {}}),
+    ({**PER_POD, "storage": "ephemeral"}, {}, {"name": pods.CHECKPOINTS_VOLUME, "emptyDir": {}}),
     ({}, {"volumes": [{"name": "mine", "persistentVolumeClaim": {"claimName": "x"}}],
           "volumeMounts": [{"name": "mine", "mountPath": "/checkpoints"}]}, None)])
 def test_other_checkpoint_storage_needs_no_claim_template(checkpoint, trainer, volume):
@@ -283,9 +283,23 @@ def test_other_checkpoint_storage_needs_no_claim_template(checkpoint, trainer, v
 
 
 def test_checkpoint_weight_sync_needs_a_shared_claim_on_a_cluster():
-    job = parse(job_manifest("j", weightSync={"backend": "checkpoint"}))
+    job = parse(job_manifest("j", weightSync={"backend": "checkpoint"}, trainer=ONE_POD, checkpoint=PER_POD))
     errors = children.cluster_errors(job)
     assert [e.path for e in errors] == ["spec.checkpoint.volumeClaim"]
+    assert "rollout pods read the trainer's checkpoints" in errors[0].message
+
+
+def test_several_trainer_pods_on_claims_of_their_own_are_allowed_but_not_on_an_emptydir_each():
+    """A claim per pod keeps each pod's own ranks' shards (checkpoint/pods.py, issue #56 item 2); an
+    emptyDir per pod goes with its pod, and a resume needs every pod's part: refused."""
+    assert children.cluster_errors(parse(job_manifest("j", checkpoint=PER_POD))) == []  # persistent: a claim each
+    (error,) = children.cluster_errors(parse(job_manifest("j", checkpoint={**PER_POD, "storage": "ephemeral"})))
+    assert error.path == "spec.checkpoint.storage", error
+    assert error.message.startswith("ephemeral with trainer.replicas 2: each trainer pod keeps its own ranks' shards")
+    assert "one lost pod leaves no checkpoint any pod can resume" in error.message
+    assert children.cluster_errors(parse(job_manifest("j"))) == []  # one shared claim
+    assert children.cluster_errors(parse(job_manifest("j", trainer=ONE_POD, checkpoint={**PER_POD,
+                                                                                      "storage": "ephemeral"}))) == []
 
 
 def test_image_default_and_override(monkeypatch):

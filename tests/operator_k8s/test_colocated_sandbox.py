@@ -20,7 +20,7 @@ from grpojob_operator import children
 from grpojob_operator import names as n
 from tests.helpers import pod_sandbox, statefulset
 
-from .conftest import job_manifest
+from .conftest import PER_POD, job_manifest
 from .test_pod_sandbox import SECRETS, stop, wait_completed
 
 ok, why = pod_sandbox.available()
@@ -39,7 +39,7 @@ def test_a_colocated_trainer_pod_trains_with_its_engine_through_shared_memory(ti
                      trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port,
                               **({"resources": {"limits": {"nvidia.com/gpu": gpus}}} if gpus else {})},
                      rollout={"replicas": 1, "backend": "hf", "port": free_port(), "sampling": {"maxTokens": 8}},
-                     checkpoint={"storage": "ephemeral"})
+                     checkpoint={**PER_POD, "storage": "ephemeral"})
     kids = {o["kind"]: o for o in children.build(parse(m), namespace="ml")}
     assert "Deployment" not in kids
     pod = statefulset.pod_spec(kids["StatefulSet"], 0)

@@ -24,7 +24,7 @@ from kmock._internal import references
 from grpojob_operator import names as n
 
 from .cluster import Cluster, eventually
-from .conftest import NS, job_manifest, job_path
+from .conftest import NS, ONE_POD, PER_POD, job_manifest, job_path
 from .kmock_shim import GRPOJOBS, PODS, PVCS, Emulator
 from .test_operator import cond
 
@@ -75,15 +75,15 @@ async def test_deleting_a_job_collects_every_child_and_keeps_what_the_user_named
     name = f"gc-{gang}"
     await cluster.create(job_path(), job_manifest(
         name, model={"path": "/models/m", "volumeClaim": "weights"}, monitoring={"podMonitor": True},
-        scheduling={"gang": gang, "queueName": "q"},
+        scheduling={"gang": gang, "queueName": "q"}, trainer=ONE_POD, checkpoint=PER_POD,  # a claim of its own
         environments=[{"name": "calc", "command": ["python", "-m", "calc"]}]))
     await eventually(lambda: cond(emulator, name, "Created").get("status") == "True", what="children")
-    await eventually(lambda: len(cluster.pods(NS, name)) == 5, what="pods (2 trainer, 2 rollout, 1 environment)")
+    await eventually(lambda: len(cluster.pods(NS, name)) == 4, what="pods (1 trainer, 2 rollout, 1 environment)")
     await cluster.run_pods(NS, name)
     job_uid = emulator.get_obj(GRPOJOBS, NS, name)["metadata"]["uid"]
     if gang == "kueue":  # Kueue makes the group's Workload, owned by every pod of the group
         members = [p for p in cluster.pods(NS, name) if "kueue.x-k8s.io/pod-group-name" in p["metadata"]["labels"]]
-        assert len(members) == int(members[0]["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"]) == 4
+        assert len(members) == int(members[0]["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"]) == 3
         await cluster.create(f"/apis/kueue.x-k8s.io/v1beta1/namespaces/{NS}/workloads", {
             "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
             "metadata": {"name": name, "namespace": NS, "ownerReferences": [
@@ -105,7 +105,7 @@ async def test_deleting_a_job_collects_every_child_and_keeps_what_the_user_named
     if gang == "kueue":
         assert ("workloads", name) in chain
     claims = [k for k in made if k[0] == "persistentvolumeclaims"]
-    assert sorted(c[1] for c in claims) == [f"grpojob-checkpoints-{n.trainer_name(name)}-{i}" for i in (0, 1)]
+    assert sorted(c[1] for c in claims) == [f"grpojob-checkpoints-{n.trainer_name(name)}-0"]
 
     await cluster.delete(job_path(NS, name))
     await eventually(lambda: emulator.get_obj(GRPOJOBS, NS, name) is None, what="job gone (kopf's finalizer released)")

@@ -27,7 +27,7 @@ from grpojob_operator import names as n
 from tests.helpers import pod_sandbox, statefulset
 from tests.helpers.trainer_status import wait_completed
 
-from .conftest import job_manifest
+from .conftest import PER_POD, job_manifest
 from .test_pod_sandbox import stop
 
 ok, why = pod_sandbox.available()
@@ -65,7 +65,7 @@ def manifest(judge_port: int, trainer_port: int, rollout_port: int) -> dict:
         training={"steps": STEPS, "promptsPerStep": 16, "learningRate": 0.003, "microBatchTokens": 2048},
         trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port},
         rollout={"replicas": 1, "backend": "hf", "port": rollout_port, "sampling": {"maxTokens": 4}},
-        checkpoint={"everySteps": 20})
+        checkpoint={**PER_POD, "everySteps": 20})
 
 
 def scrape(port: int) -> dict[str, float]:

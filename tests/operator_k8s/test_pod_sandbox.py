@@ -22,7 +22,7 @@ from grpojob_operator import names as n
 from tests.helpers import pod_sandbox, statefulset
 from tests.helpers.trainer_status import wait_completed
 
-from .conftest import job_manifest
+from .conftest import PER_POD, job_manifest
 
 ok, why = pod_sandbox.available()
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.skipif(not ok, reason=f"pod sandbox unavailable: {why}")]
@@ -40,7 +40,7 @@ def cluster_job(tiny_dir, tmp_path):
                      training={"steps": 2, "promptsPerStep": 4, "microBatchTokens": 512},
                      trainer={"replicas": 1, "processesPerReplica": 1, "port": trainer_port},
                      rollout={"replicas": 1, "backend": "hf", "port": rollout_port, "sampling": {"maxTokens": 8}},
-                     checkpoint={"everySteps": 1})
+                     checkpoint={**PER_POD, "everySteps": 1})
     kids = {o["kind"]: o for o in children.build(parse(m), namespace="ml")}
     network = {"PET_MASTER_ADDR": "127.0.0.1", "PET_MASTER_PORT": str(free_port()),
                plan.ENV_SYNC_ADDR: f"127.0.0.1:{free_port()}"}

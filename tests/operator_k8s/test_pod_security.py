@@ -65,7 +65,9 @@ def test_every_place_the_runtime_writes_is_a_writable_volume(variant):
         env = {e["name"]: e.get("value") for e in c["env"]}
         writable = _writable(c, pod)
         paths = {k: env[k] for k in pods.CACHE_ENV} | {plan.ENV_RUN_DIR: env[plan.ENV_RUN_DIR]}
-        if name == "trainer":  # the trainer writes checkpoints; rollouts only read them
+        # the trainer writes checkpoints (rollouts only read them); into a volume unless they go to an
+        # object store (the qwen example: s3://), which is no place on the pod's filesystem
+        if name == "trainer" and "://" not in env[plan.ENV_CHECKPOINT_DIR]:
             paths[plan.ENV_CHECKPOINT_DIR] = env[plan.ENV_CHECKPOINT_DIR]
         for key, path in paths.items():
             assert _under(path, writable), f"{name}: {key}={path} is on the read-only root ({writable})"

@@ -26,12 +26,12 @@ from grpojob_operator.pods import CHECKPOINTS_VOLUME
 
 from .acted_trainer import ActedTrainer
 from .cluster import Cluster, eventually
-from .conftest import NS, job_manifest, job_path
+from .conftest import NS, PER_POD, job_manifest, job_path
 from .harness import TrainerStub
 from .kmock_shim import EVENTS, GRPOJOBS, PVCS, STATEFULSETS, Emulator
 from .test_operator import cond, replicas, status
 
-SMALL = dict(trainer={"replicas": 1, "processesPerReplica": 1}, rollout={"replicas": 1})
+SMALL = dict(trainer={"replicas": 1, "processesPerReplica": 1}, rollout={"replicas": 1}, checkpoint=PER_POD)
 
 
 def progress_steps(emu: Emulator, name: str) -> list[int]:
@@ -53,6 +53,7 @@ def events_of(emu: Emulator, job: str) -> list[dict[str, Any]]:
 async def started(emu: Emulator, cluster: Cluster, trainer: TrainerStub, name: str, total: int,
                   every: int = 1, **spec: Any) -> ActedTrainer:
     """Create the job, run its pods, start the acted-out trainer in pod 0; Running."""
+    spec["checkpoint"] = {**PER_POD, **spec.get("checkpoint", {})}
     await cluster.create(job_path(), job_manifest(name, **{**SMALL, "training": {"steps": total}, **spec}))
     await eventually(lambda: len(cluster.pods(NS, name)) == 2, what="pods")
     await cluster.run_pods(NS, name)

@@ -10,12 +10,12 @@ from grpojob_operator import names as n
 from grpojob_operator.config import OperatorConfig
 
 from .cluster import eventually
-from .conftest import NS, job_manifest, job_path
+from .conftest import NS, PER_POD, job_manifest, job_path
 from .kmock_shim import EVENTS, GRPOJOBS, Emulator
 from .scheduler import UNBOUND, container_waits, schedule_without_storage_class
 from .test_operator import cond, status
 
-SMALL = dict(trainer={"replicas": 1, "processesPerReplica": 1}, rollout={"replicas": 1})
+SMALL = dict(trainer={"replicas": 1, "processesPerReplica": 1}, rollout={"replicas": 1}, checkpoint=PER_POD)
 
 
 def warnings(emu: Emulator, job: str) -> list[dict[str, Any]]:

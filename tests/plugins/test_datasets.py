@@ -91,3 +91,59 @@ def test_load_dataset_with_local_csv_json_and_parquet_shards(tmp_path, tokenizer
         assert got == want, path
     with pytest.raises(DatasetError, match="no file matches"):
         load_samples(PromptSettings.of(job_with(path=str(tmp_path / "none-*.csv"))), tokenizer)
+
+
+COSMOS_STYLE = '''
+from typing import Any, Optional
+
+
+class Query:  # cosmos-rl's customization guide: setup(config, tokenizer, *args, **kwargs), query_reference_answer
+    def setup(self, config, tokenizer, *args, **kwargs):
+        self.config, self.tokenizer = config, tokenizer
+        self.data = [{"q": f"what is {i} + {i} ?", "reference_answer": str(2 * i)} for i in range(3)]
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, idx):
+        return self.data[idx]["q"]
+
+    def query_reference_answer(self, idx) -> Optional[Any]:
+        return self.data[idx]["reference_answer"]
+
+
+class Get:  # its other examples: get_reference_answer, and no setup at all
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, idx):
+        return f"q{idx}"
+
+    def get_reference_answer(self, idx):
+        return f"a{idx}"
+
+
+class Both(Get):
+    def reference_answer(self, idx):
+        return None
+'''
+
+
+def test_cosmos_rl_dataset_classes_run_with_their_own_method_names(tmp_path, monkeypatch, tokenizer):  # noqa: F811
+    (tmp_path / "cosmos_data.py").write_text(COSMOS_STYLE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = job_with(**{"class": "cosmos_data:Query"})
+    samples = load_samples(PromptSettings.of(spec), tokenizer)
+    assert [s.row["answer"] for s in samples] == ["0", "2", "4"]
+    import cosmos_data
+    seen = []
+    monkeypatch.setattr(cosmos_data.Query, "__len__", lambda self: seen.append(self.config) or 3)
+    load_samples(PromptSettings.of(spec), tokenizer)
+    config = seen[0]  # the job's spec, under cosmos-rl's names too
+    assert config.policy.model_name_or_path == spec.model.path and config.dataset is spec.dataset
+    assert config.rollout.n_generation == spec.algorithm.group_size
+    assert config.train.train_policy.prompt_column_name == spec.dataset.prompt_field
+    got = load_samples(PromptSettings.of(job_with(**{"class": "cosmos_data:Get"})), tokenizer)
+    assert [(s.prompt, s.row["answer"]) for s in got] == [("q0", "a0"), ("q1", "a1")]
+    from grpojob.data import check_class
+    assert "has reference_answer and get_reference_answer: keep one" in check_class(cosmos_data.Both)

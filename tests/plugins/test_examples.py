@@ -34,7 +34,9 @@ def test_cosmos_custom_trainer_dataset_class_and_rollout_engine(tmp_path, tiny_d
         # The custom loss_fn: GRPO's loss minus the entropy bonus, both reported by the loss itself.
         pg, bonus = r["extra"]["pg_loss"], r["extra"]["entropy_bonus"]
         assert bonus > 0.01 and r["loss"] == pytest.approx(pg - bonus, rel=1e-4, abs=1e-7)
-        assert r["rewards"].keys() == {"category_reward"}
+        # the reward's (value, dict): the value is the reward, the dict's part is reported beside it
+        assert r["rewards"].keys() == {"category_reward", "category_reward/words"}
+        assert 1 <= r["rewards"]["category_reward/words"] <= 4  # maxTokens 4: at most 4 words
     # The dataset class: its 24 rows, one epoch over 3 steps of 8 prompts; its reference answers
     # reached the cosmos-rl reward as `reference`, and the completions as `to_be_evaluated` (a missing
     # answer scores 0 every time, and so does the prompt, which holds no word of its category).

@@ -15,7 +15,20 @@ from tools import public_surface as ps
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").rglob("*.py"))
-PLUGIN_EXAMPLES = sorted((ROOT / "examples" / "plugins").rglob("*.py"))
+# a framework's own names (examples/plugins/areal/remax_areal.py imports AReaL) load where the frameworks
+# set installs it (.ci/sets/frameworks.sh)
+FRAMEWORKS = ("areal", "cosmos_rl", "verl", "art")
+
+
+def _absent_framework(path: Path) -> bool:
+    import importlib.util
+    tops = {a.name.split(".")[0] for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import)
+            for a in n.names} | {(n.module or "").split(".")[0] for n in ast.walk(ast.parse(path.read_text()))
+                                  if isinstance(n, ast.ImportFrom)}
+    return any(t in FRAMEWORKS and importlib.util.find_spec(t) is None for t in tops)
+
+
+PLUGIN_EXAMPLES = sorted(p for p in (ROOT / "examples" / "plugins").rglob("*.py") if not _absent_framework(p))
 HOW = ("\nIf the change is deliberate: `python -m tools.public_surface --write`, a CHANGELOG.md line, and a "
        "forwarding path for what was removed or renamed (grpojob.deprecation.forward).")
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from grpojob.rollout import hf_generate
+from grpojob.rollout import hf_generate, hf_requests
 from grpojob.rollout.hf_engine import HFEngine
 from grpojob.contracts.rollout import SamplingParams
 
@@ -76,6 +76,27 @@ async def test_concurrent_requests_equal_transformers_greedy(tiny_dir, tokenizer
                 assert c.completion_ids == ref_ids and c.versions is None and c.policy_version == 0
                 assert c.logprobs == pytest.approx(ref_lp, abs=1e-5)
                 assert c.text == tokenizer.decode(ref_ids, skip_special_tokens=True)
+    finally:
+        await engine.close()
+
+
+async def test_requests_arriving_together_at_an_idle_engine_share_one_prefill(tiny_dir, tokenizer, monkeypatch):
+    """A trainer's step sends its prompts one by one: an idle engine gathers those that come a few
+    milliseconds apart into one admission (one prefill, rows decoding in step) instead of starting
+    on the first alone."""
+    monkeypatch.setattr(hf_requests, "GATHER_QUIET", 0.2)  # a busy CI machine delays the sleeps below
+    monkeypatch.setattr(hf_requests, "GATHER_MOST", 2.0)
+    engine = await _engine(tiny_dir)
+    admitted = []
+    admit = engine._decoder.admit
+    engine._decoder.admit = lambda groups, version: (admitted.append(len(groups)), admit(groups, version))[1]
+    try:
+        async def later(i, p):
+            await asyncio.sleep(0.002 * i)
+            return await engine.generate(p, 2, _greedy(6))
+
+        outs = await asyncio.gather(*(later(i, tokenizer.encode(p)) for i, p in enumerate(PROMPTS)))
+        assert admitted == [len(PROMPTS)] and all(len(o) == 2 for o in outs)
     finally:
         await engine.close()
 

@@ -16,7 +16,7 @@ from grpojob.leader import workflows
 from grpojob.leader.rollout_client import RolloutError
 from grpojob.leader.manager import Pipeline, RolloutManager
 from grpojob.contracts.rollout import derive_seed
-from grpojob.contracts.rollout import Sample
+from grpojob.contracts.rollout import GroupRejected, Sample
 
 from .harness import greedy, load_model, make_job, wait_for
 from .inprocess import ModelGenerator
@@ -255,3 +255,28 @@ def test_failures_are_clear_errors_and_lose_no_prompt(tiny_dir, tokenizer, gen):
     with _manager(bad, tokenizer, gen) as m:
         with pytest.raises(RewardError, match=r"reward '.*_failing_reward' \(spec.rewards\[0\]\) failed: KeyError"):
             m.next_step()
+
+
+class RejectingEvenRows(workflows.SingleTurn):
+    """A workflow whose own filter refuses the groups of even rows (GroupRejected, as AReaL's
+    dynamic_filter_fn does through grpojob.integrations.areal)."""
+
+    async def run(self, client, sample):
+        group = await super().run(client, sample)
+        if sample.row["idx"] % 2 == 0:
+            raise GroupRejected(f"row {sample.row['idx']} refused", group=group)
+        return group
+
+
+def test_a_group_the_workflow_rejects_is_dropped_and_the_next_prompt_drawn(tiny_dir, tokenizer, gen):
+    job = _job(tiny_dir, f"{__name__}:RejectingEvenRows", training={"promptsPerStep": 3, "steps": 3},
+               dataset={"factory": "tests.rollout.test_workflows_manager:indexed_rows", "maxPromptLength": 32,
+                        "shuffle": False})
+    with _manager(job, tokenizer, gen) as m:
+        first = m.next_step()
+        gen.version = 1
+        m.set_published(1)  # what the trainer does after the step: the next one may be generated
+        second = m.next_step()
+    # no error, no rejected row trained, none generated again: the odd rows in stream order
+    assert sorted(g.sample.row["idx"] for g in first.groups) == [1, 3, 5]
+    assert sorted(g.sample.row["idx"] for g in second.groups) == [7, 9, 11]

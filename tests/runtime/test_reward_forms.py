@@ -153,7 +153,7 @@ BAD = '''
     def two_forms(completion, completions):
         return 1.0
 
-    def needs_config(to_be_evaluated, reference, config, **kwargs):
+    def needs_config(to_be_evaluated, reference, data_packer, **kwargs):
         return 1.0
 
     def fixed(prompt, completion):
@@ -184,12 +184,13 @@ def test_grpojob_validate_refuses_signatures_it_cannot_honour(tmp_path, capsys):
     assert cli(["validate", str(path)]) == 1
     err = capsys.readouterr().err
     expected = ("native (prompt, completion, **row) -> float; cosmos (to_be_evaluated, reference, *args, "
-                "**kwargs) -> float; trl (prompts, completions, **kwargs) -> list[float]")
+                "**kwargs) -> float | (float, dict); trl (prompts, completions, **kwargs) -> list[float]; "
+                "verl (data_source, solution_str, ground_truth, extra_info, **kwargs) -> float | dict")
     assert (f"spec.rewards[1].name: '{ref}:positional' takes (text, ref): none of its parameters is named "
-            f"completion, to_be_evaluated or completions. Write it as one of: {expected}; or declare its form "
-            f"with signature: native|cosmos|trl") in err
+            f"completion, to_be_evaluated, completions or solution_str. Write it as one of: {expected}; or declare "
+            f"its form with signature: native|cosmos|trl|cosmos-group|verl") in err
     assert "spec.rewards[2].name" in err and "completion and completions belong to different signatures" in err
-    assert "spec.rewards[3].name" in err and "its parameter config would get no value" in err
+    assert "spec.rewards[3].name" in err and "its parameter data_packer would get no value" in err
     assert "spec.rewards[4].name" in err and "it has no parameter bonus (given in args)" in err
     assert "spec.rewards[5].name" in err and "a trl reward is called with completions= (by name)" in err
     assert "spec.rewards[0]" not in err and "spec.rewards[6]" not in err  # declared cosmos: by position
@@ -200,3 +201,47 @@ def test_a_builtin_reward_is_native():
     doc["spec"]["rewards"] = [{"name": "math_exact", "signature": "trl"}]
     _, errors = check(doc)
     assert [str(e) for e in errors] == ["spec.rewards[0].signature: the built-in reward math_exact is native"]
+
+
+# ---- cosmos-rl's (value, dict) and batched results, its config=; verl's compute_score ----------------
+def cosmos_parts(to_be_evaluated, reference, *args, **kwargs):  # cosmos-rl: (value, dict of parts)
+    return float("MARK" in to_be_evaluated), {"length": len(to_be_evaluated), "note": "not a number"}
+
+
+def cosmos_batched(to_be_evaluated, reference, *args, config=None, **kwargs):  # group_reward_calculation
+    assert isinstance(to_be_evaluated, list) and config.rollout.n_generation == config.algorithm.group_size
+    return [float(reference in t) for t in to_be_evaluated], [{"k": i} for i in range(len(to_be_evaluated))]
+
+
+def verl_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):  # verl's compute_score
+    hit = float("MARK" in solution_str and ground_truth == "7" and data_source == "toy/src")
+    return {"score": hit, "acc": hit, "index": extra_info["index"], "pred": solution_str}
+
+
+def test_a_cosmos_rewards_dict_parts_are_reported_beside_it_and_only_its_value_is_summed(monkeypatch):
+    g = scored(scorer_for([{"name": "form_rewards:cosmos_parts"}], monkeypatch, cosmos_parts=cosmos_parts))
+    assert g.rewards == [1.0, 0.0, 1.0]
+    assert g.reward_parts == {"cosmos_parts": [1.0, 0.0, 1.0], "cosmos_parts/length": [8.0, 3.0, 10.0]}
+
+
+def test_cosmos_batched_form_is_called_once_per_group_with_the_config(monkeypatch):
+    s = scorer_for([{"name": "form_rewards:cosmos_batched", "signature": "cosmos-group"}], monkeypatch,
+                   cosmos_batched=cosmos_batched)
+    g = scored(s, group(["a 42", "b", "42"]))
+    assert g.rewards == [1.0, 0.0, 1.0] and g.reward_parts["cosmos_batched/k"] == [0.0, 1.0, 2.0]
+
+
+def test_verl_compute_score_gets_verls_row_fields_and_its_dict_gives_score_and_metrics(monkeypatch):
+    row = {"prompt": PROMPT, "data_source": "toy/src", "reward_model": {"style": "rule", "ground_truth": "7"},
+           "extra_info": {"index": 5}}
+    g = scored(scorer_for([{"name": "form_rewards:verl_score"}], monkeypatch, verl_score=verl_score), group(row=row))
+    assert g.rewards == [1.0, 0.0, 1.0]
+    assert g.reward_parts == {"verl_score": [1.0, 0.0, 1.0], "verl_score/acc": [1.0, 0.0, 1.0],
+                              "verl_score/index": [5.0, 5.0, 5.0]}  # "pred" is text: not a metric
+
+
+def test_a_dict_without_score_names_the_reward(monkeypatch):
+    def no_score(data_source, solution_str, ground_truth, extra_info=None):
+        return {"acc": 1.0}
+    with pytest.raises(Exception, match=r"no_score.*returned a dict without 'score'"):
+        scored(scorer_for([{"name": "form_rewards:no_score"}], monkeypatch, no_score=no_score))

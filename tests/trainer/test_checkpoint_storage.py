@@ -8,12 +8,13 @@ import pytest
 
 from grpojob import checkpoint
 from grpojob.checkpoint.manager import MAX_FAILED_SAVES
+from grpojob.checkpoint.storage import StorageRefused
 from grpojob.learner.errors import TrainerError
 from grpojob.leader.build import build
 from grpojob.leader.server import StatusBoard
 from grpojob.local.progress import Progress
 
-from tests.helpers.disk import small_disk
+from tests.helpers.disk import remount_read_only, small_disk
 
 from .conftest import make_job
 
@@ -65,6 +66,22 @@ def test_saves_failing_three_times_in_a_row_stop_the_trainer_with_the_path_and_t
         with pytest.raises(TrainerError) as e:
             run.run()
         said = str(e.value)
-        assert f"{MAX_FAILED_SAVES} checkpoints in a row failed (the last saved is step 1)" in said, said
-        assert f"free space under {ck}" in said and "spec.checkpoint.path" in said
+        assert f"{MAX_FAILED_SAVES} checkpoints in a row failed (the last saved: step 1)" in said, said
+        assert f"free space under {ck}" in said and "spec.checkpoint.size" in said
+        assert not isinstance(e.value, StorageRefused)  # space may come back: a restart is worth it
         assert [s for s, _ in checkpoint.list_checkpoints(ck)] == [1]
+
+
+def test_a_volume_turned_read_only_mid_run_stops_the_trainer_for_good_with_the_mount_fix(tiny_dir, tmp_path):
+    """Saves refused by a read-only filesystem fail the same at every restart: StorageRefused (the
+    job's StartRefused, no restart), the read-only fix, and no "step None" before any save."""
+    with small_disk(tmp_path / "disk", DISK_KIB) as disk:
+        job = make_job(tiny_dir, training={"steps": 6}, checkpoint={"everySteps": 1})
+        run = build(job, checkpoint_dir=str(disk / "ck"), run_dir=str(tmp_path / "run"))  # the probe passes
+        remount_read_only(disk)
+        with pytest.raises(StorageRefused) as e:
+            run.run()
+        said = str(e.value)
+        assert said.startswith(f"{MAX_FAILED_SAVES} checkpoints in a row failed (the last saved: none yet in this "
+                               "run); step 3: Read-only file system"), said
+        assert "mounted read-only" in said and "free space" not in said and "None" not in said

@@ -138,3 +138,22 @@ def test_a_trainer_without_the_jobs_token_refuses_to_start(tiny_dir, tmp_path, p
     failure = [x for x in lines if x["level"] == "ERROR"]
     assert len(failure) == 1 and f"{auth.ENV_TOKEN_FILE} is not set" in failure[0]["message"]
     assert "exception" not in failure[0]
+
+
+def test_a_checkpoint_directory_the_trainer_cannot_write_is_StartRefused_at_its_start(tiny_dir, tmp_path, procs):
+    """A file where the checkpoint directory should be (a real EEXIST from mkdir): the probe write at start
+    fails the same at every start, so the termination message says StartRefused (the operator
+    fails the job instead of restarting the pod) with the fix, before any step."""
+    from grpojob import failures
+    from grpojob.api import plugins
+
+    env, _ = _env(make_job(tiny_dir), tmp_path)
+    (tmp_path / "ck").write_text("a file, not the checkpoint volume")
+    env[failures.ENV_TERMINATION_LOG] = str(tmp_path / "termination")
+    p = procs([sys.executable, "-m", "grpojob", "trainer"], env, tmp_path / "ro.log")
+    assert p.wait() != 0
+    said = (tmp_path / "termination").read_text()
+    assert said.startswith(plugins.START_REFUSED), said
+    assert "spec.checkpoint.path: the trainer cannot write checkpoints under" in said and "File exists" in said
+    assert "mount the checkpoint volume at spec.checkpoint.path" in said
+    assert not (tmp_path / "metrics.jsonl").exists()

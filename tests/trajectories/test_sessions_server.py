@@ -45,7 +45,7 @@ def stack(tmp_path_factory):
                          env={ENV_TRAJECTORY_URL: api}).start()
     try:
         srv.wait_ready()
-        yield {"srv": srv, "manager": manager, "api": api}
+        yield {"srv": srv, "manager": manager, "api": api, "model": model}
     finally:
         srv.stop()
         leader.stop()

@@ -63,8 +63,8 @@ def refuse_ephemeral(conds: Conditions, st: GRPOJobStatus, obs: Observation, job
     """A job whose checkpoints live in an emptyDir (spec.checkpoint.storage: ephemeral) would lose
     them with its pods (an emptyDir is deleted with its pod): its suspend is refused, with the
     reason, once a trainer has run (before, there is nothing to lose; a queue such as Kueue creates
-    jobs suspended). True when refused."""
-    if job.spec.checkpoint.storage != EPHEMERAL or conds.is_("Suspended") or \
+    jobs suspended). Checkpoints in an object store are in no emptyDir. True when refused."""
+    if job.spec.checkpoint.storage != EPHEMERAL or job.spec.checkpoint.in_store or conds.is_("Suspended") or \
             conds.is_("Suspended", "Unknown", CHECKPOINTING):
         return False
     if st.start_time is None and not leader_up(obs.trainer_pods):

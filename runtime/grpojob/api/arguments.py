@@ -26,7 +26,16 @@ def _countdown(size: int = 256, count: int = 3, max_number: int = 20, seed: int 
     """grpojob.data.builtin.countdown"""
 
 
-BUILTIN_DATASETS: dict[str, Callable[..., Any]] = {"toy": _toy, "countdown": _countdown}
+def _reasoning_gym(tasks: list[dict], size: int = 1000, seed: int = 0, split: Literal["train", "test"] = "train",
+                   system_prompt: str = "default", prefill: bool = False) -> None:
+    """grpojob.data.reasoning.reasoning_gym (its tasks are checked by grpojob.data.reasoning.check_args)"""
+
+
+BUILTIN_DATASETS: dict[str, Callable[..., Any]] = {"toy": _toy, "countdown": _countdown,
+                                                   "reasoning-gym": _reasoning_gym}
+# Built-in datasets whose args only their package can judge (task names, configs): checked where
+# plug-ins are (validate.check_plugins: the CLI and the trainer), not in the operator.
+BUILTIN_ARG_CHECKS = {"reasoning-gym": "grpojob.data.reasoning:check_args"}
 
 _WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string", list: "a list",
           tuple: "a list", dict: "an object", type(None): "null"}

@@ -16,7 +16,9 @@ class SpecParts(colocation.Parts, Protocol):
     """What the cross-field rules read of a GRPOJobSpec (whose validator calls them: naming that
     class here would make spec.py and this module import each other)."""
     algorithm: Any
+    checkpoint: Any
     code: Any
+    mode: str
     dataset: Any
     evaluation: Optional[Any]
     judges: list
@@ -47,6 +49,12 @@ def problems(spec: SpecParts) -> Problems:
         # while weights are pushed, whatever weightSync.everySteps is: nothing to resume.
         out.append(("algorithm.partialRollouts", "needs algorithm.maxStaleness >= 1: at 0 no generation is in "
                     "flight when weights are pushed, so there is nothing to resume"))
+    if spec.checkpoint.in_store and spec.weight_sync.backend == "checkpoint":
+        out.append(("weightSync.backend", f"checkpoint: rollout servers read the weights from a checkpoint "
+                    f"directory, and checkpoint.path {spec.checkpoint.path} is an object store; use auto"))
+    if spec.checkpoint.in_store and spec.mode == "service":
+        out.append(("checkpoint.path", "mode service keeps its checkpoints in a directory (a mounted volume); "
+                    "an object store is for mode train"))
     if spec.weight_sync.backend == "nccl" and spec.rollout.backend == "hf":
         out.append(("weightSync.backend", "nccl needs rollout.backend vllm on GPUs; use auto or gloo"))
     code_volume = (spec.code.volume or {}).get("name")

@@ -14,34 +14,31 @@ MAX_SHUFFLE_BUFFER = 1_000_000  # rows held (and checkpointed) by a streamed dat
 
 
 class DatasetSpec(Model):
-    path: Optional[str] = field(None, description="Where the rows are (docs/data.md): a .jsonl, .json, .csv or "
-                                ".parquet file or a glob of such files, local or at a URL (s3://, gs://, az://, "
-                                "abfs://, https://, hf://datasets/<org>/<name>/<file or glob>), a `datasets` "
-                                "directory saved with save_to_disk, or a Hub dataset by name "
-                                "(hf://datasets/<org>/<name>[@revision], with config and split). Exactly one of "
-                                "path, factory and class.", max_length=4096)
+    path: Optional[str] = field(None, description="Where the rows are (docs/data.md): .jsonl, .json, .csv or "
+                                ".parquet files (a glob too), local or at a URL (s3://, gs://, az://, abfs://, "
+                                "https://, hf://datasets/<org>/<name>/<file>), a save_to_disk directory, or a Hub "
+                                "dataset (hf://datasets/<org>/<name>[@revision]). One of path, factory, class.", max_length=4096)
     config: Optional[str] = field(None, description="A Hub dataset's configuration (subset), e.g. main for "
                                   "hf://datasets/openai/gsm8k; only with a Hub dataset by name.", max_length=256)
     split: Optional[str] = field(None, description="A Hub dataset's split (default train); only with a Hub dataset "
                                  "by name (files are one split).", max_length=256)
-    streaming: bool = field(False, description="Read the rows lazily (datasets streaming) instead of loading them "
-                            "all: for a dataset larger than memory. Its position, shuffle buffer included, is part "
-                            "of each checkpoint, so a resumed run reads on where it stopped. Only with path.")
+    streaming: bool = field(False, description="Read the rows lazily (datasets streaming): for a dataset larger "
+                            "than memory. Its position and shuffle buffer are checkpointed. Only with path.")
     shuffle_buffer: int = field(1000, ge=1, le=MAX_SHUFFLE_BUFFER, description="With streaming and shuffle: rows "
                                 "held in the seeded shuffle buffer (a draw picks one of them at random); larger "
                                 "mixes more and makes each checkpoint larger.")
     credentials_secret: Optional[names.ObjectName] = field(
-        None, description="On a cluster: the name of a Secret in the job's namespace whose keys become environment "
-        "variables of the trainer pods (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, HF_TOKEN): the credentials "
-        "that the path's store reads. grpojob run uses your own environment.")
-    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown) or a reference "
+        None, description="On a cluster: a Secret in the job's namespace whose keys become the trainer pods' "
+        "environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, HF_TOKEN) for the path's store. grpojob run "
+        "uses your own environment.")
+    factory: Optional[str] = field(None, description="A built-in dataset (toy, countdown, reasoning-gym) or a reference "
                                    "('module:function' or 'path/to/file.py:function') called with args and "
                                    "returning an iterable of dict rows.",
                                    json_schema_extra={"pattern": plugins.name_pattern("dataset")})
     class_: Optional[str] = field(None, alias="class", description="A dataset class ('module:Class' or "
-                                  "'path/to/file.py:Class'), constructed with args, with setup(spec, tokenizer), "
-                                  "__len__, __getitem__(i) (prompt text, chat messages or a row) and "
-                                  "reference_answer(i).",
+                                  "'path/to/file.py:Class'), constructed with args, with setup(config, tokenizer), "
+                                  "__len__, __getitem__(i) (a prompt, chat or row) and "
+                                  "[query_|get_]reference_answer(i).",
                                   json_schema_extra={"pattern": plugins.name_pattern("dataset_class")})
     args: FreeForm = field(default_factory=dict, description="Keyword arguments for the factory or class.")
     format: Literal["auto", "jsonl", "json", "csv", "parquet", "disk"] = field(

@@ -22,7 +22,7 @@ HUB = "hf"  # huggingface_hub's HfFileSystem (files) and datasets.load_dataset (
 SCHEMES = OBJECT_STORES + WEB + (HUB,)
 FORMS = "s3://, gs://, az://, abfs://, abfss://, https://, http://, hf://datasets/<org>/<name>[/<file or glob>]"
 
-_BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")  # also abfs' container@account.dfs.core.windows.net
+BUCKET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]*$")  # also abfs' container@account.dfs.core.windows.net
 _HUB_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # an org or repository name on the Hub
 
 
@@ -64,7 +64,7 @@ def parse(path: str) -> Optional[DataUrl]:
     if not parts.netloc:
         what = "host" if scheme in WEB else "bucket" if scheme in ("s3", "gs") else "container"
         raise ValueError(f"'{path}' names no {what} ({scheme}://<{what}>/<path>)")
-    if scheme not in WEB and not _BUCKET.match(parts.netloc):
+    if scheme not in WEB and not BUCKET.match(parts.netloc):
         raise ValueError(f"'{parts.netloc}' is not a valid bucket or container name")
     if not parts.path.strip("/"):
         raise ValueError(f"'{path}' names no file: add the object's key (or a glob such as /data/*.parquet)")

@@ -6,7 +6,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import StringConstraints, ValidationInfo, field_validator, model_validator
 
-from grpojob.api import plugins
+from grpojob.api import data_url, plugins
 from grpojob.api.base import Model, deferring, field, invalid, invalid_all
 from grpojob.api.names import LABEL_VALUE_MAX, ObjectName
 from grpojob.api.workload import RESERVED_VOLUME_PREFIX, Volume
@@ -18,14 +18,30 @@ PERSISTENT, EPHEMERAL = "persistent", "ephemeral"  # checkpoint.storage
 QUANTITY_PATTERN = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 
 
+CHECKPOINT_STORES = ("s3", "gs", "az", "abfs", "abfss")  # written through obstore (checkpoint.store_dcp)
+
+
+def store_url(v: str) -> None:
+    """ValueError unless `v` is an object-store URL checkpoints can be written to."""
+    scheme, rest = v.split("://", 1)
+    if scheme.lower() not in CHECKPOINT_STORES:
+        raise ValueError(f"'{scheme}://' is not a store checkpoints are written to: use a directory (a mounted "
+                         f"volume) or s3://, gs://, az://<bucket>/<prefix>")
+    bucket = rest.split("/", 1)[0]
+    if any(c.isspace() for c in v) or "?" in v or "#" in v:
+        raise ValueError(f"'{v}': an object-store prefix is a plain path (no white space, '?' or '#')")
+    if not data_url.BUCKET.match(bucket):
+        raise ValueError(f"'{v}' names no valid bucket or container ({scheme}://<bucket>/<prefix>)")
+
+
 class CheckpointSpec(Model):
     volume_claim: Optional[ObjectName] = field(None, description="An existing PersistentVolumeClaim for checkpoints, "
                                         "mounted at path in trainer pods (and rollout pods with backend "
                                         "checkpoint). Unset: storage decides.")
     storage: Literal["persistent", "ephemeral"] = field(
         PERSISTENT, description="Where trainer pods keep checkpoints without volumeClaim. persistent: a "
-        "PersistentVolumeClaim per trainer pod (the StatefulSet's volumeClaimTemplates: size, "
-        "storageClassName), kept while the job is suspended and deleted with the job; the cluster needs a "
+        "PersistentVolumeClaim per trainer pod (size, storageClassName), kept while the job is "
+        "suspended and deleted with the job; the cluster needs a "
         "default StorageClass unless storageClassName names one. ephemeral: an emptyDir, deleted with its "
         "pod: a restart keeps it, but suspend would lose it, so suspend is refused.")
     size: str = field("10Gi", description="Size of each trainer pod's checkpoint claim (storage persistent): "
@@ -34,16 +50,40 @@ class CheckpointSpec(Model):
     storage_class_name: Optional[ObjectName] = field(None, description="StorageClass of the checkpoint claims "
                                                      "(storage persistent); unset: the cluster's default "
                                                      "StorageClass.")
-    path: str = field("/checkpoints", description="Checkpoint directory (locally: relative to the run dir).")
+    path: str = field("/checkpoints", description="Checkpoint directory (locally: in the run dir), or "
+                      "s3://, gs://, az://<bucket>/<prefix>.")
+    credentials_secret: Optional[ObjectName] = field(
+        None, description="Object-store path: a Secret of its credentials (trainer env).")
     every_steps: int = field(50, ge=1, description="Save every N steps (and always at the end).")
-    keep_last: int = field(3, ge=1, description="Keep the newest K checkpoints.")
+    keep_last: int = field(3, ge=1, description="Keep the newest K.")
     resume: bool = field(True, description="Resume from the newest checkpoint when one exists.")
+
+    @field_validator("path")
+    @classmethod
+    def _location(cls, v: str) -> str:
+        # Taken as a directory, "s3://b/p" became a local folder named "s3:": every URL is checked.
+        if data_url.is_url(v):
+            store_url(v)
+        return v
+
+    @property
+    def in_store(self) -> bool:
+        """Checkpoints in an object store (no volume for them)."""
+        return data_url.is_url(self.path)
 
     @model_validator(mode="after")
     def _storage(self, info: ValidationInfo) -> "CheckpointSpec":
-        if self.volume_claim and not deferring(info) and self.storage == EPHEMERAL:
+        if deferring(info):
+            return self
+        if self.volume_claim and self.storage == EPHEMERAL:
             raise invalid("storage", "ephemeral contradicts volumeClaim (checkpoints on that claim); "
                           "remove one of them")
+        if self.volume_claim and self.in_store:
+            raise invalid("volumeClaim", f"mounts a directory, but path {self.path} is an object store; remove "
+                          "one of them")
+        if self.credentials_secret and not self.in_store:
+            raise invalid("credentialsSecret", "is for an object-store path (s3://, gs://, az://); a directory "
+                          "needs none")
         return self
 
 

@@ -17,15 +17,16 @@ import importlib.util
 import os
 import re
 import sys
+import types
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
 BUILTIN_ALGORITHMS = ("grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp")
-BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match", "toy")
+BUILTIN_REWARDS = ("math_exact", "format", "countdown", "exact_match", "toy", "reasoning-gym", "reasoning-gym-format")
 # The signatures a reward function may be written in (grpojob.rewards.forms): grpojob's own,
 # cosmos-rl's and TRL's. The built-in rewards are native.
-REWARD_SIGNATURES = ("native", "cosmos", "trl")
-BUILTIN_DATASETS = ("toy", "countdown")
+REWARD_SIGNATURES = ("native", "cosmos", "trl", "cosmos-group", "verl")
+BUILTIN_DATASETS = ("toy", "countdown", "reasoning-gym")
 BUILTIN_WORKFLOWS = ("single-turn", "greedy-baseline")
 # rollout.workflow `none`: the trainer generates nothing itself; its groups come from environments.
 NO_WORKFLOW = "none"
@@ -39,10 +40,12 @@ KINDS = {
     "workflow": (*BUILTIN_WORKFLOWS, NO_WORKFLOW),
     "engine": BUILTIN_ENGINES,
     "trainer": (),
+    "loss": (),
     "callback": (),
 }
 
 CODE_DIR_ENV = "GRPOJOB_CODE_DIR"  # where relative file references are looked up (see the module doc)
+USER_PACKAGE = "grpojob_user"  # the package of the modules loaded from files
 
 # The CRD patterns and the validator share these; a new kind of reference is one more alternative.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -122,9 +125,13 @@ def _load_file(path: Path):
     path = path.resolve()
     if not path.is_file():
         raise ImportError(f"no such file '{path}'")
-    name = f"grpojob_user.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    name = f"{USER_PACKAGE}.{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
     if name in sys.modules:
         return sys.modules[name]
+    if USER_PACKAGE not in sys.modules:  # the parent package, so that pickle can import its functions by name
+        package = types.ModuleType(USER_PACKAGE)  # (a process pool's workers: AReaL's reward functions)
+        package.__path__ = []
+        sys.modules[USER_PACKAGE] = package
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before executing: dataclasses and pickling look it up
@@ -145,8 +152,8 @@ def resolve(name: str):
         else:
             obj = importlib.import_module(source)
     except ImportError as e:
-        raise ImportError(f"cannot import {'file' if is_file_reference(name) else 'module'} '{source}': {e}") \
-            from e
+        raise ImportError(f"cannot import {'file' if is_file_reference(name) else 'module'} '{source}': {e}"
+                          f"{framework_hint(e)}") from e
     except Exception as e:  # the user's module raised while being imported
         raise ImportError(f"importing '{source}' raised {type(e).__name__}: {e}") from e
     for part in attr.split("."):
@@ -155,6 +162,21 @@ def resolve(name: str):
         except AttributeError:
             raise AttributeError(f"'{source}' has no attribute '{attr}'") from None
     return obj
+
+
+# Frameworks whose code a plug-in may import: each pins torch/transformers below grpojob's, so it is
+# installed without its dependencies plus the light ones it imports (docs/plugins.md#frameworks).
+FRAMEWORKS = {"cosmos_rl": "cosmos-rl==0.4.7", "verl": "verl==0.9.1", "areal": "areal==1.0.4",
+              "art": "openpipe-art==0.5.18"}
+
+
+def framework_hint(e: ImportError) -> str:
+    """For a missing framework package: how to install it beside grpojob."""
+    top = (getattr(e, "name", None) or "").split(".")[0]
+    if top not in FRAMEWORKS:
+        return ""
+    return (f" (the code imports {FRAMEWORKS[top]}: install it beside grpojob with `pip install --no-deps "
+            f"{FRAMEWORKS[top]}` and its light dependencies, as .ci/sets/frameworks.sh does; docs/plugins.md#frameworks)")
 
 
 def load_checked(ref: str, where: str, check: Callable[[Any], Optional[str]], error: type[Exception]):
@@ -175,6 +197,7 @@ def load_checked(ref: str, where: str, check: Callable[[Any], Optional[str]], er
 # kind has already imported it when the check runs.
 _CHECKS = {
     "trainer": "grpojob.learner.plugin:check_class",
+    "loss": "grpojob.learner.cosmos_loss:check_function",
     "engine": "grpojob.rollout.engine:check_class",
     "dataset": "grpojob.data:check_factory",
     "dataset_class": "grpojob.data:check_class",

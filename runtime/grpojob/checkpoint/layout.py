@@ -14,6 +14,11 @@
         .tmp-step-000012-<ns>/    a save in progress, or one killed before its commit (the next
                                   commit removes it)
 
+On a claim per trainer pod (directories no two pods share: checkpoint.pods) each pod's step
+directory holds its own ranks' part: state/rank-NNNNN/ (each rank's own DCP checkpoint: its
+shards and .metadata) and pod.json (the world size and the ranks of every pod); the pod of rank 0
+also has trainer_state.pt and hf/.
+
 A save writes into the temporary directory and commits by renaming it to step-NNNNNN, then moves
 `latest`: a save killed at any point leaves the previous checkpoint whole and `latest` naming it.
 Checkpoints of the earlier full-state layout (step-N/model/ with the Hugging Face weights, and a
@@ -36,6 +41,7 @@ HF_DIR = "hf"
 ADAPTER_DIR = "adapter"
 LEGACY_MODEL_DIR = "model"
 LATEST = "latest"
+POD_FILE = "pod.json"  # a pod's part of a checkpoint on per-pod claims
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -50,12 +56,23 @@ def is_sharded(path: str | Path) -> bool:
     return (Path(path) / SHARDS / ".metadata").is_file()
 
 
+def is_per_pod(path: str | Path) -> bool:
+    return (Path(path) / POD_FILE).is_file()
+
+
+def rank_dir(path: str | Path, rank: int) -> Path:
+    """A rank's own DCP checkpoint inside a per-pod checkpoint."""
+    return Path(path) / SHARDS / f"rank-{rank:05d}"
+
+
 def is_legacy(path: str | Path) -> bool:
     return not is_sharded(path) and (Path(path) / LEGACY_MODEL_DIR / "config.json").is_file()
 
 
 def is_complete(path: str | Path) -> bool:
     path = Path(path)
+    if is_per_pod(path):  # renamed into place once every rank of every pod had written
+        return True
     return (path / STATE_FILE).is_file() and (is_sharded(path) or is_legacy(path))
 
 
@@ -79,8 +96,9 @@ def latest(root: str | Path) -> Optional[Path]:
     return found[-1][1] if found else None
 
 
-def commit(root: str | Path, tmp: Path, final: Path, keep_last: int) -> None:
-    """Rename a whole temporary checkpoint into place, move `latest` to it, prune."""
+def commit(root: str | Path, tmp: Path, final: Path, keep_last: int, prune_now: bool = True) -> None:
+    """Rename a whole temporary checkpoint into place, move `latest` to it, prune (unless
+    `prune_now` is False: per-pod claims prune once every pod has committed)."""
     root = Path(root)
     _fsync(tmp)
     if final.exists():  # a re-save of the same step (a resumed run ending where it resumed)
@@ -91,7 +109,8 @@ def commit(root: str | Path, tmp: Path, final: Path, keep_last: int) -> None:
     pointer.write_text(final.name + "\n")
     os.replace(pointer, root / LATEST)
     _fsync(root)
-    prune(root, keep_last)
+    if prune_now:
+        prune(root, keep_last)
 
 
 def prune(root: str | Path, keep_last: int) -> list[Path]:

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import logging
 import random
-import shutil
 import threading
 import time
-import uuid
 import warnings
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -28,9 +26,9 @@ from typing import Any, Optional, Protocol
 import torch
 import torch.distributed as tdist
 from torch.distributed import checkpoint as dcp
-from torch.distributed.tensor import DTensor
 
-from grpojob.checkpoint import layout, legacy
+from grpojob.checkpoint import layout, legacy, objects, places, pods, storage
+from grpojob.checkpoint.pods import own_part  # noqa: F401 - its home before per-pod claims
 from grpojob.learner import dist
 from grpojob.learner.errors import TrainerError
 from grpojob.sync import adapter
@@ -49,17 +47,37 @@ warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?una
                         category=UserWarning)
 
 
-def storage_error(e: BaseException) -> Optional[str]:
-    """What a save's storage said ("[Errno 28] No space left on device: ..."), when that is why it
-    failed (OSError, or a DCP failure on any rank from one); None for any other failure."""
-    if isinstance(e, OSError):
-        what = e.strerror or str(e)
-        return f"{what} ({e.filename})" if e.filename else what
+def storage_oserror(e: BaseException) -> Optional[BaseException]:
+    """The storage's own error behind a failed save (a full disk, a quota, a permission, an I/O
+    error, an object store that refused or did not answer), when that is why it failed; None for
+    any other failure."""
+    if isinstance(e, OSError) or objects.store_error(e):
+        return e
     if isinstance(e, dcp.CheckpointException):
         for exc, _ in e.failures.values():
-            if isinstance(exc, OSError):
-                return storage_error(exc)
+            if isinstance(exc, OSError) or objects.store_error(exc):
+                return exc
     return None
+
+
+def storage_error(e: BaseException) -> Optional[str]:
+    """What a save's storage said ("[Errno 28] No space left on device: ..."), when that is why it
+    failed; None for any other failure."""
+    found = storage_oserror(e)
+    if found is None:
+        return None
+    if not isinstance(found, OSError):
+        return " ".join(str(found).split())[:300]
+    what = found.strerror or str(found)
+    return f"{what} ({found.filename})" if found.filename else what
+
+
+def _outcome(e: Optional[BaseException]) -> Optional[tuple[bool, Optional[int], str]]:
+    """What pods.agree tells the other ranks of a failure: the storage's or not, its errno, the text."""
+    if e is None:
+        return None
+    found = storage_oserror(e)
+    return (found is not None, getattr(found, "errno", None), f"{type(e).__name__}: {e}"[:600])
 
 
 def rng_state() -> dict[str, Any]:
@@ -76,54 +94,22 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def find_latest(root: str | Path, env) -> Optional[Path]:
-    """The newest complete checkpoint, as rank 0 sees it (collective)."""
-    found = layout.latest(root) if env.is_leader else None
+def find_latest(root: str | Path, env) -> Optional[str | Path]:
+    """The newest complete checkpoint (collective): in an object store as rank 0 sees it; in a
+    directory the newest that every rank finds whole in its own (one shared directory, or a claim
+    per pod: each rank's path, under its own root)."""
+    if not objects.is_store(str(root)) and env.initialized and env.world > 1:
+        return pods.common(Path(root), env)
+    found = places.of(root).latest() if env.is_leader else None
     found = dist.broadcast_object(str(found) if found else None, env)
-    return Path(found) if found else None
-
-
-def own_part(state: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
-    """The part of a sharded state dict this rank saves: its DTensor shards and non-tensor values,
-    and the replicated (plain) tensors assigned to it, largest first to the least-loaded rank (the
-    same assignment on every rank: their replicated tensors are the same). Rank 0 gets none: it
-    also runs the rollout manager, the weight publisher and the leader endpoint, and an
-    asynchronous save stages a copy of what it writes."""
-    if world == 1:
-        return state
-    sizes: list[tuple[tuple[str, ...], int]] = []
-
-    def walk(d: dict, path: tuple[str, ...]) -> None:
-        for k, v in d.items():
-            if isinstance(v, dict):
-                walk(v, path + (str(k),))
-            elif isinstance(v, torch.Tensor) and not isinstance(v, DTensor):
-                sizes.append((path + (str(k),), v.numel() * v.element_size()))
-    walk(state, ())
-    load, owner = [0] * (world - 1), {}
-    for path, n in sorted(sizes, key=lambda x: (-x[1], x[0])):
-        r = load.index(min(load))
-        owner[path] = r + 1
-        load[r] += n
-
-    def keep(d: dict, path: tuple[str, ...]) -> dict:
-        out = {}
-        for k, v in d.items():
-            p = path + (str(k),)
-            if isinstance(v, dict):
-                out[k] = keep(v, p)
-            elif owner.get(p, rank) == rank:
-                out[k] = v
-        return out
-    return keep(state, ())
+    return (found if objects.is_store(str(root)) else Path(found)) if found else None
 
 
 @dataclass
 class Save:
     """One save: timings (blocking: what the caller waited; total: until committed)."""
     step: int
-    tmp: Path
-    final: Path
+    tmp: str  # the place's handle: a temporary directory, or the checkpoint's URL
     future: Future
     started: float
     blocking_seconds: float = 0.0
@@ -166,22 +152,27 @@ class CheckpointManager:
 
     def __init__(self, root: str | Path, learner: Learner, keep_last: int, *,
                  states: Optional[dict[str, Stateful]] = None, asynchronous: bool = True):
-        self.root, self.learner, self.keep_last = Path(root), learner, keep_last
+        self.place = places.of(root)
+        self.root, self.learner, self.keep_last = self.place.root, learner, keep_last
         self.states = dict(states or {})
         self.env = learner.env
         self.asynchronous = asynchronous
         self.last_step: Optional[int] = None
         self.last_save: Optional[Save] = None
         self.pending: Optional[Save] = None
-        self._committed: list[tuple[int, Path]] = []
+        self._committed: list[tuple[int, str | Path]] = []
         self._lock = threading.Lock()
         self.failed_in_a_row = 0
         self._errors: list[str] = []  # failed saves not yet reported (take_errors)
         multi = self.env.initialized and self.env.world > 1
         self.single = not multi  # one rank: DCP writes and reads in this process alone
         self.pg = self._group()
-        if multi:
-            self._check_shared()
+        self.place.check(self.env)  # a probe write of every rank: storage it cannot write stops it here
+
+    @property
+    def per_pod(self) -> bool:
+        """A claim per trainer pod (found by the place's check): pods.py."""
+        return getattr(self.place, "pods", None) is not None
 
     def _group(self):
         """A gloo group of its own whenever a process group exists, one rank included: DCP's
@@ -191,22 +182,6 @@ class CheckpointManager:
             return None
         return tdist.new_group(backend="gloo")
 
-    def _check_shared(self) -> None:
-        """Every rank writes into the same directory: it must be one filesystem for all of them."""
-        probe = None
-        if self.env.is_leader:
-            self.root.mkdir(parents=True, exist_ok=True)
-            probe = self.root / f".probe-{uuid.uuid4().hex}"
-            probe.touch()
-        probe = Path(dist.broadcast_object(str(probe) if probe else None, self.env))
-        missing = dist.all_max(torch.tensor([0 if probe.exists() else 1]), self.env)
-        if self.env.is_leader:
-            probe.unlink(missing_ok=True)
-        if int(missing.item()):
-            raise TrainerError(f"spec.checkpoint.path: {self.root} is not one directory for every trainer rank "
-                               f"(each rank writes its own shards): on more than one trainer pod, mount a "
-                               f"ReadWriteMany claim there (spec.checkpoint.volumeClaim)")
-
     # ---- saving -------------------------------------------------------------------------------------
     def save(self) -> None:
         """Start saving the current step (after the previous save is committed); returns once this
@@ -215,76 +190,101 @@ class CheckpointManager:
         tr, env = self.learner, self.env
         started = time.perf_counter()
         failed: Optional[BaseException] = None  # rank 0's own writes (a full disk shows here first)
-        tmp = None
-        if env.is_leader:
-            tmp = layout.temp_dir(self.root, tr.step)
+        tmp = dist.broadcast_object(self.place.new(tr.step) if env.is_leader else None, env)
+        if self.place.leads(env):  # rank 0, or each pod's leader on per-pod claims
             try:
-                (tmp / layout.SHARDS).mkdir(parents=True)
-            except OSError as e:
+                self.place.prepare(tmp, env)
+            except Exception as e:  # noqa: BLE001 - storage errors only, re-raised otherwise
+                if storage_oserror(e) is None:
+                    raise
                 failed = e
-        tmp = Path(dist.broadcast_object(str(tmp) if tmp else None, env))
-        state = own_part(tr.sharded_state(), env.rank, env.world)
+        state = own_part(tr.sharded_state(), env.rank, self.place.savers(env))
         ranks = dist.gather_objects({"rng": rng_state()}, env)
+        files = self.place.files(tmp) if env.is_leader else None
         if env.is_leader and failed is None:
             try:
                 torch.save({"format": 2, "step": tr.step, "policy_version": tr.version, "world": env.world,
                             "ranks": ranks, **{name: s.state_dict() for name, s in self.states.items()}},
-                           tmp / layout.STATE_FILE)
-                tr.save_model_files(tmp / layout.HF_DIR)
+                           files / layout.STATE_FILE)
+                tr.save_model_files(files / layout.HF_DIR)
             except OSError as e:
                 failed = e
         adapter_stream = tr.adapter_stream()  # LoRA: the adapter in PEFT's format too (small; collective)
         if adapter_stream is not None:
             try:
                 if env.is_leader and failed is None:
-                    adapter.save(tmp / layout.ADAPTER_DIR, adapter_stream)
+                    adapter.save(files / layout.ADAPTER_DIR, adapter_stream)
             except OSError as e:
                 failed = e
             finally:
                 adapter_stream.drain()
-        # every rank learns of rank 0's failure before DCP's collectives, which they then all skip
+        # every rank learns of a leader's failure before DCP's collectives, which they then all skip
         if bool(dist.all_max(torch.tensor([int(failed is not None)]), env).item()):
-            self._drop(tmp, tr.step, failed or OSError("rank 0 could not write the checkpoint's files"))
+            self._drop(tmp, tr.step, failed or OSError("a trainer rank could not write the checkpoint's files"))
             return
-        target = str(tmp / layout.SHARDS)
+        target, alone = self.place.writer(tmp, env.rank), self.single or self.per_pod  # per pod: each rank its own
         try:
             if self.asynchronous:
-                future = dcp.async_save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
+                future = dcp.async_save(state, process_group=self.pg, no_dist=alone, **target)
             else:
-                dcp.save(state, checkpoint_id=target, process_group=self.pg, no_dist=self.single)
+                dcp.save(state, process_group=self.pg, no_dist=alone, **target)
                 future = Future()
                 future.set_result(None)
-        except (OSError, dcp.CheckpointException) as e:
+        except (Exception, dcp.CheckpointException) as e:  # noqa: BLE001 - storage errors only, re-raised
+            # otherwise (DCP's CheckpointException is a BaseException)
             if not storage_error(e):
                 raise
-            self._drop(tmp, tr.step, e)
-            return
+            if not self.per_pod:
+                self._drop(tmp, tr.step, e)
+                return
+            future = Future()  # per pod: the other ranks wait for this one's word at the commit
+            future.set_exception(e)
         del state  # the staged copy (asynchronous) or the files hold it now
-        save = Save(tr.step, tmp, layout.step_dir(self.root, tr.step), future, started,
-                    blocking_seconds=time.perf_counter() - started)
+        save = Save(tr.step, tmp, future, started, blocking_seconds=time.perf_counter() - started)
         self.pending = self.last_save = save
         future.add_done_callback(lambda f, s=save: self._finish(s, f))
 
     def _finish(self, save: Save, future: Future) -> None:
         """When this rank's part is written (the writer's thread): rank 0 commits."""
         try:
-            future.result()
-            if self.env.is_leader:
-                layout.commit(self.root, save.tmp, save.final, self.keep_last)
+            final = self._commit(save, future)
             save.total_seconds = time.perf_counter() - save.started
             with self._lock:
                 self.last_step = save.step
-                self._committed.append((save.step, save.final))
+                self._committed.append((save.step, final))
             if self.env.is_leader:
-                log.info("checkpoint saved", extra={"step": save.step, "path": str(save.final),
+                log.info("checkpoint saved", extra={"step": save.step, "path": str(final),
                                                     "blocking_seconds": round(save.blocking_seconds, 3),
                                                     "seconds": round(save.total_seconds, 3)})
         except BaseException as e:  # noqa: BLE001 - reported by wait(), in the caller's thread
             save.error = e
-            if self.env.is_leader:  # nothing of a failed save stays (a full disk gets its space back)
-                shutil.rmtree(save.tmp, ignore_errors=True)
+            if self.place.leads(self.env):  # nothing of a failed save stays (a full disk gets its space back)
+                self.place.drop(save.tmp)
         finally:
             save.done.set()
+
+    def _commit(self, save: Save, future: Future) -> str | Path:
+        """Rank 0 commits once DCP says every rank wrote; per pod, every pod's leader commits once
+        every rank says so, and prunes once every pod committed (checkpoint.pods)."""
+        if not self.per_pod:
+            future.result()
+            return self.place.commit(save.tmp, save.step, self.keep_last) if self.env.is_leader else save.tmp
+        final = None
+        for stage in ("write", "commit"):
+            error = None
+            try:
+                if stage == "write":
+                    future.result()
+                elif self.place.leads(self.env):
+                    final = self.place.commit(save.tmp, save.step, self.keep_last)
+            except BaseException as e:  # noqa: BLE001 - agreed on, then raised on every rank alike
+                error = e
+            error = pods.agree(error, _outcome(error), self.env, self.pg)
+            if error is not None:
+                raise error
+        if self.place.leads(self.env):
+            self.place.prune(self.keep_last)
+        return final or save.tmp
 
     def wait(self) -> None:
         """Until the pending save (if any) is committed; TrainerError if it failed."""
@@ -299,9 +299,9 @@ class CheckpointManager:
         else:
             raise TrainerError(f"checkpoint of step {save.step} failed: {save.error}") from save.error
 
-    def _drop(self, tmp: Path, step: int, error: BaseException) -> None:
-        if self.env.is_leader:
-            shutil.rmtree(tmp, ignore_errors=True)
+    def _drop(self, tmp: str, step: int, error: BaseException) -> None:
+        if self.place.leads(self.env):
+            self.place.drop(tmp)
         self._failed(step, error)
 
     def _failed(self, step: int, error: BaseException) -> None:
@@ -310,10 +310,16 @@ class CheckpointManager:
         self.failed_in_a_row += 1
         why = f"checkpoint of step {step} failed: {storage_error(error)}"
         if self.failed_in_a_row >= MAX_FAILED_SAVES:
-            raise TrainerError(f"{why}; {self.failed_in_a_row} checkpoints in a row failed (the last saved is step "
-                               f"{self.last_step}): free space under {self.root} or set spec.checkpoint.path "
-                               f"to a larger volume") from error
-        why += f" (the last checkpoint is step {self.last_step})"
+            found = storage_oserror(error)
+            cause = (storage.advice(found, Path(self.root)) if isinstance(found, OSError) else
+                     storage.store_advice(found) if found is not None else str(error))
+            last = f"step {self.last_step}" if self.last_step is not None else "none yet in this run"
+            kind = storage.StorageRefused if isinstance(found, OSError) and found.errno in storage.DETERMINISTIC \
+                else TrainerError
+            raise kind(f"{self.failed_in_a_row} checkpoints in a row failed (the last saved: {last}); "
+                       f"step {step}: {cause}") from error
+        why += f" (the last checkpoint is step {self.last_step})" if self.last_step is not None else \
+            " (no checkpoint saved yet in this run)"
         log.error("%s; training goes on: the next save is at the next interval; %d failures in a row stop the "
                   "trainer", why, MAX_FAILED_SAVES)
         self._errors.append(why)
@@ -340,24 +346,26 @@ class CheckpointManager:
         """A save of `step` is committed or under way."""
         return (self.pending is not None and self.pending.step == step) or self.last_step == step
 
-    def committed(self) -> list[tuple[int, Path]]:
+    def committed(self) -> list[tuple[int, str | Path]]:
         """(step, path) of the checkpoints committed since the last call (rank 0: for callbacks)."""
         with self._lock:
             out, self._committed = self._committed, []
         return out
 
     # ---- loading ------------------------------------------------------------------------------------
-    def load(self, path: Path) -> None:
+    def load(self, path: str | Path) -> None:
         tr = self.learner
-        if layout.is_legacy(path):
+        if self.place.is_legacy(path):
             state = legacy.load(tr, path)
         else:
             shards = tr.sharded_state()  # the skeleton in this run's sharding, filled in place
-            dcp.load(shards, checkpoint_id=str(Path(path) / layout.SHARDS), process_group=self.pg,
-                     no_dist=self.single)
+            if self.place.is_per_pod(path):
+                pods.load(shards, Path(path), self.env, self.pg)
+            else:
+                dcp.load(shards, process_group=self.pg, no_dist=self.single, **self.place.reader(path))
             tr.load_sharded_state(shards)
             del shards
-            state = legacy.read_state(path) if tr.env.is_leader else None
+            state = self.place.read_state(path) if tr.env.is_leader else None
         state = dist.broadcast_object(state, tr.env)
         tr.step, tr.version = int(state["step"]), int(state["policy_version"])
         for name, s in self.states.items():

@@ -84,6 +84,16 @@ class Generator(Protocol):
         ...
 
 
+class GroupRejected(Exception):
+    """Raised by a workflow's `run`: the prompt's group is dropped, neither trained nor an error, and
+    the next prompt drawn in its place (AReaL's dynamic_filter_fn). `group`: the rejected group, which
+    an evaluation (scoring every prompt, filtering nothing) uses."""
+
+    def __init__(self, message: str, group: Optional["Group"] = None):
+        super().__init__(message)
+        self.group = group
+
+
 class Workflow(Protocol):
     """A rollout workflow: turns one sample into one group (it may call the policy several times).
     Built-ins: single-turn, greedy-baseline; users: `module:Class` taking (spec, tokenizer)."""

@@ -5,10 +5,12 @@ or at a URL, or a Hub dataset by name (grpojob.data.sources), read whole or stre
 deterministic, resumable stream of prompts.
 
 A factory is called with spec.dataset.args and returns an iterable of dict rows (a list, a
-generator, a `datasets.Dataset`). A dataset class is constructed with the args, then
-`setup(spec, tokenizer)`; `len(ds)` rows, `ds[i]` is the prompt text, a list of chat messages
-(rendered with the tokenizer's chat template) or a dict row, and `ds.reference_answer(i)` the answer
-the rewards get as `answer` (None: the row's own)."""
+generator, a `datasets.Dataset`). A dataset class (cosmos-rl's shape) is constructed with the args,
+then `setup(config, tokenizer)` if it has one (config: grpojob.data.config.CosmosConfig, the spec
+under its own and cosmos-rl's names); `len(ds)` rows, `ds[i]` is the prompt text, a list of chat
+messages (rendered with the tokenizer's chat template) or a dict row, and the answer the rewards get
+as `answer` (None: the row's own) is `ds.reference_answer(i)`, or cosmos-rl's
+`query_reference_answer(i)` or `get_reference_answer(i)`: whichever one it has."""
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +28,8 @@ from grpojob.api import data_url, plugins
 from grpojob.api.spec import DatasetSpec, GRPOJobSpec
 from grpojob.contracts.rollout import Sample
 from grpojob.data import sources
-from grpojob.data.builtin import DATASETS
+from grpojob.data.config import CosmosConfig
+from grpojob.data.builtin import CHAT_ROWS, DATASETS
 
 log = logging.getLogger("grpojob.data")
 
@@ -63,7 +66,17 @@ class PromptSettings:
 _FACTORY_CONTRACT = ("a dataset factory must return an iterable of dict rows, e.g. [{'prompt': ..., "
                      "'answer': ...}, ...] (a list, a generator or a datasets.Dataset); a factory that writes "
                      "a file should return its rows, or write it once and set spec.dataset.path instead")
-_CLASS_METHODS = ("setup", "__len__", "__getitem__", "reference_answer")
+_CLASS_METHODS = ("__len__", "__getitem__")
+# The reference answer's method, by its name in grpojob and in cosmos-rl (its docs use both of these)
+REFERENCE_METHODS = ("reference_answer", "query_reference_answer", "get_reference_answer")
+_CLASS_SHAPE = (f"a dataset class with __len__, __getitem__, one of {', '.join(REFERENCE_METHODS)}, and "
+                f"optionally setup(config, tokenizer)")
+
+
+def reference_method(cls) -> Optional[str]:
+    """The name of the one reference-answer method `cls` has (None: none)."""
+    found = [m for m in REFERENCE_METHODS if callable(getattr(cls, m, None))]
+    return found[0] if len(found) == 1 else None
 
 
 def check_factory(fn) -> Optional[str]:
@@ -74,9 +87,19 @@ def check_factory(fn) -> Optional[str]:
 
 def check_class(cls) -> Optional[str]:
     if not inspect.isclass(cls):
-        return "is not a class (a dataset class with setup, __len__, __getitem__ and reference_answer is expected)"
+        return f"is not a class ({_CLASS_SHAPE} is expected)"
     missing = [m for m in _CLASS_METHODS if not callable(getattr(cls, m, None))]
-    return f"lacks {', '.join(missing)} (a dataset class needs {', '.join(_CLASS_METHODS)})" if missing else None
+    found = [m for m in REFERENCE_METHODS if callable(getattr(cls, m, None))]
+    if not found:
+        missing.append(" or ".join(REFERENCE_METHODS))
+    if missing:
+        return f"lacks {', '.join(missing)} ({_CLASS_SHAPE} is expected)"
+    if len(found) > 1:
+        return f"has {' and '.join(found)}: keep one, so that it is clear which gives the reference answer"
+    setup = getattr(cls, "setup", None)
+    if setup is not None and not callable(setup):
+        return "has a setup that is not a method (setup(config, tokenizer) is expected)"
+    return None
 
 
 def _rows_of(source: Any, where: str) -> list[dict[str, Any]]:
@@ -101,13 +124,15 @@ def _class_rows(settings: PromptSettings, tokenizer: Any, field: str) -> list[di
         raise DatasetError(f"{where} {why}")
     try:
         ds = cls(**d.args)
-        ds.setup(settings.job, tokenizer)
+        if callable(getattr(ds, "setup", None)):  # optional, as in cosmos-rl
+            ds.setup(CosmosConfig(settings.job) if settings.job is not None else None, tokenizer)
+        answer_of = getattr(ds, reference_method(cls))
         rows = []
         for i in range(len(ds)):
             item = ds[i]
             row = dict(item) if isinstance(item, Mapping) else \
                 {MESSAGES: list(item)} if isinstance(item, list) else {d.prompt_field: str(item)}
-            answer = ds.reference_answer(i)
+            answer = answer_of(i)
             if answer is not None:
                 row[d.answer_field] = answer
             rows.append(row)
@@ -184,6 +209,9 @@ def render_prompt(settings: PromptSettings, tokenizer: Any, row: dict[str, Any],
             raise DatasetError(f"dataset row {index} has no list field '{field_name}' "
                                f"({where}.messagesField)")
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    if d.factory in CHAT_ROWS and settings.chat_template and isinstance(row.get(MESSAGES), list):
+        return tokenizer.apply_chat_template(row[MESSAGES], tokenize=False, add_generation_prompt=True) + \
+            str(row.get("prefill") or "")  # the reply's opening (reasoning-gym's prefill)
     if d.prompt_field not in row:
         raise DatasetError(f"dataset row {index} has no field '{d.prompt_field}' ({where}.promptField); "
                            f"it has {sorted(row)}")

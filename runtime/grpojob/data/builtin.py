@@ -4,6 +4,8 @@ from __future__ import annotations
 import random
 from typing import Any, Iterator
 
+from grpojob.data.reasoning import reasoning_gym
+
 # The toy task: categories of words the tiny tokenizer knows.
 TOY_CATEGORIES = {
     "animals": "cat dog fox owl bee ant cow pig hen elk yak emu bat rat eel cod".split(),
@@ -41,4 +43,7 @@ def countdown(size: int = 256, count: int = 3, max_number: int = 20, seed: int =
                "target": target, "answer": str(target)}
 
 
-DATASETS = {"toy": toy, "countdown": countdown}
+DATASETS = {"toy": toy, "countdown": countdown, "reasoning-gym": reasoning_gym}
+# Built-ins whose rows carry chat `messages` (a system prompt and the question), rendered with the
+# chat template when spec.model.useChatTemplate; their `prompt` text otherwise.
+CHAT_ROWS = frozenset({"reasoning-gym"})

@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from grpojob.checkpoint import objects
 from grpojob.checkpoint.manager import CheckpointManager, find_latest
 from grpojob.api import GRPOJob
 from grpojob.auth import Auth
 from grpojob.plan import ENV_CHECKPOINT_DIR, ENV_RUN_DIR
 from grpojob.learner import dist
 from grpojob.leader.trajectories.api import TrajectoryAPI
+from grpojob.leader.trajectories.atropos import AtroposAPI, http_lookup
 from grpojob.leader.trajectories.sessions import Sessions
 from grpojob.leader.trajectories.wire import Limits
 from grpojob.rewards import RewardScorer
@@ -23,6 +25,7 @@ from grpojob.leader.callbacks import Callbacks
 from grpojob.leader.loop import Loop
 from grpojob.learner.plugin import trainer_class
 from grpojob.leader.record import StepRecord
+from grpojob.leader.remote import RemotePublisher
 from grpojob.leader.rollouts import Rollouts
 from grpojob.leader.wiring import connect
 from grpojob.leader.server import StatusBoard
@@ -69,8 +72,9 @@ class TrainerRun:
     def request_suspend(self) -> None:
         self.loop.request_suspend()
 
-    def trajectory_api(self):
-        """Rank 0: the trajectory API over this run's RolloutManager (None on other ranks)."""
+    def trajectory_api(self, auth: Optional[Auth] = None):
+        """Rank 0: the trajectory API over this run's RolloutManager (None on other ranks); with the
+        job's token (`auth`), also Atropos's run-api routes, which look versions up on the rollout servers."""
         manager = self.rollouts.source.manager
         if manager is None:
             return None
@@ -80,8 +84,15 @@ class TrainerRun:
         # agent sessions (X-Session-Id on the rollout servers); the job's rewards score those ended without one
         sessions = Sessions(manager, limits, scorer=RewardScorer(spec, tokenizer) if spec.rewards else None,
                             tokenizer=tokenizer)
-        return TrajectoryAPI(manager, limits, spec.rollout.sampling.model_dump(),
-                             policy_version=lambda: self.trainer.version, sessions=sessions)
+        api = TrajectoryAPI(manager, limits, spec.rollout.sampling.model_dump(),
+                            policy_version=lambda: self.trainer.version, sessions=sessions)
+        publisher = self.rollouts.publisher
+        # Atropos: versions from the rollout servers' record (an in-process engine has no servers to ask)
+        if isinstance(publisher, RemotePublisher) and auth is not None:
+            api.atropos = AtroposAPI(api, http_lookup(publisher.rollout_addresses, auth.token),
+                                     batch_size=spec.training.prompts_per_step * spec.algorithm.group_size,
+                                     total_steps=spec.training.steps)
+        return api
 
 
 def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "inprocess",
@@ -92,7 +103,8 @@ def build(job: GRPOJob, *, env: Optional[dist.DistEnv] = None, rollouts: str = "
     env = env or dist.lone()
     spec = job.spec
     trainer = trainer_class(spec.trainer.class_)(job, env)  # spec.trainer.class, default GRPOTrainer
-    root = Path(checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path)
+    where = checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or spec.checkpoint.path
+    root = where if objects.is_store(where) else Path(where)  # a directory, or an object store's URL
     found = find_latest(root, env) if spec.checkpoint.resume else None
     side = connect(job, trainer.tokenizer, env, kind=rollouts, listen_host=listen_host, resumed=found is not None,
                    dynamic_sampling=trainer.algorithm.settings.dynamic_sampling, checkpoint_dir=str(root),

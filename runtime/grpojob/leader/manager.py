@@ -9,14 +9,11 @@ training by up to `algorithm.maxStaleness` policy versions.
     manager.close()
 
 Versions, run-ahead, dynamic sampling, environments and seeds: docs/architecture.md, "The rollout
-manager".
-
-The manager runs an asyncio loop in a background thread: workflows (up to `max_concurrency`)
-and reward scoring run there, concurrently with training.
-
-A step waiting for its groups says what for, and which rollout servers fail and why (pipeline.
-WaitReport). `next_step(stop)` gives the step up when `stop` is set (a suspend while generation is
-stalled): its groups go back, nothing is lost.
+manager". An asyncio loop in a background thread runs the workflows (up to `max_concurrency`) and
+reward scoring, concurrently with training; a group a workflow rejects (GroupRejected) is dropped
+and the next prompt drawn. A step waiting for its groups says what for, and which rollout servers
+fail and why (pipeline.WaitReport). `next_step(stop)` gives the step up when `stop` is set (a
+suspend while generation is stalled): its groups go back, nothing is lost.
 """
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ from typing import Any, Callable, Optional
 from grpojob.algorithms.shaping import shaped_rewards, zero_variance
 from grpojob.leader.trajectories.queue import EnvironmentQueue, Queued, Refused
 from grpojob.leader.rollout_client import RolloutError
-from grpojob.leader.pipeline import (WAIT_CHECK_SECONDS, IdleClock, Pipeline, SampleClient, StepGroups, WaitReport, derive_seed,
-                       group_version)
-from grpojob.contracts.rollout import Generator, Group, Prompts, Sample, Scorer, Workflow
+from grpojob.leader.pipeline import (WAIT_CHECK_SECONDS, IdleClock, Pipeline, SampleClient, StepGroups, WaitReport, derive_seed, group_version)
+from grpojob.contracts.rollout import Generator, Group, GroupRejected, Prompts, Sample, Scorer, Workflow
 from grpojob.rewards.judges import GroupSkipped
 
 __all__ = ["Pipeline", "RolloutManager", "StepGroups", "derive_seed", "group_version"]
@@ -250,6 +246,10 @@ class RolloutManager:
                          sample.index, version, self._floor())
         except asyncio.CancelledError:
             raise
+        except GroupRejected as e:  # dropped by the workflow's own filter: the next prompt takes its place
+            log.info("sample %d: the workflow rejected its group (%s)", sample.index, e)
+            self._attempts.pop(sample.seq, None), self._release(sample.seq)
+            return self._fill()
         except Exception as e:
             err = e if isinstance(e, RolloutError) else RolloutError(
                 f"workflow {type(self.workflow).__name__} failed on sample {sample.index}: "

@@ -21,8 +21,11 @@ from grpojob import auth as authmod
 from grpojob import prom
 from grpojob.api.status import EvaluationStatus, RolloutLag, ServiceCalls, ServiceStatus, TrainerStatus
 from grpojob.leader.trajectories.api import Request
+from grpojob.leader.trajectories.atropos import ATROPOS_PREFIX
 from grpojob.metrics_names import TRAINER
 from grpojob.plan import SERVICE_PREFIX, TINKER_PREFIX, TRAJECTORY_PREFIX
+
+ATROPOS_PATH = f"{TRAJECTORY_PREFIX}{ATROPOS_PREFIX}/"  # + <the job's token>/<run-api route>
 from grpojob.rewards import judge_watch
 
 log = logging.getLogger("grpojob.leader.server")
@@ -180,6 +183,9 @@ class _Handler(BaseHTTPRequestHandler):
     service: Optional[Any] = None  # grpojob.service.app.TrainingService, once serving
 
     def _allowed(self, path: str) -> bool:
+        if path.startswith(ATROPOS_PATH):  # Atropos sends no header: the job's token is the path's next part
+            if self.auth.accepts("Bearer " + path[len(ATROPOS_PATH):].partition("/")[0]):
+                return True
         return not self.auth.protects(path) or authmod.authorize_handler(self)
 
     def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
@@ -190,7 +196,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def _trajectories(self) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) if self.command == "POST" else b""
+        # any method: Atropos sends a JSON body on GET /status-env
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.trajectories is None:
             code, doc = 503, {"error": "the trainer is still loading: the trajectory API opens once its rollout "
                                        "side is built; retry", "reason": "starting"}

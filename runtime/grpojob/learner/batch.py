@@ -13,7 +13,7 @@ from grpojob.algorithms.losses import token_coefficients
 from grpojob.api.spec import OverlongSpec
 from grpojob.algorithms.shaping import shaped_rewards, zero_variance
 from grpojob.contracts.rollout import Group
-from grpojob.learner.dist import DistEnv, all_max, all_sum
+from grpojob.learner.dist import DistEnv, all_max, all_sum, broadcast_object, gather_objects
 from grpojob.learner.packing import TrainSeq
 
 log = logging.getLogger("grpojob.trainer")
@@ -47,6 +47,17 @@ def skips_zero_advantage(algorithm: Algorithm) -> bool:
     clip statistics then describe the trained tokens. (GRPOTrainer.step_training leaves them out,
     after prepare_batch, and only with its stock loss_fn.)"""
     return type(algorithm).policy_loss is Algorithm.policy_loss and algorithm.settings.kl_beta == 0
+
+
+def part_names(groups: Sequence[Group], reward_names: Sequence[str], env: DistEnv) -> list[str]:
+    """The parts the rewards' results carried (`<reward>/<part>`, grpojob.rewards), on any rank: the
+    same list everywhere, so that the statistics reduce over the same layout. Collective."""
+    own = sorted({k for g in groups for k in g.reward_parts
+                  if k not in reward_names and k.split("/", 1)[0] in reward_names})
+    if not (env.initialized and env.world > 1):
+        return own
+    every = gather_objects(own, env)
+    return broadcast_object(sorted({k for ks in every for k in ks}) if every is not None else None, env)
 
 
 Advantages = Callable[[Sequence[Sequence[float]], Optional[Sequence[Optional[float]]]], list[list[float]]]
@@ -103,6 +114,7 @@ def prepare(groups: Sequence[Group], algorithm: Algorithm, overlong: OverlongSpe
         sum(x.n_trained for x in seqs), len(seqs),
         sum(len(c.prompt_ids or g.sample.prompt_ids) + len(c.completion_ids) for g in groups for c in g.completions),
     ]
+    reward_names = [*reward_names, *part_names(groups, reward_names, env)]
     for name in reward_names:
         vals = [v for g in groups for v in g.reward_parts.get(name, [])]
         local += [len(vals), sum(vals), sum(v * v for v in vals)]

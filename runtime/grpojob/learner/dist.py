@@ -203,6 +203,15 @@ def gather_objects(obj: Any, env: DistEnv) -> Optional[list[Any]]:
     return out
 
 
+def all_gather_objects(obj: Any, env: DistEnv, group=None) -> list[Any]:
+    """Every rank's object on every rank (`group`: default the default group)."""
+    if not (env.initialized and env.world > 1):
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, obj, group=group)
+    return out
+
+
 def _options(trainable_only: bool):
     """trainable_only (LoRA): the adapter and its optimizer state, not the frozen base (which the
     model directory holds); loading then leaves the base as it is."""

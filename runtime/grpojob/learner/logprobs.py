@@ -13,18 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor, nn
 
 from grpojob.learner.attention import Segments
-
-if TYPE_CHECKING:
-    from grpojob.learner.sizing import TrainShape
-
-# A tile of logits holds at most this many float32 elements (64 MiB).
-TILE_ELEMENTS = 1 << 24
+from grpojob.learner.sizing import TILE_ELEMENTS, TrainShape
 VOCAB_CHUNK = 32768
 
 
@@ -158,7 +153,7 @@ class PolicyLogprobs(nn.Module):
     autocast dtype (bf16 compute over float32 master weights); without it the model runs as
     loaded, in its parameters' dtype."""
 
-    def __init__(self, model: nn.Module, shape: Optional["TrainShape"] = None):
+    def __init__(self, model: nn.Module, shape: Optional[TrainShape] = None):
         super().__init__()
         self.model = model
         decoder = getattr(model, "base_model", None)

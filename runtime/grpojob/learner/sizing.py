@@ -24,8 +24,11 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from grpojob.learner import attention
-from grpojob.learner.logprobs import TILE_ELEMENTS
 from grpojob.learner.packing import MicroBatch, TrainSeq, pack, tile_width
+
+# A tile of the output layer's logits (learner.logprobs) holds at most this many float32 elements
+# (64 MiB) by default; here, not there, since TrainShape sizes it per device and logprobs reads TrainShape.
+TILE_ELEMENTS = 1 << 24
 
 log = logging.getLogger("grpojob.trainer")
 

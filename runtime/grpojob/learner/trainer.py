@@ -40,7 +40,7 @@ from grpojob.sync import adapter
 from grpojob.sync.tensorfiles import write_safetensors
 from grpojob.sync.stream import TensorStream
 from grpojob.rewards import reward_names
-from grpojob.learner import dist, flops, kernels, lora, sizing
+from grpojob.learner import cosmos_loss, dist, flops, kernels, lora, sizing
 from grpojob.learner.errors import TrainerError
 from grpojob.learner.batch import Prepared, prepare, skips_zero_advantage
 from grpojob.learner.logprobs import PolicyLogprobs
@@ -82,6 +82,8 @@ class GRPOTrainer:
         # with klBeta 0 no reference model is loaded at all
         self.ref: Optional[PolicyLogprobs] = self.build_reference() if spec.algorithm.kl_beta > 0 else None
         self.algorithm = algorithms.build(spec.algorithm, self.max_tokens)
+        self.cosmos_loss = cosmos_loss.build(spec)  # spec.trainer.lossFn, or None
+        self.loss_counts = {"sequences": 0, "tokens": 0}  # the step's global trained counts (optimize)
         self.optimizer = self.build_optimizer(self.optimizer_params())
         self.scheduler = self.build_lr_scheduler(self.optimizer)
         # micro-batch tokens: the spec's, or on CUDA when it leaves them unset, from the free memory
@@ -196,7 +198,10 @@ class GRPOTrainer:
         the proximal policy recomputed by the trainer (decoupled PPO): the ratio is clipped against
         it and the behaviour weight min(pi_prox/pi_behav, importanceCap) corrects stale samples.
         `mb.ref_logp` is set when klBeta > 0. A dummy micro-batch (`mb.is_dummy`, a rank with fewer
-        micro-batches than others) must still return a loss connected to `logp` (its coef is 0)."""
+        micro-batches than others) must still return a loss connected to `logp` (its coef is 0).
+        With spec.trainer.lossFn: that cosmos-rl loss_fn's (learner.cosmos_loss)."""
+        if self.cosmos_loss is not None:
+            return self.cosmos_loss(logp, mb, self.loss_counts)
         d = self.env.device
         terms = self.algorithm.policy_loss(algorithms.TokenBatch(
             logp=logp, old_logp=mb.old_logp, rollout_logp=mb.rollout_logp.to(d), advantages=mb.advantages.to(d),
@@ -222,7 +227,8 @@ class GRPOTrainer:
     def skips_zero_advantage(self) -> bool:
         """Sequences whose every advantage is 0 may be left out of the forward/backward (see
         batch.skips_zero_advantage): only with the stock loss_fn."""
-        return type(self).loss_fn is GRPOTrainer.loss_fn and skips_zero_advantage(self.algorithm)
+        return type(self).loss_fn is GRPOTrainer.loss_fn and self.cosmos_loss is None and \
+            skips_zero_advantage(self.algorithm)
 
     def token_logprobs(self, module: nn.Module, seqs: Sequence[TrainSeq]) -> list[list[float]]:
         """Per sequence, the log-prob of each completion token under `module` (as compute_logprobs
@@ -259,6 +265,7 @@ class GRPOTrainer:
     def optimize(self, prep: Prepared) -> dict[str, Any]:
         """Packed micro-batches, forward/backward with gradient accumulation, clipping, optimizer step."""
         spec, env = self.spec, self.env
+        self.loss_counts = {"sequences": prep.n_seqs, "tokens": prep.n_tokens}
         mbs = self.shape.pack(prep.seqs, self.budget.for_step(prep.seqs), self.pad_id)
         n_mb = int(dist.all_max(torch.tensor([len(mbs)]), env).item())
         out: dict[str, Any] = {"micro_batches": n_mb}

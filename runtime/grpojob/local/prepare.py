@@ -9,6 +9,8 @@ from typing import Any, Optional
 from grpojob import auth
 from grpojob.api import FieldError, GRPOJob, InvalidSpec, check, load_manifest
 from grpojob.api.data_url import is_url
+from grpojob.api.model_file import PYPI, is_gguf, locate
+from grpojob.api.plugins import START_REFUSED
 from grpojob.api.validate import check_plugins
 from grpojob.code import InstallError, install, use_locally
 from grpojob.local import image_models, judges
@@ -30,12 +32,12 @@ def token_path(run_dir: Path) -> Path:
 def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
     """Relative model/dataset paths are relative to where `grpojob run` is started (a dataset URL,
     s3:// or hf:// ..., stays as it is); checkpoints always live in the run directory (the
-    cluster's absolute mount path means nothing here)."""
+    cluster's absolute mount path means nothing here), unless they go to an object store."""
     spec = doc["spec"]
     image_models.settle(doc)  # the runtime image's models, absent here: built under .cache/image-models
     for section, key in (("model", "path"), ("model", "tokenizer"), ("dataset", "path"), ("code", "localPath")):
         value = (spec.get(section) or {}).get(key)
-        if value and not (isinstance(value, str) and is_url(value)):
+        if value and not (isinstance(value, str) and (is_url(value) or value.startswith(PYPI))):
             spec[section][key] = str(Path(value).expanduser().resolve())
     held_out = spec.get("evaluation") or {}  # spec.evaluation.dataset.path too
     held_out = held_out.get("dataset") if isinstance(held_out, dict) else None
@@ -43,10 +45,29 @@ def _resolve_paths(doc: dict[str, Any], run_dir: Path) -> None:
         held_out["path"] = str(Path(held_out["path"]).expanduser().resolve())
     judges.resolve_paths(spec)
     ckpt = spec.setdefault("checkpoint", {})
-    ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))
+    if not is_url(str(ckpt.get("path", ""))):  # an object store's URL is the same from here
+        ckpt["path"] = str(run_dir / str(ckpt.get("path", "checkpoints")).lstrip("/"))
+
+
+def _convert_gguf(job: GRPOJob, out) -> None:
+    """A GGUF spec.model.path (or tokenizer) converted once here, so that every process loads the folder."""
+    m = job.spec.model
+    for name, value in (("spec.model.path", m.path), ("spec.model.tokenizer", m.tokenizer)):
+        if is_gguf(value):
+            try:
+                locate(value)
+            except (FileNotFoundError, ValueError) as e:
+                raise InvalidSpec([FieldError(name, str(e))]) from None
+    from grpojob import gguf_model
+
+    try:
+        gguf_model.resolve(job, echo=lambda line: print(line, file=out))
+    except gguf_model.ConversionError as e:
+        raise RunError(f"{START_REFUSED}: {e}") from None
 
 
 def _ensure_model(job: GRPOJob, out) -> None:
+    _convert_gguf(job, out)
     path = Path(job.spec.model.path)
     if (path / "config.json").exists():
         return

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from grpojob.checkpoint import layout
+from grpojob.checkpoint import objects
 
 EVALUATION = "evaluation"  # the `kind` of an evaluation's row (grpojob.leader.evaluation.KIND); steps have none
 
@@ -47,9 +47,10 @@ def read_evaluations(path: Path) -> list[dict[str, Any]]:
     return _replayed([r for r in _rows(path) if r.get("kind") == EVALUATION])
 
 
-def newest_checkpoint(directory: Path) -> Optional[Path]:
-    """The newest complete checkpoint (what a resume starts from)."""
-    return layout.latest(directory)
+def newest_checkpoint(root: str | Path) -> Optional[str | Path]:
+    """The newest complete checkpoint (what a resume starts from), in a directory or a store."""
+    found = objects.committed(root)
+    return found[-1][1] if found else None
 
 
 def _fmt(record: dict[str, Any]) -> dict[str, str]:

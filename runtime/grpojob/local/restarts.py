@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from grpojob.checkpoint import layout
+from grpojob.checkpoint import objects
 from grpojob.local.processes import Child
 
 
@@ -79,11 +79,12 @@ def what_happened(dead: Child) -> str:
     return said + (f"; its last error: {err}" if err else "")
 
 
-def resumes_from(checkpoints: Path) -> str:
+def resumes_from(checkpoints: str | Path) -> str:
     """What a restarted trainer will do, told before it does it: the step it resumes after (the
-    steps trained since are trained again), or starting over."""
-    found = layout.list_checkpoints(checkpoints)
+    steps trained since are trained again), or starting over. `checkpoints`: a directory or an
+    object store's URL."""
+    found = objects.committed(checkpoints)
     if not found:
         return "; it starts over (no checkpoint yet)"
     step, newest = found[-1]
-    return f"; it resumes from {newest.name} (the steps after {step} are trained again)"
+    return f"; it resumes from {str(newest).rstrip('/').rsplit('/', 1)[-1]} (the steps after {step} are trained again)"

@@ -201,7 +201,7 @@ class Run:
         if delay is None:
             raise RunError(f"{said}\nit was restarted {self.restarts.policy.max_restarts} times in a row "
                            f"(--max-restarts); log: {dead.log_path}; last lines:\n" + _indent(dead.tail()))
-        resume = resumes_from(Path(self.job.spec.checkpoint.path)) if dead in self.trainers else ""
+        resume = resumes_from(_checkpoints(self.job)) if dead in self.trainers else ""
         self.progress.note(f"{said}\n  restarting it in {delay:.0f} s (restart {self.restarts.count[dead.name]} of "
                            f"{self.restarts.policy.max_restarts}; log: {dead.log_path}){resume}")
         return False
@@ -238,7 +238,7 @@ class Run:
                     c.signal(signal.SIGINT if c.name.startswith("rollout-") else signal.SIGTERM)  # no drain
                 others = []
             time.sleep(0.2)
-        ckpt = newest_checkpoint(Path(self.job.spec.checkpoint.path))
+        ckpt = newest_checkpoint(_checkpoints(self.job))
         where = f"checkpoint {ckpt}" if ckpt else "no checkpoint was written"
         print(f"stopped: {where}; run the same command again to resume", file=self.out)
         return EXIT_INTERRUPTED
@@ -311,3 +311,8 @@ def _summary(run_dir: Path, out) -> None:
              f"{evals[-1]['reward_mean']:.3f} (step {evals[-1]['step']})" if evals else "")
           + f"; final model {run_dir / 'final-model'}; "
           f"curves {run_dir / 'reward.png'}; metrics {run_dir / 'metrics.jsonl'}", file=out)
+
+
+def _checkpoints(job: GRPOJob) -> str | Path:
+    """spec.checkpoint.path: the run's directory, or an object store's URL as written."""
+    return job.spec.checkpoint.path if job.spec.checkpoint.in_store else Path(job.spec.checkpoint.path)

@@ -6,7 +6,7 @@ through a deprecation (CHANGELOG.md, version policy). tests/plugins/test_public_
 against tests/plugins/public_surface.json.
 
 - contracts: GRPOTrainer (subclass it, docs/plugins.md#the-trainer-hooks), Algorithm, Engine (and
-  HFEngine to subclass), Workflow and its Generator, DatasetClass, the three reward signatures,
+  HFEngine to subclass), Workflow and its Generator (GroupRejected drops a group), DatasetClass, the three reward signatures,
   Callback;
 - rollout types: Completion, Group, Sample, SamplingParams, derive_seed;
 - what hooks and callbacks receive: Prepared, TrainSeq, MicroBatch, LossTerms, StepRecord,
@@ -35,6 +35,7 @@ _EXPORTS = {
     "HFEngine": "grpojob.rollout.hf_engine",
     "Workflow": "grpojob.contracts.rollout",
     "Generator": "grpojob.contracts.rollout",
+    "GroupRejected": "grpojob.contracts.rollout",
     "DatasetClass": "grpojob.contracts.protocols",
     "NativeReward": "grpojob.contracts.protocols",
     "CosmosReward": "grpojob.contracts.protocols",
@@ -92,7 +93,8 @@ if TYPE_CHECKING:  # what the names are, for type checkers and editors (the lazy
     from grpojob.contracts.protocols import (Callback, CosmosReward, DatasetClass, Engine, NativeReward, TrlReward,
                                        WeightSink)
     from grpojob.api.plugins import REWARD_SIGNATURES
-    from grpojob.contracts.rollout import Completion, Generator, Group, Sample, SamplingParams, Workflow, derive_seed
+    from grpojob.contracts.rollout import (Completion, Generator, Group, GroupRejected, Sample, SamplingParams, Workflow,
+                                          derive_seed)
     from grpojob.leader.evaluation import EvalRecord
     from grpojob.leader.record import StepRecord
     from grpojob.learner.batch import Prepared

@@ -1,7 +1,9 @@
 """Reward scoring: built-ins by name, user functions by `module:function`, sync or async.
 
-A reward function is written in one of the signatures of `forms` (grpojob's own, cosmos-rl's or
-TRL's) and called in that signature's meaning. Rewards are summed with their weights.
+A reward function is written in one of the signatures of `forms` (grpojob's own, cosmos-rl's, TRL's
+or verl's) and called in that signature's meaning. Rewards are summed with their weights. A result
+may carry parts of its own (cosmos-rl's `(value, dict)`, verl's `{"score": ..., ...}`): their numeric
+entries are reported as `<reward>/<part>` beside the reward (Group.reward_parts), not summed.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any, Awaitable, Callable, Optional, Sequence, Union
 
 from grpojob.api import plugins
 from grpojob.data import messages_field
+from grpojob.data.config import CosmosConfig
 from grpojob.api.data import DatasetSpec
 from grpojob.api.judge import JudgeSpec
 from grpojob.api.spec import GRPOJobSpec, RewardSpec
@@ -60,10 +63,11 @@ class ScoringSettings:
     rewards: Sequence[RewardSpec]
     judges: Sequence[JudgeSpec] = ()
     dataset: Optional[DatasetSpec] = None
+    job: Optional[GRPOJobSpec] = None  # only for cosmos-rl rewards' config= (CosmosConfig)
 
     @classmethod
     def of(cls, spec: GRPOJobSpec) -> "ScoringSettings":
-        return cls(rewards=tuple(spec.rewards), judges=tuple(spec.judges), dataset=spec.dataset)
+        return cls(rewards=tuple(spec.rewards), judges=tuple(spec.judges), dataset=spec.dataset, job=spec)
 
 
 class RewardScorer:
@@ -77,30 +81,40 @@ class RewardScorer:
         self.fns = [None if r.judge else resolve(r, f"spec.rewards[{i}].name") for i, r in enumerate(self.specs)]
         self.names = reward_names(s.rewards)
         self.judges = judge_clients(s.judges) if s.judges else {}
+        self.config = CosmosConfig(s.job) if s.job is not None else None
 
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    async def _score(self, i: int, sample: Sample, comps: list[Completion]) -> list[Optional[float]]:
-        """Reward i of each completion (None: a trl-form reward did not score it)."""
+    async def _score(self, i: int, sample: Sample, comps: list[Completion]) -> Scored:
+        """Reward i of each completion (None: a trl-form reward did not score it), and the parts its
+        results carried ({part: one value or None per completion})."""
         texts = [c.text or self.decode(c.completion_ids) for c in comps]
         if self.specs[i].judge:
-            return await self._judge(i, sample, texts)
+            return await self._judge(i, sample, texts), {}
         fn, binding = self.fns[i]
+        form, args = binding.form.name, self.specs[i].args
         where = f"reward '{self.specs[i].name}' (spec.rewards[{i}])"
         try:
             if binding.form.batched:
-                out = await _settle(binding.call(fn, *self._trl_args(sample, comps, texts, self.specs[i].args)))
+                call = self._trl_args(sample, comps, texts, args) if form == "trl" else \
+                    self._args(form, sample, texts, args)
+                out = await _settle(binding.call(fn, *call))
+                out, details = _split_batch(out, len(comps), where)
                 values = _as_list(out)
                 if values is None or len(values) != len(comps):
-                    raise RewardError(f"{where} returned {out!r}: a trl reward returns a list of "
-                                      f"{len(comps)} floats (or None), one per completion")
+                    raise RewardError(f"{where} returned {out!r}: a {form} reward returns a list of "
+                                      f"{len(comps)} floats{' (or None)' if form == 'trl' else ''}, one per completion")
             else:
-                values = list(await asyncio.gather(*(
-                    _settle(binding.call(fn, *self._args(binding.form.name, sample, t, self.specs[i].args)))
-                    for t in texts)))
+                outs = await asyncio.gather(*(_settle(binding.call(fn, *self._args(form, sample, t, args)))
+                                              for t in texts))
+                values, details = [], []
+                for out in outs:
+                    v, d = _split(out, where)
+                    values.append(v)
+                    details.append(d)
                 if any(v is None for v in values):
-                    raise RewardError(f"{where} returned None (a {binding.form.name} reward returns a float)")
+                    raise RewardError(f"{where} returned None (a {form} reward returns a float)")
             values = [None if v is None else float(v) for v in values]
         except RewardError:
             raise
@@ -109,7 +123,7 @@ class RewardScorer:
         bad = [v for v in values if v is not None and not math.isfinite(v)]
         if bad:
             raise RewardError(f"{where} returned {bad[0]}")
-        return values
+        return values, _parts(details)
 
     async def _judge(self, i: int, sample: Sample, texts: list[str]) -> list[Optional[float]]:
         """A judge's scores; when it cannot score, its onFailure: zero (0 each), skip (GroupSkipped:
@@ -131,11 +145,17 @@ class RewardScorer:
                 raise
             raise RewardError(f"spec.rewards[{i}] (judge '{client.spec.name}', onFailure fail): {e}") from None
 
-    def _args(self, form: str, sample: Sample, text: str, args: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
-        """One completion's arguments: (first, second, keywords) in the form's meaning."""
+    def _args(self, form: str, sample: Sample, text: Any, args: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+        """One completion's arguments (cosmos-group: the group's texts): (first, second, keywords) in
+        the form's meaning."""
         row = {k: v for k, v in sample.row.items() if k not in ("prompt", "completion")}
-        if form == "cosmos":  # cosmos-rl: the rollout text and the dataset's reference answer
-            return text, row.get("answer"), {"prompt": sample.prompt, "tokenizer": self.tokenizer, **args}
+        if form in ("cosmos", "cosmos-group"):  # cosmos-rl: the rollout text and the dataset's reference answer
+            return text, row.get("answer"), {"prompt": sample.prompt, "tokenizer": self.tokenizer,
+                                             "config": self.config, **args}
+        if form == "verl":  # verl's dataset format: reward_model.ground_truth, data_source, extra_info
+            model = row.get("reward_model")
+            truth = model["ground_truth"] if isinstance(model, dict) and "ground_truth" in model else row.get("answer")
+            return text, truth, {"data_source": row.get("data_source"), "extra_info": row.get("extra_info"), **args}
         return sample.prompt, text, {**row, **args}
 
     def _trl_args(self, sample: Sample, comps: list[Completion], texts: list[str],
@@ -156,8 +176,10 @@ class RewardScorer:
 
     async def score_group(self, group: Group) -> None:
         parts: dict[str, list[Optional[float]]] = {}
+        details: dict[str, list[Optional[float]]] = {}
         for i, name in enumerate(self.names):
-            parts[name] = await self._score(i, group.sample, group.completions)
+            parts[name], own = await self._score(i, group.sample, group.completions)
+            details.update({f"{name}/{k}": v for k, v in own.items()})
         total = []
         for j, c in enumerate(group.completions):
             if c.reward is not None:  # a workflow that scores its own trajectories wins
@@ -170,10 +192,45 @@ class RewardScorer:
             total.append(sum(w * v for w, v in scored))
         # Metrics average what each reward scored (TRL's nanmean).
         group.rewards = total
-        group.reward_parts = {n: [v for v in vs if v is not None] for n, vs in parts.items()}
+        group.reward_parts = {n: [v for v in vs if v is not None] for n, vs in {**parts, **details}.items()}
         if group.baseline is not None:  # greedy-baseline workflow (ReMax): its reward is the baseline
-            values = [(await self._score(i, group.sample, [group.baseline]))[0] for i in range(len(self.specs))]
+            values = [(await self._score(i, group.sample, [group.baseline]))[0][0] for i in range(len(self.specs))]
             group.baseline_reward = sum(r.weight * v for r, v in zip(self.specs, values) if v is not None)
+
+
+Scored = tuple[list[Optional[float]], dict[str, list[Optional[float]]]]
+
+
+def _split(out: Any, where: str) -> tuple[Any, Optional[dict]]:
+    """One result as (value, its parts or None): cosmos-rl's (value, dict), verl's {"score": ...}."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict):
+        return out[0], out[1]
+    if isinstance(out, dict):
+        if "score" not in out:
+            raise RewardError(f"{where} returned a dict without 'score' ({sorted(out)}): a verl reward's dict "
+                              f"holds the reward as 'score' and parts to report beside it")
+        return out["score"], {k: v for k, v in out.items() if k != "score"}
+    return out, None
+
+
+def _split_batch(out: Any, n: int, where: str) -> tuple[Any, list[Optional[dict]]]:
+    """A batched result as (values, parts per completion): cosmos-rl's (list, list of dicts)."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], list) and \
+            all(isinstance(d, dict) for d in out[1]):
+        if len(out[1]) != n:
+            raise RewardError(f"{where} returned {len(out[1])} dicts of parts for {n} completions")
+        return out[0], list(out[1])
+    return out, [None] * n
+
+
+def _parts(details: list[Optional[dict]]) -> dict[str, list[Optional[float]]]:
+    """The numeric parts of each completion's result, by name (None where a result lacks one); other
+    entries (texts, lists) are not metrics and are left out."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and math.isfinite(float(v))
+
+    names = sorted({k for d in details if d for k, v in d.items() if number(v)})
+    return {k: [float(d[k]) if d and number(d.get(k)) else None for d in details] for k in names}
 
 
 async def _settle(value: Any) -> Any:

@@ -6,6 +6,7 @@ import re
 from collections import Counter
 from typing import Any, Optional
 
+from grpojob.data import reasoning
 from grpojob.data.builtin import TOY_CATEGORIES
 
 _NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -136,5 +137,18 @@ def toy(prompt: str, completion: str, answer: Any = None, **_: Any) -> float:
     return hits / len(words)
 
 
+def reasoning_gym(prompt: str, completion: str, question: Any = None, answer: Any = None, metadata: Any = None,
+                  task_config: Any = None, prefill: str = "", **_: Any) -> float:
+    """A reasoning-gym item's score: its task's score_answer of the completion's <answer>...</answer>
+    (grpojob.data.reasoning); 0 for a row that is not a reasoning-gym item."""
+    return reasoning.score(completion, question, answer, metadata, task_config, prefill or "")
+
+
+def reasoning_gym_format(prompt: str, completion: str, prefill: str = "", **_: Any) -> float:
+    """1.0 when the completion puts an answer in <answer>...</answer>, as reasoning-gym's system prompts ask."""
+    return reasoning.answer_format(completion, prefill or "")
+
+
 REWARDS = {"math_exact": math_exact, "format": format, "countdown": countdown,
-           "exact_match": exact_match, "toy": toy}
+           "exact_match": exact_match, "toy": toy, "reasoning-gym": reasoning_gym,
+           "reasoning-gym-format": reasoning_gym_format}

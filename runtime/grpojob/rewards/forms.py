@@ -3,11 +3,20 @@
 - native: `(prompt, completion, **row) -> float`, grpojob's own: one completion a call, the
   rendered prompt, every field of the dataset row as a keyword.
 - cosmos: `(to_be_evaluated, reference, *args, **kwargs) -> float`, cosmos-rl's: the completion
-  text and the dataset's reference answer (cosmos-rl passes both by position), then `prompt=` and
-  `tokenizer=` by keyword. cosmos-rl's `config` and `data_packer` have no counterpart here.
+  text and the dataset's reference answer (cosmos-rl passes both by position), then `prompt=`,
+  `tokenizer=` and `config=` (the spec under cosmos-rl's names) by keyword. cosmos-rl's
+  `data_packer` has no counterpart here.
 - trl: `(prompts, completions, **kwargs) -> list[float]`, TRL GRPOTrainer's: one call per group,
   everything by keyword; `completions` aligned with the group's completions, `completion_ids`, and
   the row's other columns as lists of the same length. None in the returned list: not scored.
+- cosmos-group: cosmos-rl's batched form (its `group_reward_calculation`): the cosmos form once per
+  group, `to_be_evaluated` the list of the group's texts, returning a list. Only when declared (its
+  parameter names are the cosmos form's).
+- verl: `compute_score(data_source, solution_str, ground_truth, extra_info, **kw)`, verl's: one
+  completion a call, everything by keyword, the row read as verl's dataset format has it.
+
+cosmos results may be `(value, dict)` (per completion; cosmos-group: `(list, list of dicts)`) and verl
+results a dict with "score": the dicts' numeric parts are reported as metrics (`<reward>/<part>`).
 
 A form is declared (spec.rewards[i].signature) or else recognised by the one parameter name only it
 uses (MARKERS). A function is never called with an argument in a meaning it did not ask for: either
@@ -23,6 +32,11 @@ from typing import Any, Callable, Optional
 from grpojob.api.plugins import REWARD_SIGNATURES
 
 
+# What cosmos-rl passes besides the two leading arguments (its data_packer has no counterpart here;
+# config is grpojob.data.config.CosmosConfig: the spec under cosmos-rl's names).
+COSMOS_EXTRAS = ("prompt", "tokenizer", "config")
+
+
 @dataclass(frozen=True)
 class Form:
     name: str
@@ -32,19 +46,25 @@ class Form:
     batched: bool  # one call per group (lists in, a list out), else one call per completion
     positional: bool  # its framework passes `lead` by position (a declared form whose names differ is called so)
     shape: str
+    auto: bool = True  # recognised by its marker (else only when declared: it shares another form's names)
 
 
 FORMS = {f.name: f for f in (
     Form("native", ("prompt", "completion"), "completion", None, batched=False, positional=True,
          shape="(prompt, completion, **row) -> float"),
-    Form("cosmos", ("to_be_evaluated", "reference"), "to_be_evaluated", ("prompt", "tokenizer"), batched=False,
-         positional=True, shape="(to_be_evaluated, reference, *args, **kwargs) -> float"),
+    Form("cosmos", ("to_be_evaluated", "reference"), "to_be_evaluated", COSMOS_EXTRAS, batched=False,
+         positional=True, shape="(to_be_evaluated, reference, *args, **kwargs) -> float | (float, dict)"),
     Form("trl", ("prompts", "completions"), "completions", None, batched=True, positional=False,
          shape="(prompts, completions, **kwargs) -> list[float]"),
+    Form("cosmos-group", ("to_be_evaluated", "reference"), "to_be_evaluated", COSMOS_EXTRAS, batched=True,
+         positional=True, auto=False,
+         shape="(to_be_evaluated: list[str], reference, *args, **kwargs) -> list[float] | (list[float], list[dict])"),
+    Form("verl", ("solution_str", "ground_truth"), "solution_str", ("data_source", "extra_info"), batched=False,
+         positional=False, shape="(data_source, solution_str, ground_truth, extra_info, **kwargs) -> float | dict"),
 )}
 assert tuple(FORMS) == REWARD_SIGNATURES
-MARKERS = {f.marker: f.name for f in FORMS.values()}
-EXPECTED = "; ".join(f"{f.name} {f.shape}" for f in FORMS.values())
+MARKERS = {f.marker: f.name for f in FORMS.values() if f.auto}
+EXPECTED = "; ".join(f"{f.name} {f.shape}" for f in FORMS.values() if f.auto)
 
 
 class FormError(ValueError):

@@ -124,3 +124,11 @@ def check_prompt(prompt_ids: list[int], vocab_size: int, limit: int) -> Optional
     if len(prompt_ids) >= limit:
         return f"prompt of {len(prompt_ids)} tokens does not fit the context ({limit} tokens)"
     return None
+
+
+class Refused(Exception):
+    """A request the rollout server answers with an error: 400 (its own fault) or 503 (the engine broke)."""
+
+    def __init__(self, status: int, message: str, result: str):
+        super().__init__(message)
+        self.status, self.result = status, result

@@ -144,13 +144,15 @@ class SlotState:
         self.floats[:, at] = floats.T.to(self.device, non_blocking=True)
         self.active[at] = True
 
-    def move(self, src: int, dst: int) -> None:
+    def move_many(self, src: list[int], dst: list[int]) -> None:
+        s, d = torch.tensor(src, device=self.device), torch.tensor(dst, device=self.device)
         for buf in (self.longs, self.floats):
-            buf[:, dst] = buf[:, src]
-        self.active[dst] = self.active[src]
+            buf[:, d] = buf[:, s]
+        self.active[d] = self.active[s]
 
-    def clear(self, slot: int) -> None:
-        self.active[slot] = False
+    def clear_from(self, first: int, end: int) -> None:
+        """Slots first..end-1 hold no row."""
+        self.active[first:end] = False
 
 
 class DecodeStep:

@@ -1,8 +1,9 @@
 """The `hf` engine: transformers models, continuously batched (hf_generate.Decoder).
 
 One scheduler thread owns the model. Between decode steps it admits waiting requests into free
-slots (their rows join the running batch), runs one decode step of every active row, and hands
-finished requests back to the asyncio loop. Requests differ freely in n and sampling parameters.
+slots (their rows join the running batch; an idle engine first gathers those arriving together:
+hf_requests.gather), runs one decode step of every active row, and hands finished requests back
+to the asyncio loop. Requests differ freely in n and sampling parameters.
 
 Weight swaps (`load`, from the sync agent's thread or an in-process publisher) are applied by the
 scheduler thread at a decode-step boundary, never in the middle of a forward:
@@ -45,7 +46,7 @@ from grpojob.sync.protocol import DISK
 from grpojob.sync.receiver import PushReceiver
 from grpojob.rollout.engine import torch_dtype_name
 from grpojob.rollout.hf_generate import Decoder, Row, noise_keys, request_rows
-from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, delta_swap, settle, write
+from grpojob.rollout.hf_requests import Request, Swap, Turn, check_swap, delta_swap, gather, settle, take, write
 from grpojob.contracts.rollout import Completion, SamplingParams
 
 log = logging.getLogger("grpojob.rollout")
@@ -167,7 +168,9 @@ class HFEngine:
                     continue
                 with self._cond:
                     swaps = list(self._swaps) if self._swaps and (self.partial or not self._decoder.rows) else []
-                    admit = self._take() if not (self._swaps or self.asleep) else []
+                    if not (swaps or self._decoder.rows or self.asleep):  # idle: one prefill for what comes with it
+                        gather(self._cond, self._queue)
+                    admit = take(self._queue, self._decoder.free) if not (self._swaps or self.asleep or self._closed) else []
                 if swaps:
                     self._swap(swaps)
                     continue
@@ -245,21 +248,6 @@ class HFEngine:
             if turn is not None:
                 turn.done.set()
         self._sleep = self._wake = None
-
-    def _take(self) -> list[list[Row]]:
-        """Rows to admit now, grouped by request (one prefill per group), within the free slots."""
-        groups, free = [], self._decoder.free
-        while self._queue and free:
-            req = self._queue[0]
-            if req.cancelled():
-                self._queue.pop(0)
-                continue
-            take, req.rows = req.rows[:free], req.rows[free:]
-            groups.append(take)
-            free -= len(take)
-            if not req.rows:
-                self._queue.pop(0)
-        return groups
 
     def _admit(self, groups: list[list[Row]]) -> None:
         try:

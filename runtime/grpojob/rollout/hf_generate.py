@@ -216,22 +216,25 @@ class Decoder:
         return self._retire()
 
     def _retire(self) -> list[Row]:
-        done = []
-        i = 0
-        while i < len(self.rows):
-            r = self.rows[i]
-            if r.finish is None:
-                i += 1
-                continue
-            done.append(r)
-            last = len(self.rows) - 1
-            if i != last:  # the last row moves into the freed slot
-                moved = self.rows[last]
-                self.cache.copy(last, [i], moved.position)
-                self.steps.state.move(last, i)
-                self.rows[i] = moved
-            self.steps.state.clear(last)
-            self.rows.pop()
+        """Take the finished rows out; the survivors in slots past the new row count move into the
+        freed slots below it (the last survivor into the first hole, as one row at a time would),
+        every move at once: one gather and one scatter a KV buffer. Moving them one by one copied a
+        survivor's KV per hole, and a step where every row finished (all at maxTokens) moved each row
+        into the hole it was about to leave: 31 copies of 60 buffers for 32 rows of SmolLM2, 1.3-2.3 s
+        of a 10 s generation on 2 busy cores."""
+        done = [r for r in self.rows if r.finish is not None]
+        if not done:
+            return done
+        n = len(self.rows) - len(done)
+        holes = [i for i, r in enumerate(self.rows[:n]) if r.finish is not None]
+        movers = [i for i in range(len(self.rows) - 1, n - 1, -1) if self.rows[i].finish is None]
+        if movers:  # as many survivors past n as holes below it
+            self.cache.copy_many(movers, holes, max(self.rows[i].position for i in movers))
+            self.steps.state.move_many(movers, holes)
+            for src, dst in zip(movers, holes):
+                self.rows[dst] = self.rows[src]
+        self.steps.state.clear_from(n, len(self.rows))
+        del self.rows[n:]
         return done
 
 

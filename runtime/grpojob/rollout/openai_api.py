@@ -10,7 +10,12 @@ Supported: n, max_tokens (max_completion_tokens), temperature, top_p, top_k, see
   log softmax(logits / temperature) of each sampled token, the quantity the trainer recomputes;
 - every choice carries `policy_version` (the oldest version among its tokens) and the response
   the oldest of all; with return_token_ids, a choice whose tokens came from several versions (a
-  weight push landed mid-generation, algorithm.partialRollouts) adds `token_versions`, one per token.
+  weight push landed mid-generation, algorithm.partialRollouts) adds `token_versions`, one per token;
+  chat responses also carry `prompt_token_ids` at the top level, where vLLM puts it (verifiers
+  <= 0.3 reads it there);
+- `return_tokens_as_token_ids: true` (as vLLM): every token of the log-prob entries is written
+  `"token_id:<id>"` (ART and verifiers read the ids so, exactly, without re-tokenising);
+- `/v1/models` gives `max_model_len` (vLLM's extension; renderers' pre-flight length check reads it).
 - `tools` on chat: through the model's chat template, calls parsed in the Hermes format
   (openai_tools); `stream: true`: server-sent events in OpenAI's chunk format (openai_stream), sent
   once the completion is generated (the engines return whole completions);
@@ -29,19 +34,28 @@ from grpojob.rollout import openai_tools as tools_api
 from grpojob.contracts.rollout import Completion, SamplingParams
 
 
-class _Common(BaseModel):
+class SamplingFields(BaseModel):
+    """The sampling fields every endpoint takes (the OpenAI ones, and token_api's)."""
     model_config = ConfigDict(extra="ignore")
-    model: Optional[str] = None
     n: int = Field(1, ge=1, le=256)
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
     seed: Optional[int] = None
+
+
+class _Common(SamplingFields):
+    model: Optional[str] = None
     stop: Union[str, list[str], None] = None
     stream: bool = False
     stream_options: Optional[dict[str, Any]] = None
     return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+
+    def token_text(self, tokenizer, token_id: int) -> str:
+        """A log-prob entry's token: its text, or `token_id:<id>` (return_tokens_as_token_ids)."""
+        return f"token_id:{token_id}" if self.return_tokens_as_token_ids else tokenizer.decode([token_id])
 
     def unsupported(self) -> Optional[str]:
         return None
@@ -157,7 +171,7 @@ def completion_response(req: CompletionRequest, prompts: list[list[int]],
             choice: dict[str, Any] = {"index": len(choices), "text": text, "finish_reason": finish,
                                       "logprobs": None}
             if req.logprobs is not None:
-                tokens = [tokenizer.decode([t]) for t in ids]
+                tokens = [req.token_text(tokenizer, t) for t in ids]
                 offsets, pos = [], 0
                 for t in tokens:
                     offsets.append(pos)
@@ -188,18 +202,24 @@ def chat_response(req: ChatRequest, prompt: list[int], group: list[Completion], 
                                   "message": message}
         if req.logprobs:
             choice["logprobs"] = {"content": [
-                {"token": (tok := tokenizer.decode([t])), "logprob": lp,
+                {"token": (tok := req.token_text(tokenizer, t)), "logprob": lp,
                  "bytes": list(tok.encode()), "top_logprobs": []} for t, lp in zip(ids, lps)]}
         if req.return_token_ids:
             choice["prompt_token_ids"], choice["token_ids"] = prompt, ids
         _versions(choice, c, ids, req.return_token_ids)
         choices.append(choice)
         generated += len(ids)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+    resp = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
             "model": model, "choices": choices,
             "policy_version": min((c.policy_version for c in group), default=None),
             "usage": _usage(len(prompt), generated)}
+    if req.return_token_ids:
+        resp["prompt_token_ids"] = prompt
+    return resp
 
 
-def models_response(model: str) -> dict:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": 0, "owned_by": "grpojob"}]}
+def models_response(model: str, max_model_len: Optional[int] = None) -> dict:
+    card = {"id": model, "object": "model", "created": 0, "owned_by": "grpojob"}
+    if max_model_len:
+        card["max_model_len"] = max_model_len
+    return {"object": "list", "data": [card]}

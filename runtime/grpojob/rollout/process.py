@@ -33,7 +33,7 @@ from typing import Optional
 from aiohttp import web
 
 from grpojob import config as job_config
-from grpojob import failures, lifeline, logs
+from grpojob import failures, gguf_model, lifeline, logs
 from grpojob.api import plugins
 from grpojob.api.spec import GRPOJobSpec
 from grpojob.auth import Auth, TokenError
@@ -194,6 +194,11 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         job = job_config.load()
     except failures.PluginError as e:
         failures.report(e.reason, e.errors)
+        return 1
+    try:
+        gguf_model.resolve(job)  # a GGUF spec.model.path: its model folder (converted once, under a lock)
+    except (FileNotFoundError, gguf_model.ConversionError) as e:
+        failures.report(plugins.START_REFUSED, [str(e)])  # the same at every restart: the job's failure
         return 1
     spec = job.spec
     backend = os.environ.get(ENV_BACKEND) or spec.rollout.backend

@@ -23,6 +23,9 @@ OpenAI endpoints take it as the API key. Without it: 401 "unauthorized".
 - POST /v1/sessions/{id}/reward: ends an agent session (X-Session-Id; sessions.py), passed on to
   the trainer's trajectory API (GRPOJOB_TRAJECTORY_URL), which records every session's turns.
 - POST /sleep, POST /wake_up, POST /memory: turn-taking with a colocated trainer, see turns.
+- POST /inference/v1/generate (prime-rl's), POST /vllm/generate, GET /vllm/health (vLLM's, for
+  Atropos) and /vllm/v1/...: token-in endpoints in other libraries' shapes; GET /vllm/tokenizer
+  (the tokenizer's files, for environments without them), see token_api.
 """
 from __future__ import annotations
 
@@ -47,6 +50,7 @@ from grpojob.rollout import engine as engines
 from grpojob.rollout import openai_api as oai
 from grpojob.rollout import openai_stream
 from grpojob.rollout import sessions as agent_sessions
+from grpojob.rollout.token_api import TokenRoutes
 from grpojob.rollout.turns import Turns
 from grpojob.contracts.rollout import SamplingParams
 
@@ -89,6 +93,7 @@ class Server:
         self.metrics = prom.build(ROLLOUT, CollectorRegistry())
         self.sessions = agent_sessions.SessionStore(trajectory_url, auth.token)  # agent sessions' records
         self.turns = Turns(self)  # sleep and wake (spec.placement colocated)
+        self.tokens = TokenRoutes(self)  # other libraries' token-in endpoints
         self.failing = FailureStreak()  # generate() calls that raise while the engine says it is fine
         self.draining = False  # after SIGTERM: finishes the requests in flight, takes no new ones (process.drain)
         self.inflight = 0  # generate calls in the engine now (every endpoint)
@@ -98,13 +103,15 @@ class Server:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 2**20, middlewares=[middleware()])
         app[app_key()] = self.auth
+        openai_routes = [("GET", "/v1/models", self.models), ("POST", "/v1/completions", self.completions),
+                         ("POST", "/v1/chat/completions", self.chat),
+                         ("POST", "/v1/sessions/{sid}/reward", self.session_reward)]
         app.add_routes([
             web.get("/healthz", self.healthz), web.get("/readyz", self.readyz),
             web.get("/metrics", self.prometheus), web.get("/info", self.info),
-            web.post("/generate", self.generate), web.get("/v1/models", self.models),
-            web.post("/v1/completions", self.completions), web.post("/v1/chat/completions", self.chat),
-            web.post("/v1/sessions/{sid}/reward", self.session_reward),
-            *self.turns.routes(),
+            web.post("/generate", self.generate),
+            *(web.route(m, path, h) for m, path, h in openai_routes),
+            *self.turns.routes(), *self.tokens.routes(openai_routes),
         ])
         return app
 
@@ -246,7 +253,7 @@ class Server:
             "completions": [{k: v for k, v in asdict(c).items() if k != "prompt_ids"} for c in out]})
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response(oai.models_response(self.model_name))
+        return web.json_response(oai.models_response(self.model_name, self.engine.context_len if self.started else None))
 
     async def _openai_body(self, request: web.Request, cls):
         """(request body, None) or (None, the error response): parse, unsupported options, readiness."""
@@ -302,6 +309,9 @@ class Server:
         except _Refused as e:
             return self._error(e.status, str(e), e.result, openai=True)
         resp = oai.chat_response(body, prompt, group, tok, self.model_name)
+        if body.return_token_ids or capture:  # the tokens as served (a session's too), for /vllm/versions
+            for c in group:
+                self.tokens.generated.add(prompt, oai.served(c, body.stops(), tok))
         if capture and (err := await self._record(capture, turn, group[0], body,
                                                   resp["choices"][0]["message"]["content"] or "")):
             return err
@@ -358,9 +368,4 @@ class FailureStreak:
         self.count = 0
 
 
-class _Refused(Exception):
-    """A request answered with an error: 400 (its own fault) or 503 (the engine broke)."""
-
-    def __init__(self, status: int, message: str, result: str):
-        super().__init__(message)
-        self.status, self.result = status, result
+_Refused = engines.Refused

@@ -21,8 +21,9 @@ from typing import Optional
 
 from transformers.utils import logging as hf_logging
 
-from grpojob import config, failures, lifeline, logs
+from grpojob import config, failures, gguf_model, lifeline, logs
 from grpojob.auth import Auth, TokenError
+from grpojob.checkpoint.storage import StorageRefused
 from grpojob.data import DatasetError
 from grpojob.devices import DeviceError
 from grpojob.leader.build import build
@@ -87,10 +88,11 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
             port = int(os.environ.get(ENV_TRAINER_PORT) or job.spec.trainer.port)
             server = LeaderServer(board, _listen_host(), port, auth).start()
         config.load_plugins(job)  # after the leader endpoint is up: /status can tell what failed
+        gguf_model.resolve(job)  # a GGUF spec.model.path: its model folder (converted once, under a lock)
         run = build(job, env=env, rollouts=os.environ.get(ENV_ROLLOUT_SOURCE, "remote"),
                     listen_host=_listen_host(), board=board, suspend=suspend, auth=auth)
         if server is not None:
-            server.mount_trajectories(run.trajectory_api())
+            server.mount_trajectories(run.trajectory_api(auth))
         training = True
         phase = serve(run, server) if job.spec.mode == "service" else run.run(hold=True)
         log.info("trainer %s", phase, extra={"step": run.trainer.step})
@@ -111,7 +113,9 @@ def main(args: Optional[argparse.Namespace] = None) -> int:
         expected = isinstance(e, (SystemExit, KeyboardInterrupt, TrainerError, TokenError))  # already says what/where
         log.error("trainer failed: %s", msg, exc_info=not expected)
         if isinstance(e, Exception):  # its own error where the user looks: the CLI, the pod's status
-            failures.report_exception(e, permanent=not training and isinstance(e, refusals), rank=rank)
+            # storage the trainer cannot write stays so however often it restarts (checkpoint.storage)
+            permanent = isinstance(e, StorageRefused) or (not training and isinstance(e, refusals))
+            failures.report_exception(e, permanent=permanent, rank=rank)
         if board is not None:
             board.update(phase="failed", message=msg)
         return 1

@@ -24,7 +24,7 @@ from grpojob.data import PromptSettings, load_samples
 from grpojob.leader import workflows
 from grpojob.rewards import RewardScorer, ScoringSettings
 from grpojob.leader.pipeline import SampleClient
-from grpojob.contracts.rollout import Generator, Group, Sample, derive_seed
+from grpojob.contracts.rollout import Generator, Group, GroupRejected, Sample, derive_seed
 from grpojob.leader.evaluation.scores import EvalRecord, summarise
 
 log = logging.getLogger("grpojob.leader.evaluation")
@@ -78,7 +78,12 @@ class Evaluator:
             async with gate:
                 # The same seed at every evaluation: the curve compares policies, not sampling noise.
                 client = SampleClient(self.generator, lambda: version, derive_seed(self.seed, SEED_SALT, sample.index))
-                group = await self.workflow.run(client, sample)
+                try:
+                    group = await self.workflow.run(client, sample)
+                except GroupRejected as e:  # a training filter's: an evaluation scores every prompt
+                    if e.group is None:
+                        raise
+                    group = e.group
                 await self.scorer.score_group(group)
                 return group
 

@@ -11,6 +11,7 @@ grpojob.plan.TRAJECTORY_PREFIX (environments find the URL in GRPOJOB_TRAJECTORY_
     POST /trajectories/sessions/{id}/turns    <- a turn the rollout server served (wire.SessionTurnIn)
     POST /trajectories/sessions/{id}/reward   {"reward"?, "reward_parts"?, "row"?} -> ends the session
                                               (sessions.py; the rollout servers pass /v1/sessions/{id}/reward on)
+    /trajectories/atropos/<token>/...         Atropos's run-api, the environment side (atropos.py)
 
 Refusals: 400 (the body, naming the field: wrong group size, token ids outside the vocabulary,
 mismatched lengths, a version from the future), 404 (not registered), 409 (below the version
@@ -33,6 +34,7 @@ from pydantic import ValidationError
 
 from grpojob.plan import TRAJECTORY_PREFIX
 from grpojob.leader.trajectories import wire
+from grpojob.leader.trajectories.atropos import ATROPOS_PREFIX
 from grpojob.leader.trajectories.queue import Refused
 from grpojob.leader.trajectories.sessions import Sessions
 
@@ -70,6 +72,7 @@ class TrajectoryAPI:
         self.manager, self.limits, self.sampling = manager, limits, sampling
         self.policy_version = policy_version  # the trainer's own version (its StatusBoard)
         self.sessions = sessions  # agent sessions (grpojob.leader.trajectories.sessions)
+        self.atropos = None  # Atropos's run-api routes (atropos.AtroposAPI), when built with a version lookup
 
     def handle(self, request: Request) -> Response:
         route = request.path.split("?")[0].removeprefix(TRAJECTORY_PREFIX)
@@ -80,6 +83,10 @@ class TrajectoryAPI:
                 return self.submit(request.body)
             if (request.method, route) == ("GET", "/status"):
                 return 200, self.status()
+            if route.startswith(ATROPOS_PREFIX + "/") and self.atropos is not None:
+                # /atropos/<token>/<route>: the leader checked the token (the path's, Atropos sends no header)
+                rest = route[len(ATROPOS_PREFIX) + 1:].partition("/")[2]
+                return self.atropos.handle(request.method, "/" + rest, request.headers, request.body)
             if route.startswith(SESSIONS + "/") and self.sessions is not None:
                 return self.session(request.method, route[len(SESSIONS) + 1:], request.body)
         except Refused as e:
