@@ -2,6 +2,7 @@
 newcomer installs) and pyproject.toml's lower bounds (the lowest set's constraints).
 
     python -m tools.dependency_sets readme-install   # the README's command up to `grpojob run`
+    python -m tools.dependency_sets readme-run       # its last step, the `grpojob run`
     python -m tools.dependency_sets lowest EXTRA...  # `name==lower` for the core and those extras
 
 Both refuse to guess: a README whose first command is not `... && grpojob run FILE`, or a
@@ -34,6 +35,14 @@ def readme_install(readme: Path = ROOT / "README.md") -> str:
     if not steps[-1].startswith(RUN):
         raise ValueError(f"{readme}: the first command should end with `{RUN}FILE`")
     return " && ".join(steps[:-1])
+
+
+def readme_run(readme: Path = ROOT / "README.md") -> str:
+    """The README's first command's last step: the `grpojob run FILE` it ends with."""
+    step = readme_command(readme).split("&&")[-1].strip()
+    if not step.startswith(RUN):
+        raise ValueError(f"{readme}: the first command should end with `{RUN}FILE`")
+    return step
 
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
@@ -87,6 +96,8 @@ def lowest(extras: list[str]) -> dict[str, str]:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["readme-install"]:
         print(readme_install())
+    elif argv[:1] == ["readme-run"]:
+        print(readme_run())
     elif argv[:1] == ["readme-command"]:
         print(readme_command())
     elif argv[:1] == ["lowest"]:

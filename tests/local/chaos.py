@@ -138,9 +138,11 @@ class Outcome:
 
 def run_with_fault(workdir: Path, fault: str, inject: Callable[[Path], None], *sets: str, after: int = 3,
                    steps: int = 8, every: int = 3, need_checkpoint: bool = False, timeout: float = 400,
-                   args: tuple[str, ...] = (), manifest: Path = EXAMPLE, prompts: Optional[int] = PROMPTS) -> Outcome:
+                   args: tuple[str, ...] = (), manifest: Path = EXAMPLE, prompts: Optional[int] = PROMPTS,
+                   ready: Optional[Callable[[list[dict]], bool]] = None) -> Outcome:
     """The tiny job for `steps` steps (a checkpoint every `every`), `inject(run_dir)` once `after`
-    steps are recorded (and a checkpoint committed, with need_checkpoint); then to its end. Another
+    steps are recorded (and a checkpoint committed, with need_checkpoint, and `ready(rows)` holds,
+    with ready: a fault on a process that has not joined yet tests nothing); then to its end. Another
     `manifest` with `prompts` None: as it is written but for the checkpoint interval (its groups are
     no dataset stream: no prompt accounting)."""
     run_dir = workdir / "run"
@@ -155,7 +157,7 @@ def run_with_fault(workdir: Path, fault: str, inject: Callable[[Path], None], *s
     while True:
         written = rows(run_dir)
         ckpt = newest_checkpoint(run_dir / "checkpoints")
-        if len(written) >= after and (ckpt is not None or not need_checkpoint):
+        if len(written) >= after and (ckpt is not None or not need_checkpoint) and (ready is None or ready(written)):
             break
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(f"{fault}: no step {after} to inject at (exit {proc.poll()}):\n{screen.text()}")

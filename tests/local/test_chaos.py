@@ -73,17 +73,22 @@ def test_a_rollout_server_frozen_by_sigstop_is_dropped_within_the_stated_timeout
     """Hung, not dead: the runner sees no exit, so nothing restarts it. The push stops waiting for
     it once its heartbeats stop (10 s), within weightSync.timeoutSeconds, and the job goes on with
     the other server."""
-    timeout = 30
+    timeout, steps = 30, 40
+
+    def both_joined(rows):  # the fault on a server still starting tested nothing (a local run of
+        return {x["replica"] for x in rows[-1]["rollouts"]} == {"rollout-0", "rollout-1"}  # 8 steps: 1 s)
+
     o = chaos.run_with_fault(workdir, "SIGSTOP rollout-1 of 2",
                              lambda run_dir: chaos.freeze(chaos.rollout_server(run_dir, 1)),
-                             "rollout.replicas=2", f"weightSync.timeoutSeconds={timeout}")
+                             "rollout.replicas=2", f"weightSync.timeoutSeconds={timeout}", steps=steps,
+                             ready=both_joined)
     assert o.returncode == 0, o.out
     assert o.steps_lost == 0
     assert_no_step_trained_twice_differently(o)
     assert_every_prompt_trained_once(o)
     assert o.recovery_seconds is not None and o.recovery_seconds < timeout, o.recovery_seconds
     assert all(r["sync_seconds"] < timeout for r in o.after), [r["sync_seconds"] for r in o.after]
-    assert "done: 8 steps" in o.out, o.out
+    assert f"done: {steps} steps" in o.out, o.out
     log = (workdir / "run" / "logs" / "trainer-0.log").read_text()
     assert "rollout-1" in log and "sent no heartbeat" in log and "removing it from the weight-sync group" in log
     assert {x["replica"] for x in o.final[-1]["rollouts"]} == {"rollout-0"}, o.final[-1]["rollouts"]
