@@ -29,20 +29,22 @@ def readme_command(readme: Path = ROOT / "README.md") -> str:
     raise ValueError(f"{readme}: no indented command")
 
 
-def readme_install(readme: Path = ROOT / "README.md") -> str:
-    """The README's first command without its final `grpojob run` step: what it installs."""
+def _readme_steps(readme: Path) -> tuple[list[str], str]:
+    """The README's first command split at `&&`: (its install steps, its final `grpojob run FILE`)."""
     steps = [s.strip() for s in readme_command(readme).split("&&")]
     if not steps[-1].startswith(RUN):
         raise ValueError(f"{readme}: the first command should end with `{RUN}FILE`")
-    return " && ".join(steps[:-1])
+    return steps[:-1], steps[-1]
+
+
+def readme_install(readme: Path = ROOT / "README.md") -> str:
+    """The README's first command without its final `grpojob run` step: what it installs."""
+    return " && ".join(_readme_steps(readme)[0])
 
 
 def readme_run(readme: Path = ROOT / "README.md") -> str:
     """The README's first command's last step: the `grpojob run FILE` it ends with."""
-    step = readme_command(readme).split("&&")[-1].strip()
-    if not step.startswith(RUN):
-        raise ValueError(f"{readme}: the first command should end with `{RUN}FILE`")
-    return step
+    return _readme_steps(readme)[1]
 
 
 _REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
