@@ -23,10 +23,14 @@ def test_the_trainer_learns_from_an_environment_process(workdir):  # noqa: F811
     doc = yaml.safe_load(EXAMPLE.read_text())
     # The example's command is relative to the repository root; this run starts elsewhere.
     doc["spec"]["environments"][0]["command"] = [sys.executable, str(ROOT / "examples/environments/arithmetic.py")]
+    steps, pps = 30, doc["spec"]["training"]["promptsPerStep"]
+    # beside it, one that drives its own loop and writes its results after the last step (ART's script)
+    results = workdir / "results.txt"
+    doc["spec"]["environments"].append({"name": "driver", "command": [
+        sys.executable, str(ROOT / "tests/local/driver_env.py"), str(steps), str(results)]})
     manifest = workdir / "arithmetic.yaml"
     manifest.write_text(yaml.safe_dump(doc))
     run_dir = workdir / "run"
-    steps, pps = 30, doc["spec"]["training"]["promptsPerStep"]
     proc = subprocess.run([sys.executable, "-m", "grpojob", "run", str(manifest), "--run-dir", str(run_dir),
                            "--no-progress", "--set", f"training.steps={steps}"],
                           cwd=workdir, capture_output=True, text=True, timeout=900)
@@ -54,3 +58,5 @@ def test_the_trainer_learns_from_an_environment_process(workdir):  # noqa: F811
     endpoints = json.loads((run_dir / "endpoints.json").read_text())
     assert endpoints["trajectories"] == endpoints["trainer-0"] + "/trajectories"
     assert processes_of(run_dir) == []
+    # the driver's tail ran: the end of training waited for it, and stopped the arithmetic server
+    assert results.read_text() == f"done after step {steps}\n", (run_dir / "logs" / "env-driver-0.log").read_text()

@@ -42,6 +42,7 @@ log = logging.getLogger("grpojob.local")
 # run's token /status and the trajectory API (environments started by hand register there)
 ENDPOINTS_FILE = "endpoints.json"
 EXIT_INTERRUPTED = 130
+ENVIRONMENT_GRACE_S = 5.0  # an environment's time to end by itself once training completed
 
 
 def _children(job: GRPOJob, run_dir: Path, backend: Optional[str]) -> list[Child]:
@@ -210,10 +211,16 @@ class Run:
         """Training completed: the trainer stays up until asked to stop (as in a pod, where the
         operator scales it down); ask it (it exits at once, nothing left to save), SIGTERM if it
         does not answer."""
+        envs = [c for c in self.children if c.name in self.environments]
+        signal_all([c for c in self.children if c not in self.trainers and c not in envs], _now)
+        self._start_plot()
+        # An environment that drives its own loop (an ART or verifiers script) returns from its last
+        # train() call now and may still log, print or save: it gets a few seconds to end by itself
+        # while the trainer still answers (stop 58's CI: SIGTERM cut an ART script's last line).
+        _wait_exit(envs, ENVIRONMENT_GRACE_S)
         released = self.completion.release()
         # nothing else is needed now: the other processes and the plot go on while the trainer exits
-        signal_all([c for c in self.children if c not in self.trainers], _now)
-        self._start_plot()
+        signal_all(envs)
         if released:
             _wait_exit(self.trainers, 30)
         for t in self.trainers:  # those still running
