@@ -2,7 +2,7 @@
 # (grpojob.integrations.art, docs/plugins.md#art). ART's base requirements pin no torch or
 # transformers (those are its `backend` extra's: torch==2.10, transformers==5.2, unsloth), but pull
 # weave and its tree, none of which the client path imports; so it is installed --no-deps beside our
-# runtime, plus what `import art` needs, pinned as tested:
+# runtime, plus what `import art` needs (pyproject's `art` extra):
 #   polars 2.1.0 (art.model), litellm 1.82.0 (art.utils.trajectory_logging; ART caps it at 1.82.0);
 #   openai 2.54.0: ART declares openai>=2.14 with no cap, but its model client fails on openai 3.x at
 #   the first request ("unsupported operand type(s) for +: 'float' and 'Timeout'": ART's
@@ -13,10 +13,9 @@
 install_art() {
   python3 -m venv .venv-art && . .venv-art/bin/activate || return 1
   quiet "$OUT/art-install.log" pip install torch==2.13.0 || return 1  # pinned and first: the CPU build
-  quiet "$OUT/art-install.log" pip install -e '.[runtime,dev]' || return 1
-  pip freeze --exclude-editable | grep -v '^openai==' >"$OUT/art-ours.txt"
-  quiet "$OUT/art-install.log" pip install --no-deps 'openpipe-art==0.5.18' || return 1
-  quiet "$OUT/art-install.log" pip install 'polars==2.1.0' 'litellm==1.82.0' 'openai==2.54.0' -c "$OUT/art-ours.txt"
+  # the art extra: what ART's client imports (pyproject), as a user installs it (docs/plugins.md#art)
+  quiet "$OUT/art-install.log" pip install -e '.[runtime,dev,art]' || return 1
+  quiet "$OUT/art-install.log" pip install --no-deps 'openpipe-art==0.5.18'
 }
 TESTS_art=(-m "not vllm" tests/integrations/test_art.py tests/integrations/test_art_train.py)
 EXTRA_SETS="$EXTRA_SETS art"

@@ -1,6 +1,7 @@
 # The frameworks set: cosmos-rl, verl and AReaL, whose own code (rewards, dataset classes, loss functions,
 # rollout workflows) runs unchanged in a GRPOJob (docs/plugins.md#frameworks). Each pins torch/transformers below ours, so each is
-# installed --no-deps beside our runtime, plus the light packages its imports need, pinned as tested:
+# installed --no-deps beside our runtime, plus the light packages its imports need (pyproject's extras
+# verl, cosmos-rl and areal, bounded as tested):
 #   verl 0.9.1       ray, tensordict 0.10, omegaconf, fastapi, uvicorn; its agent loops also codetiming
 #   cosmos-rl 0.4.7  nvidia-ml-py (pynvml), diffusers, strenum, redis, boto3, math-verify, torchao; its
 #                    qwen-vl-utils needs a CUDA torchvision: a stand-in in tests/integrations/stubs.
@@ -12,12 +13,9 @@
 install_frameworks() {
   python3 -m venv .venv-frameworks && . .venv-frameworks/bin/activate || return 1
   quiet "$OUT/frameworks-install.log" pip install torch==2.13.0 || return 1  # pinned and first: the CPU build
-  quiet "$OUT/frameworks-install.log" pip install -e '.[runtime,dev]' || return 1
-  quiet "$OUT/frameworks-install.log" pip install --no-deps verl==0.9.1 cosmos-rl==0.4.7 areal==1.0.4 || return 1
-  quiet "$OUT/frameworks-install.log" pip install ray==2.60.0 tensordict==0.10.0 omegaconf==2.3.1 \
-    fastapi==0.165.0 uvicorn==0.54.0 nvidia-ml-py==13.615.71 diffusers==0.42.1 StrEnum==0.5.0 redis==8.1.0 \
-    boto3==1.44.8 math-verify==0.9.0 torchao==0.18.0 colorlog==6.12.0 tenacity==9.2.1 Flask==3.1.3 \
-    torchdata==0.11.0 uvloop==0.23.0 hydra-core==1.3.8 numba==0.68.1 einops==0.8.2 aiofiles==25.1.0 codetiming==1.4.0 torch==2.13.0
+  # the frameworks' extras (pyproject): the light packages their imports need, as a user installs them
+  quiet "$OUT/frameworks-install.log" pip install -e '.[runtime,dev,verl,cosmos-rl,areal]' torch==2.13.0 || return 1
+  quiet "$OUT/frameworks-install.log" pip install --no-deps verl==0.9.1 cosmos-rl==0.4.7 areal==1.0.4
 }
 TESTS_frameworks=(-m "not vllm" tests/integrations/test_cosmos.py tests/integrations/test_cosmos_docs.py tests/integrations/test_areal.py
                   tests/integrations/test_frameworks_code.py tests/integrations/test_episodes.py

@@ -66,7 +66,8 @@ def test_without_cosmos_rl_grpojob_validate_names_the_field_and_how_to_install_i
     assert r.returncode == 1, r.stdout + r.stderr
     lines = [x for x in r.stderr.splitlines() if "spec." in x]
     assert {x.strip().split(": ")[0] for x in lines} == {"spec.dataset.class", "spec.rewards[0].name"}, r.stderr
-    assert all("pip install --no-deps cosmos-rl==0.4.7" in x and "frameworks.sh" in x for x in lines), r.stderr
+    assert all("pip install --no-deps cosmos-rl==0.4.7" in x and "'grpojob[runtime,cosmos-rl]'" in x for x in lines), \
+        r.stderr
     assert "Traceback" not in r.stderr
 
 

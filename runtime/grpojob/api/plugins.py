@@ -165,9 +165,11 @@ def resolve(name: str):
 
 
 # Frameworks whose code a plug-in may import: each pins torch/transformers below grpojob's, so it is
-# installed without its dependencies plus the light ones it imports (docs/plugins.md#frameworks).
+# installed without its dependencies, and grpojob's extra of the same name brings the light ones it
+# imports (docs/plugins.md#frameworks).
 FRAMEWORKS = {"cosmos_rl": "cosmos-rl==0.4.7", "verl": "verl==0.9.1", "areal": "areal==1.0.4",
               "art": "openpipe-art==0.5.18"}
+FRAMEWORK_EXTRAS = {"cosmos_rl": "cosmos-rl", "verl": "verl", "areal": "areal", "art": "art"}
 
 
 def framework_hint(e: ImportError) -> str:
@@ -175,8 +177,9 @@ def framework_hint(e: ImportError) -> str:
     top = (getattr(e, "name", None) or "").split(".")[0]
     if top not in FRAMEWORKS:
         return ""
-    return (f" (the code imports {FRAMEWORKS[top]}: install it beside grpojob with `pip install --no-deps "
-            f"{FRAMEWORKS[top]}` and its light dependencies, as .ci/sets/frameworks.sh does; docs/plugins.md#frameworks)")
+    return (f" (the code imports {FRAMEWORKS[top]}: install it beside grpojob with `pip install "
+            f"'grpojob[runtime,{FRAMEWORK_EXTRAS[top]}]'` then `pip install --no-deps {FRAMEWORKS[top]}`; "
+            f"docs/plugins.md#frameworks)")
 
 
 def load_checked(ref: str, where: str, check: Callable[[Any], Optional[str]], error: type[Exception]):
