@@ -26,7 +26,8 @@ install_environments() {
 # imports; test_environments' Atropos and verifiers tests: their environment pods in the pod sandbox
 # (about 75-100 s; verifiers about 125 s: its pod's install-code init container takes PyPI's wheels, about 50 s)
 TESTS_environments=(-m "not vllm" tests/integrations/test_atropos.py tests/integrations/test_atropos_launch.py
-                   tests/integrations/test_skyrl_gym.py tests/integrations/test_verifiers_wire.py
+                   tests/integrations/test_skyrl_gym.py tests/integrations/test_environment_cluster_examples.py
+                   tests/integrations/test_verifiers_wire.py
                    tests/integrations/test_verifiers_v1.py tests/rollout/test_token_api.py
                    tests/operator_k8s/test_environments.py::test_an_atropos_environment_trains_the_job_in_pods
                    tests/operator_k8s/test_environments.py::test_a_verifiers_environment_trains_the_job_in_pods)

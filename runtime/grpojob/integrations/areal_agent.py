@@ -191,7 +191,7 @@ async def play_group(agent: Any, http, base_url: str, token: str, row: dict, gro
 
 
 def load_rows(path: str) -> list[dict]:
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    rows = job_env.json_lines(path)
     if not rows or not all(isinstance(r, dict) for r in rows):
         raise SystemExit(f"--data {path}: one JSON object a line (AReaL's `data` for each episode)")
     return rows

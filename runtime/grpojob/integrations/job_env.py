@@ -23,3 +23,19 @@ def config() -> dict:
     """The job's manifest (GRPOJOB_CONFIG), or {} where none is given."""
     path = os.environ.get("GRPOJOB_CONFIG")
     return json.loads(Path(path).read_text()) if path and Path(path).is_file() else {}
+
+
+def json_lines(path: str, flag: str = "--data") -> list:
+    """The JSON values of a .jsonl file named by `flag`: as given (relative to the working directory),
+    else under spec.code's directory (GRPOJOB_CODE_DIR: in a pod, the ConfigMap that brought the
+    environment's files, while the working directory is the image's); SystemExit naming both places."""
+    places = [Path(path)]
+    if not Path(path).is_absolute() and os.environ.get("GRPOJOB_CODE_DIR"):
+        places.append(Path(os.environ["GRPOJOB_CODE_DIR"]) / path)
+    found = next((p for p in places if p.is_file()), None)
+    if found is None:
+        raise SystemExit(f"{flag} {path}: no such file (looked in {', '.join(str(p.absolute()) for p in places)})")
+    try:
+        return [json.loads(line) for line in found.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{flag} {found}: not JSON lines ({e})") from None

@@ -32,12 +32,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
-import json
 import logging
 import os
 import sys
 import uuid
-from pathlib import Path
 from typing import Any, Optional
 
 from grpojob.integrations import job_env
@@ -97,8 +95,8 @@ async def play_group(client, http, base_url: str, row: dict, group_size: int, **
 
 
 def load_rows(path: str) -> list[dict]:
-    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-    bad = [i for i, r in enumerate(rows) if not isinstance(r.get("prompt"), list)]
+    rows = job_env.json_lines(path)
+    bad = [i for i, r in enumerate(rows) if not (isinstance(r, dict) and isinstance(r.get("prompt"), list))]
     if not rows or bad:
         raise SystemExit(f"{path}: every row needs `prompt` as a list of chat messages (SkyRL's dataset rows); "
                          f"{'no rows' if not rows else f'rows {bad[:5]} have none'}")
