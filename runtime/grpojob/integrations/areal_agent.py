@@ -210,8 +210,6 @@ def check_args(args: argparse.Namespace) -> None:
 async def main_async(args: argparse.Namespace) -> None:
     import httpx
 
-    from grpojob.integrations.skyrl_gym import wait_for_room
-
     check_args(args)
     kwargs = json.loads(args.agent_kwargs or "{}")
     if not isinstance(kwargs, dict):
@@ -224,27 +222,15 @@ async def main_async(args: argparse.Namespace) -> None:
     token = job_env.token()
     environment = os.environ.get("GRPOJOB_ENVIRONMENT", "areal")
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
-        done = 0
-        while args.groups <= 0 or done < args.groups:
-            # `--concurrency` rows at a time: their sessions batch together on the rollout servers
-            n = args.concurrency if args.groups <= 0 else min(args.concurrency, args.groups - done)
-            batch = [(done + k) % len(rows) for k in range(n)]
-            await wait_for_room(http, os.environ.get("GRPOJOB_TRAJECTORY_URL"))
-            results = await asyncio.gather(*(play_group(agent, http, base, token, rows[i], group_size,
-                                                        environment=environment, retries=args.retries)
-                                             for i in batch), return_exceptions=True)
-            failed = False
-            for i, res in zip(batch, results):
-                if isinstance(res, (AgentError, httpx.HTTPError)):
-                    log.warning("group of row %d dropped (%s)", i, res)
-                    failed = True
-                elif isinstance(res, BaseException):
-                    raise res
-                else:
-                    done += 1
-                    log.info("group %d: rewards %s", done, [round(e["reward"], 3) for e in res])
-            if failed:
-                await asyncio.sleep(2)
+        async def one(i: int) -> None:
+            eps = await play_group(agent, http, base, token, rows[i % len(rows)], group_size,
+                                   environment=environment, retries=args.retries)
+            log.info("group of row %d: rewards %s", i % len(rows), [round(e["reward"], 3) for e in eps])
+
+        # `--concurrency` groups at a time: their sessions batch together on the rollout servers
+        await job_env.play_groups(one, groups=args.groups, concurrency=args.concurrency, http=http,
+                                  trajectories=os.environ.get("GRPOJOB_TRAJECTORY_URL"),
+                                  errors=(AgentError, httpx.HTTPError))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -256,7 +242,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--group-size", type=int, default=0, help="default: the job's algorithm.groupSize")
     p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
     p.add_argument("--retries", type=int, default=2, help="runs again of an episode that raised")
-    p.add_argument("--concurrency", type=int, default=2, help="rows whose groups run at once")
+    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once")
     p.add_argument("--mode", default="inline", help="AReaL's agent mode: inline only (see above)")
     p.add_argument("--export-style", default="concat", help="AReaL's export_style: concat only (see above)")
     p.add_argument("--turn-discount", type=float, default=1.0, help="AReaL's turn_discount (no effect on concat)")

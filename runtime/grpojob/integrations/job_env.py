@@ -1,10 +1,16 @@
-"""What an environment process started by a GRPOJob (spec.environments) reads from its environment:
-the job's token and the job's manifest. Shared by the adapters that run as such processes."""
+"""What an environment process started by a GRPOJob (spec.environments) reads from its environment
+(the job's token, its manifest, its files) and how it paces its groups to the trainer. Shared by the
+adapters that run as such processes (the skyrl-gym, verifiers and AReaL agent drivers)."""
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 from pathlib import Path
+from typing import Any, Awaitable, Callable, Optional
+
+log = logging.getLogger("grpojob.integrations")
 
 
 def token() -> str:
@@ -39,3 +45,46 @@ def json_lines(path: str, flag: str = "--data") -> list:
         return [json.loads(line) for line in found.read_text().splitlines() if line.strip()]
     except json.JSONDecodeError as e:
         raise SystemExit(f"{flag} {found}: not JSON lines ({e})") from None
+
+
+async def wait_for_room(http, trajectories: Optional[str]) -> None:
+    """Until the trainer has room for another group (its queue and the full groups waiting for it
+    below the queue's limit), as the arithmetic example paces itself: groups made far ahead go stale."""
+    while trajectories:
+        try:
+            s = (await http.get(f"{trajectories.rstrip('/')}/status")).json()
+            waiting = s.get("queued", 0) + (s.get("sessions") or {}).get("ready_groups", 0)
+            if s.get("started") and waiting < s.get("queue_limit", 1):
+                return
+        except Exception:  # noqa: BLE001 - not up yet: wait like the trainer's other clients
+            pass
+        await asyncio.sleep(0.5)
+
+
+async def play_groups(play: Callable[[int], Awaitable[Any]], *, groups: int, concurrency: int, http,
+                      trajectories: Optional[str], errors: tuple, retry_s: float = 2.0) -> int:
+    """`play(i)` for the i-th group (i = 0, 1, ...: a driver's row or task i modulo their count),
+    `concurrency` groups in flight at once, each started once the trainer has room. Workers, not
+    batches: one slow group holds up only its own worker. A group failing with one of `errors` is
+    logged and played again; any other exception ends the driver. Stops after `groups` (0: never).
+    Returns how many were played."""
+    if concurrency < 1:
+        raise SystemExit(f"--concurrency {concurrency}: at least 1 group at a time")
+    started = done = 0
+
+    async def worker() -> None:
+        nonlocal started, done
+        while groups <= 0 or started < groups:
+            i, started = started, started + 1
+            while True:
+                await wait_for_room(http, trajectories)
+                try:
+                    await play(i)
+                    break
+                except errors as e:
+                    log.warning("group %d failed (%s); playing it again in %.0f s", i, e, retry_s)
+                    await asyncio.sleep(retry_s)
+            done += 1
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done

@@ -103,20 +103,6 @@ def load_rows(path: str) -> list[dict]:
     return rows
 
 
-async def wait_for_room(http, trajectories: Optional[str]) -> None:
-    """Until the trainer has room for another group (its queue and the full groups waiting for it
-    below the queue's limit), as the arithmetic example paces itself: groups made far ahead go stale."""
-    while trajectories:
-        try:
-            s = (await http.get(f"{trajectories.rstrip('/')}/status")).json()
-            waiting = s.get("queued", 0) + (s.get("sessions") or {}).get("ready_groups", 0)
-            if s.get("started") and waiting < s.get("queue_limit", 1):
-                return
-        except Exception:  # noqa: BLE001 - not up yet: wait like the trainer's other clients
-            pass
-        await asyncio.sleep(0.5)
-
-
 async def main_async(args: argparse.Namespace) -> None:
     import httpx
     import openai
@@ -131,20 +117,15 @@ async def main_async(args: argparse.Namespace) -> None:
     environment = os.environ.get("GRPOJOB_ENVIRONMENT", "skyrl-gym")
     client = openai.AsyncOpenAI(base_url=base, api_key=token, max_retries=8)
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
-        done = 0
-        while args.groups <= 0 or done < args.groups:
-            row = rows[done % len(rows)]
-            await wait_for_room(http, os.environ.get("GRPOJOB_TRAJECTORY_URL"))
-            try:
-                eps = await play_group(client, http, base, row, group_size, environment=environment,
-                                       env_class=args.env_class, max_turns=args.max_turns,
-                                       max_tokens=args.max_tokens)
-            except (openai.APIConnectionError, openai.APIStatusError, httpx.HTTPError, RuntimeError) as e:
-                log.warning("group of row %d failed (%s); retrying in 2 s", done % len(rows), e)
-                await asyncio.sleep(2)
-                continue
-            done += 1
-            log.info("group %d: rewards %s", done, [round(e["reward"], 3) for e in eps])
+        async def one(i: int) -> None:
+            eps = await play_group(client, http, base, rows[i % len(rows)], group_size, environment=environment,
+                                   env_class=args.env_class, max_turns=args.max_turns, max_tokens=args.max_tokens)
+            log.info("group of row %d: rewards %s", i % len(rows), [round(e["reward"], 3) for e in eps])
+
+        await job_env.play_groups(one, groups=args.groups, concurrency=args.concurrency, http=http,
+                                  trajectories=os.environ.get("GRPOJOB_TRAJECTORY_URL"),
+                                  errors=(openai.APIConnectionError, openai.APIStatusError, httpx.HTTPError,
+                                          RuntimeError))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -156,6 +137,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=None, help="per turn (default: the job's rollout.sampling)")
     p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
+    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (their sessions batch "
+                   "together on the rollout servers)")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     asyncio.run(main_async(p.parse_args(argv)))
 

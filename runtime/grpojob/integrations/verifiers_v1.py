@@ -113,8 +113,6 @@ async def run(args: argparse.Namespace) -> int:
     import httpx
     import verifiers.v1 as vf
 
-    from grpojob.integrations.skyrl_gym import wait_for_room
-
     data = json.loads(args.env_config or "{}")
     if not isinstance(data, dict):
         raise SystemExit("--env-config: a JSON object (verifiers' EnvConfig: taskset, agent, ...)")
@@ -143,29 +141,26 @@ async def run(args: argparse.Namespace) -> int:
     os.environ[KEY_VAR] = token
     base = os.environ.get("OPENAI_BASE_URL", "http://127.0.0.1:8000/v1").rstrip("/")
     name = os.environ.get("GRPOJOB_ENVIRONMENT", "verifiers")
-    sent = 0
+    trajectories, sent = os.environ.get("GRPOJOB_TRAJECTORY_URL"), 0
     async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
+        async def one(i: int) -> None:
+            task = tasks[i % len(tasks)]
+            headers = {"X-Session-Group": f"vf-{uuid.uuid4().hex[:16]}", "X-Session-Environment": name}
+            ctx = vf.ModelContext(model="policy", sampling=sampling,
+                                  client=vf.EvalClientConfig(base_url=base, api_key_var=KEY_VAR, headers=headers))
+            eps = await play_group(env, task, http, base, ctx, group_size, args.retries)
+            log.info("group of task %d: rewards %s", i % len(tasks),
+                     [round(t.reward, 3) for e in eps for t in e.traces])
+
         while args.groups <= 0 or sent < args.groups:
             # the interception server keeps one client per distinct client config (one per group here):
             # serve again every --refresh groups so they do not pile up
+            n = args.refresh if args.groups <= 0 else min(args.refresh, args.groups - sent)
             async with env.serving():
-                for _ in range(args.refresh):
-                    if args.groups > 0 and sent >= args.groups:
-                        break
-                    task = tasks[sent % len(tasks)]
-                    headers = {"X-Session-Group": f"vf-{uuid.uuid4().hex[:16]}", "X-Session-Environment": name}
-                    ctx = vf.ModelContext(model="policy", sampling=sampling,
-                                          client=vf.EvalClientConfig(base_url=base, api_key_var=KEY_VAR,
-                                                                     headers=headers))
-                    await wait_for_room(http, os.environ.get("GRPOJOB_TRAJECTORY_URL"))
-                    try:
-                        eps = await play_group(env, task, http, base, ctx, group_size, args.retries)
-                    except (RuntimeError, httpx.HTTPError) as e:
-                        log.warning("group of task %d dropped: %s", sent % len(tasks), e)
-                        await asyncio.sleep(1)
-                        continue
-                    sent += 1
-                    log.info("group %d: rewards %s", sent, [round(t.reward, 3) for e in eps for t in e.traces])
+                sent += await job_env.play_groups(lambda i, at=sent: one(at + i), groups=n,
+                                                  concurrency=min(args.concurrency, n), http=http,
+                                                  trajectories=trajectories, errors=(RuntimeError, httpx.HTTPError),
+                                                  retry_s=1.0)
     return sent
 
 
@@ -179,6 +174,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
     p.add_argument("--retries", type=int, default=2, help="runs again of a slot that never reached the model")
     p.add_argument("--refresh", type=int, default=64, help="groups per env.serving() (see above)")
+    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (their slots batch "
+                   "together on the rollout servers)")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
     asyncio.run(run(p.parse_args(argv)))
 
