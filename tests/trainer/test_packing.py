@@ -7,6 +7,7 @@ import torch
 
 from grpojob.learner import attention
 from grpojob.learner import logprobs as lp_mod
+from grpojob.learner import sizing
 from grpojob.learner.logprobs import PolicyLogprobs, linear_logprobs, token_logprobs
 from grpojob.learner.packing import TrainSeq, dummy, pack, plan
 from grpojob.learner.spans import BUCKET_MIN
@@ -163,6 +164,32 @@ def test_tiles_bound_the_logits_whatever_the_vocabulary(monkeypatch):
     with torch.no_grad():
         want = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, targets[:, None]).squeeze(-1)
     torch.testing.assert_close(logp, want, atol=1e-5, rtol=1e-5)
+
+
+def test_logits_that_fit_one_tile_are_computed_once_whatever_the_vocabulary(monkeypatch):
+    """SmolLM2's 49,152 entries exceed a vocabulary chunk, yet 40 tokens' logits fit one tile: one
+    [tokens, vocab] pass, none recomputed in backward, and the same values and gradients."""
+    seen = []
+    inner = lp_mod._logits
+
+    def spy(*args):
+        z = inner(*args)
+        seen.append(z.numel())
+        return z
+    monkeypatch.setattr(lp_mod, "_logits", spy)
+    g = torch.Generator().manual_seed(0)
+    vocab, n = 49_152, 40
+    assert vocab > lp_mod.VOCAB_CHUNK
+    weight = (torch.randn(vocab, 16, generator=g) * 0.1).requires_grad_()
+    hidden = torch.randn(n, 16, generator=g, requires_grad=True)
+    targets = torch.randint(0, vocab, (n,), generator=g)
+    logp, _ = linear_logprobs(hidden, weight, None, targets, tile=sizing.head_tile(None))
+    grads = torch.autograd.grad(logp.sum(), [hidden, weight])
+    assert seen == [n * vocab]
+    want = torch.log_softmax(hidden @ weight.t(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    torch.testing.assert_close(logp, want, atol=1e-5, rtol=1e-5)
+    for a, b in zip(grads, torch.autograd.grad(want.sum(), [hidden, weight])):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def _backend_model(model, backend):

@@ -77,8 +77,8 @@ def test_budget_is_the_spec_value_unless_auto_and_measures_once():
     assert calls == [1] and budget.cap == 65_536
 
 
-def test_output_layer_tiles_grow_on_a_big_gpu_only():
-    assert sizing.head_tile(None) == TILE_ELEMENTS  # CPU
+def test_output_layer_tiles_grow_on_a_big_gpu_and_in_host_memory():
+    assert sizing.head_tile(None) == 2 * TILE_ELEMENTS  # CPU
     assert sizing.head_tile(24 * GIB) == TILE_ELEMENTS
     assert sizing.head_tile(80 * GIB) == sizing.head_tile(141 * GIB) == 8 * TILE_ELEMENTS
 

@@ -73,11 +73,17 @@ class TrainShape:
 # 4,096 tokens instead of 512, 8x fewer of the tile loop's kernel launches per micro-batch.
 BIG_TILE = TILE_ELEMENTS * 8
 BIG_TILE_MEMORY = 40 * 2 ** 30
+# On a CPU (host memory): 2x the default, 128 MiB of float32 logits, about 512 MiB in flight: a
+# 49,152-token vocabulary (SmolLM2's) then fits 682 tokens in one tile, whose log-softmax needs no
+# recompute in backward (learner.logprobs), where 341 would tile a micro-batch of a few hundred.
+CPU_TILE = TILE_ELEMENTS * 2
 
 
 def head_tile(device_memory: Optional[int]) -> int:
     """Logits per output-layer tile on a device of `device_memory` bytes (None: a CPU)."""
-    return BIG_TILE if device_memory is not None and device_memory >= BIG_TILE_MEMORY else TILE_ELEMENTS
+    if device_memory is None:
+        return CPU_TILE
+    return BIG_TILE if device_memory >= BIG_TILE_MEMORY else TILE_ELEMENTS
 
 
 def for_device(device: torch.device, model: torch.nn.Module, fused: bool = False) -> TrainShape:
@@ -90,7 +96,7 @@ def for_device(device: torch.device, model: torch.nn.Module, fused: bool = False
                           head_tile=head_tile(torch.cuda.get_device_properties(device).total_memory))
     big = sum(p.numel() for p in model.parameters()) >= CPU_COMPILE_PARAMS
     return TrainShape(attention="segments", row_tokens=None, bucket=False, compute_dtype=None,
-                      compile="dynamic" if big else None)
+                      compile="dynamic" if big else None, head_tile=head_tile(None))
 
 
 # ---- micro-batch tokens from the device's free memory (CUDA, training.microBatchTokens unset) ----
