@@ -141,10 +141,9 @@ def test_tiled_logprobs_match_log_softmax_values_entropy_and_gradients(model, bi
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
-def test_tiles_bound_the_logits_whatever_the_vocabulary(monkeypatch):
-    """Qwen's 151,936-entry vocabulary: no [tokens, vocab] logits, forward or backward; every
-    logit tile goes through _logits and stays within TILE_ELEMENTS."""
-    seen = []
+def _logit_tiles(monkeypatch) -> list[int]:
+    """The size of every logits tile the output layer computes from now on."""
+    seen: list[int] = []
     inner = lp_mod._logits
 
     def spy(*args):
@@ -152,6 +151,13 @@ def test_tiles_bound_the_logits_whatever_the_vocabulary(monkeypatch):
         seen.append(z.numel())
         return z
     monkeypatch.setattr(lp_mod, "_logits", spy)
+    return seen
+
+
+def test_tiles_bound_the_logits_whatever_the_vocabulary(monkeypatch):
+    """Qwen's 151,936-entry vocabulary: no [tokens, vocab] logits, forward or backward; every
+    logit tile goes through _logits and stays within TILE_ELEMENTS."""
+    seen = _logit_tiles(monkeypatch)
     g = torch.Generator().manual_seed(0)
     vocab, n = 151_936, 300
     weight = (torch.randn(vocab, 16, generator=g) * 0.1).requires_grad_()
@@ -169,14 +175,7 @@ def test_tiles_bound_the_logits_whatever_the_vocabulary(monkeypatch):
 def test_logits_that_fit_one_tile_are_computed_once_whatever_the_vocabulary(monkeypatch):
     """SmolLM2's 49,152 entries exceed a vocabulary chunk, yet 40 tokens' logits fit one tile: one
     [tokens, vocab] pass, none recomputed in backward, and the same values and gradients."""
-    seen = []
-    inner = lp_mod._logits
-
-    def spy(*args):
-        z = inner(*args)
-        seen.append(z.numel())
-        return z
-    monkeypatch.setattr(lp_mod, "_logits", spy)
+    seen = _logit_tiles(monkeypatch)
     g = torch.Generator().manual_seed(0)
     vocab, n = 49_152, 40
     assert vocab > lp_mod.VOCAB_CHUNK
