@@ -239,15 +239,12 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--agent", required=True, help="module:Class or file.py:Class (or an instance)")
     p.add_argument("--agent-kwargs", help="JSON: the class's keywords (AReaL's workflow_kwargs)")
     p.add_argument("--data", required=True, help="rows (.jsonl): each episode's `data`")
-    p.add_argument("--group-size", type=int, default=0, help="default: the job's algorithm.groupSize")
-    p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
     p.add_argument("--retries", type=int, default=2, help="runs again of an episode that raised")
-    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once")
+    job_env.group_flags(p, concurrency="groups in flight at once")
     p.add_argument("--mode", default="inline", help="AReaL's agent mode: inline only (see above)")
     p.add_argument("--export-style", default="concat", help="AReaL's export_style: concat only (see above)")
     p.add_argument("--turn-discount", type=float, default=1.0, help="AReaL's turn_discount (no effect on concat)")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
-    asyncio.run(main_async(p.parse_args(argv)))
+    job_env.run_driver(p, main_async, argv)
 
 
 if __name__ == "__main__":

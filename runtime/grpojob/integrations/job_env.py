@@ -3,10 +3,12 @@
 adapters that run as such processes (the skyrl-gym, verifiers and AReaL agent drivers)."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Optional
 
@@ -88,3 +90,19 @@ async def play_groups(play: Callable[[int], Awaitable[Any]], *, groups: int, con
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done
+
+
+def group_flags(p: argparse.ArgumentParser, concurrency: Optional[str] = None) -> None:
+    """The drivers' shared flags: group size, how many groups, and (`concurrency`: its help) how many
+    groups in flight at once."""
+    p.add_argument("--group-size", type=int, default=0, help="default: the job's algorithm.groupSize")
+    p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
+    if concurrency:
+        p.add_argument("--concurrency", type=int, default=2, help=concurrency)
+
+
+def run_driver(p: argparse.ArgumentParser, run: Callable[[argparse.Namespace], Awaitable[Any]],
+               argv: Optional[list[str]]) -> None:
+    """A driver's main: log to stderr (the job's environment log), then run it on the parsed flags."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
+    asyncio.run(run(p.parse_args(argv)))

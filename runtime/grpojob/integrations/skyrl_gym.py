@@ -34,7 +34,6 @@ import asyncio
 import importlib
 import logging
 import os
-import sys
 import uuid
 from typing import Any, Optional
 
@@ -133,14 +132,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--data", required=True, help="SkyRL dataset rows (.jsonl)")
     p.add_argument("--env-class", help="the skyrl-gym id for rows without env_class")
     p.add_argument("--import", dest="imports", action="append", default=[], help="a module to import first")
-    p.add_argument("--group-size", type=int, default=0, help="default: the job's algorithm.groupSize")
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=None, help="per turn (default: the job's rollout.sampling)")
-    p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
-    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (their sessions batch "
-                   "together on the rollout servers)")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
-    asyncio.run(main_async(p.parse_args(argv)))
+    job_env.group_flags(p, concurrency="groups in flight at once (their sessions batch together on the rollout servers)")
+    job_env.run_driver(p, main_async, argv)
 
 
 if __name__ == "__main__":

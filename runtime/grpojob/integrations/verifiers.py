@@ -29,10 +29,10 @@ import importlib
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import Optional
 
+from grpojob.integrations import job_env
 from grpojob.integrations.episodes import Episode, EpisodeError, to_completion
 
 __all__ = ["episode_of", "main"]
@@ -165,10 +165,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--env", required=True, help="a verifiers environment id (vf.load_environment) or module:callable")
     p.add_argument("--env-args", help="its keyword arguments, as JSON")
     p.add_argument("--rows", type=int, default=-1, help="dataset rows to cycle through (-1: all)")
-    p.add_argument("--group-size", type=int, default=0, help="default: the job's algorithm.groupSize")
-    p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
-    asyncio.run(run(p.parse_args(argv)))
+    job_env.group_flags(p)
+    job_env.run_driver(p, run, argv)
 
 
 if __name__ == "__main__":

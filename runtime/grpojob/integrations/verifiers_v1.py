@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import uuid
 from pathlib import Path
 from typing import Any, Optional
@@ -170,14 +169,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--taskset", help="the taskset id (an installed or importable package; sets taskset.id)")
     p.add_argument("--env-config", help="verifiers' EnvConfig as JSON (what its --env.* flags set)")
     p.add_argument("--tasks", type=int, default=0, help="the first N tasks only (0: all)")
-    p.add_argument("--group-size", type=int, default=0, help="default: the job's algorithm.groupSize")
-    p.add_argument("--groups", type=int, default=0, help="stop after this many groups (0: until stopped)")
     p.add_argument("--retries", type=int, default=2, help="runs again of a slot that never reached the model")
     p.add_argument("--refresh", type=int, default=64, help="groups per env.serving() (see above)")
-    p.add_argument("--concurrency", type=int, default=2, help="groups in flight at once (their slots batch "
-                   "together on the rollout servers)")
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(message)s")
-    asyncio.run(run(p.parse_args(argv)))
+    job_env.group_flags(p, concurrency="groups in flight at once (their slots batch together on the rollout servers)")
+    job_env.run_driver(p, run, argv)
 
 
 if __name__ == "__main__":
