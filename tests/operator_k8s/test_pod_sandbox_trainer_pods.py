@@ -141,6 +141,29 @@ def _settled(metrics, committed, quiet: float = 3.0):
     return cond
 
 
+def _paced(cond, rollouts: list[Pod], metrics):
+    """A condition checked with generation frozen, after a burst of it: the tiny model's steps run
+    under 0.1 s apart, so a job polled every half second can finish between two polls (CI's run on
+    this session's code: all 10 steps within a second, and no checkpoint with a step after it was
+    ever seen). A burst that brought no new step is doubled (a loaded machine schedules the
+    rollouts late), up to a second. Returns with the rollouts frozen."""
+    state = {"burst": 0.05, "step": -1}
+
+    def paced():
+        for p in rollouts:
+            p.signal(signal.SIGCONT)
+        time.sleep(state["burst"])
+        for p in rollouts:
+            p.signal(signal.SIGSTOP)
+        got = cond()
+        step = max((r["step"] for r in metrics()), default=0)
+        state["burst"] = 0.05 if step != state["step"] else min(2 * state["burst"], 1.0)
+        state["step"] = step
+        return got
+
+    return paced
+
+
 def _until(what: str, cond, pods: list[Pod], timeout: float, kubelet: bool = False):
     """Poll `cond` (the kubelet restarting any container that exited, when `kubelet`)."""
     deadline = time.monotonic() + timeout
@@ -237,14 +260,12 @@ def test_two_trainer_pods_lose_pod_1_and_the_job_resumes_within_one_interval(sto
             _until("a step past the suspend", lambda: max((r["step"] for r in metrics()), default=0) > suspended_at,
                    everyone, 420)
             assert min(r["step"] for r in metrics()) == suspended_at + 1, (old_metrics, metrics())
-        _until("a checkpoint and a step after it", lambda: committed() and max(committed()) < max(
-            (r["step"] for r in metrics()), default=0), everyone, 420)
-        # Generation frozen until the trainer is idle and its newest save committed: the fault then
-        # comes after a commit, where it costs at most everySteps. (Killed while a save is still being
-        # written, it costs up to one interval more, docs/fault-tolerance.md: stop 57's CI run killed
-        # pod 1 during step 6's upload with step 7 done, and resumed from 4.)
-        for p in rollouts:
-            p.signal(signal.SIGSTOP)
+        _until("a checkpoint and a step after it", _paced(lambda: committed() and max(committed()) < max(
+            (r["step"] for r in metrics()), default=0), rollouts, metrics), everyone, 420)
+        # Generation stays frozen until the trainer is idle and its newest save committed: the fault
+        # then comes after a commit, where it costs at most everySteps. (Killed while a save is still
+        # being written, it costs up to one interval more, docs/fault-tolerance.md: stop 57's CI run
+        # killed pod 1 during step 6's upload with step 7 done, and resumed from 4.)
         _until("the trainer idle with its newest checkpoint committed", _settled(metrics, committed), trainers, 120)
         at_fault, before = max(committed()), metrics()
         trainers[1].kill()  # trainer pod 1 lost mid-run (its node gone, or a force delete)
