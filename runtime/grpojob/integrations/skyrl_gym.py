@@ -134,7 +134,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     p.add_argument("--import", dest="imports", action="append", default=[], help="a module to import first")
     p.add_argument("--max-turns", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=None, help="per turn (default: the job's rollout.sampling)")
-    job_env.group_flags(p, concurrency="groups in flight at once (their sessions batch together on the rollout servers)")
+    job_env.group_flags(p, concurrency="groups in flight at once (their sessions batch together on the "
+                        "rollout servers)")
     job_env.run_driver(p, main_async, argv)
 
 
