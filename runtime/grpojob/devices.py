@@ -7,6 +7,7 @@ pin `cuda`. torch is imported only when a device is asked for (the core package 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from typing import Optional
 
@@ -58,3 +59,39 @@ def intra_op_threads(k: Optional[int]):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+OMP_PAUSE_SOFT = 1  # omp_pause_resource_t (OpenMP 5.0): threads may be recreated by the next parallel region
+
+
+def release_cpu_threads() -> bool:
+    """This thread's OpenMP worker threads back to the system, before it waits (an idle engine, a
+    trainer waiting for its groups, the weight-sync agent after a push); its next parallel torch
+    op starts them again (a fraction of a millisecond). Why: GNU OpenMP counts every worker
+    thread of every thread's team, idle or not, and once they outnumber the cores it stops
+    spinning between parallel regions, so each small op of a decode step pays a futex wake-up.
+    On 2 cores one idle team beside the engine's took a SmolLM2 decode step of 32 rows from
+    173 to 239-300 ms, and the in-process trainer's step from 7.4 to 5.7 s once both released.
+    Uses OpenMP 5.0's documented omp_pause_resource_all on the runtime torch loaded, and only
+    GNU's (libgomp: it frees the calling thread's pool and nothing else); elsewhere a no-op.
+    Returns whether the pool was released."""
+    pause = _omp_pause()
+    return pause is not None and pause(OMP_PAUSE_SOFT) == 0
+
+
+@functools.lru_cache(maxsize=None)
+def _omp_pause():
+    import ctypes
+
+    import torch
+
+    if not torch.backends.openmp.is_available():  # importing torch loaded the runtime it was built with
+        return None
+    try:
+        lib = ctypes.CDLL(None)
+        pause = lib.omp_pause_resource_all
+        lib.GOMP_parallel  # noqa: B018 - GNU's runtime: its pause frees the calling thread's pool only
+    except (OSError, AttributeError):
+        return None
+    pause.argtypes, pause.restype = [ctypes.c_int], ctypes.c_int
+    return pause

@@ -80,6 +80,27 @@ async def test_concurrent_requests_equal_transformers_greedy(tiny_dir, tokenizer
         await engine.close()
 
 
+async def test_an_engine_that_goes_idle_releases_its_cpu_threads(tiny_dir, tokenizer, monkeypatch):
+    """Once its requests are done, the scheduler thread hands its OpenMP workers back before it
+    waits (devices.release_cpu_threads): an idle team beside an in-process trainer's throttles it."""
+    from grpojob import devices
+
+    calls: list[tuple[str, int]] = []
+    engine = await _engine(tiny_dir)
+    release = devices.release_cpu_threads
+    monkeypatch.setattr(devices, "release_cpu_threads",
+                        lambda: (calls.append((threading.current_thread().name, engine.decode_steps)), release())[1])
+    try:
+        out = await engine.generate(tokenizer.encode(PROMPTS[0]), 2, _greedy(6))
+        end = time.monotonic() + 10
+        while not calls and time.monotonic() < end:  # the scheduler reaches its wait after the last step
+            await asyncio.sleep(0.01)
+        assert len(out) == 2 and engine.decode_steps > 0
+        assert calls and calls[-1] == ("hf-scheduler", engine.decode_steps)  # after the last decode step
+    finally:
+        await engine.close()
+
+
 async def test_requests_arriving_together_at_an_idle_engine_share_one_prefill(tiny_dir, tokenizer, monkeypatch):
     """A trainer's step sends its prompts one by one: an idle engine gathers those that come a few
     milliseconds apart into one admission (one prefill, rows decoding in step) instead of starting

@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 import torch
 
-from grpojob import failures
+from grpojob import devices, failures
 from grpojob.checkpoint.manager import CheckpointManager
 from grpojob.leader.evaluation import EvalRecord
 from grpojob.rollout.engine import torch_dtype_name
@@ -127,6 +127,7 @@ class Loop:
         spec, tr = self.spec, self.trainer
         t0 = time.perf_counter()
         self.memory.mark(None)
+        devices.release_cpu_threads()  # this thread waits: its OpenMP team would throttle an in-process engine's
         got = self.source.next_step(self.suspend)
         if got is None:
             return None

@@ -144,7 +144,9 @@ class HFEngine:
         OpenMP team (a model loaded in an executor thread, say), libgomp sees more threads than
         cores, stops spinning between parallel regions, and every small op of a decode step pays
         for waking its team. Measured on 2 cores: 7,200 -> 17,000-22,000 tokens/s (tiny model),
-        1,500 -> 3,000 (small)."""
+        1,500 -> 3,000 (small). The same goes for a team that another thread keeps while it
+        waits, and for ours while we wait (an in-process trainer's): each hands its workers back
+        before waiting (devices.release_cpu_threads)."""
         try:
             result = self._load_model()
         except Exception as e:  # noqa: BLE001 - start() raises it
@@ -157,8 +159,12 @@ class HFEngine:
         try:
             while True:
                 with self._cond:
+                    idle = False
                     while not (self._closed or self._swap_due() or self._turn_due() or
                                (not self.asleep and (self._admissible() or self._decoder.rows))):
+                        if not idle:  # nothing to do: our OpenMP team would throttle the trainer's
+                            devices.release_cpu_threads()
+                            idle = True
                         self._cond.wait()
                     if self._closed:
                         return

@@ -24,6 +24,7 @@ from typing import Optional
 
 from torch.distributed import DistError
 
+from grpojob import devices
 from grpojob.sync import placement
 from grpojob.sync.credentials import Credentials, Forged
 from grpojob.contracts.protocols import WeightSink
@@ -258,6 +259,7 @@ class SyncAgent:
         if ack["ok"]:  # logged after the ack: the trainer is waiting for it
             log.info("replica %s now serves weights version %d (%s in %.3f s)", self.replica,
                      cmd["version"], cmd["kind"], self.last_sync_seconds)
+        devices.release_cpu_threads()  # this thread's copies made an OpenMP team: not the engine's to compete with
 
     def _layout(self, store, creds: Credentials, lid: str) -> dict:
         """The layout a push command names, read from the store once per id (`delivery._layout_id`)."""
