@@ -97,7 +97,10 @@ class Ours:
     """grpojob's trainer (its loop, in-process hf engine), stepped one step at a time. At
     maxStaleness 0 the next step's generation starts with each push, in the background: a step
     here ends once that generation is done too, so that TRL's turn runs alone and ours is charged
-    for all of its generation."""
+    for all of its generation. The first step's generation runs before TRL starts (charged to our
+    first step): beside TRL's first step it ran throttled, and the engine's CPU thread trial
+    (hf_decode_step.Threads) chose one thread for the next 512 steps (240 ms a decode step
+    against 173 ms on two)."""
 
     def __init__(self, model: Path, a: argparse.Namespace, work: Path):
         from grpojob.api import parse
@@ -105,7 +108,10 @@ class Ours:
 
         self.run = build(parse(job_doc(model, a)), checkpoint_dir=str(work / "ours-ck"), run_dir=str(work / "ours"))
         self.trainer, self.loop = self.run.trainer, self.run.loop
+        t0 = time.perf_counter()
         self.loop.source.start()
+        self._wait_for_groups()
+        self.first_generation = time.perf_counter() - t0
         self.seconds, self.tokens = [], []
         self.train_seconds: list[float] = []  # the step record's train stage
         self.trained: list[int] = []  # tokens the train stage ran forward/backward on
@@ -114,24 +120,27 @@ class Ours:
         self.memory = Memory(a.device == "cuda")
 
     def step(self) -> None:
-        from grpojob import devices
-
         t0 = time.perf_counter()
         self.memory.begin()
         record = self.loop.train_step()
-        manager, spec = self.loop.source.manager, self.trainer.spec
-        devices.release_cpu_threads()  # as the loop does while it waits for groups (Loop.train_step)
-        if record.step < spec.training.steps:  # the next step's groups, generated after the push
-            while manager.ahead() != (0, spec.training.prompts_per_step):
-                time.sleep(0.002)
+        if record.step < self.trainer.spec.training.steps:  # the next step's groups, generated after the push
+            self._wait_for_groups()
         self.memory.end()
-        self.seconds.append(time.perf_counter() - t0)
+        self.seconds.append(time.perf_counter() - t0 + (0.0 if self.seconds else self.first_generation))
         self.train_seconds.append(record.stage_seconds["train"])
         self.tokens.append(record.tokens)
         self.trained.append(record.trained_tokens)
         self.train_flops.append(record.train_flops_per_second or 0.0)
         if record.mfu is not None:
             self.mfu.append(record.mfu)
+
+    def _wait_for_groups(self) -> None:
+        from grpojob import devices
+
+        manager, spec = self.loop.source.manager, self.trainer.spec
+        devices.release_cpu_threads()  # as the loop does while it waits for groups (Loop.train_step)
+        while manager.ahead() != (0, spec.training.prompts_per_step):
+            time.sleep(0.002)
 
     def close(self) -> None:
         self.run.close()  # waits for a checkpoint in flight: the work directory goes next
